@@ -1,0 +1,57 @@
+# profiler-kit: `make demo` and `make test` are all a newcomer needs; both install first when needed.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+# The CPU build of torch, taken only when no torch is importable (an existing CUDA torch is never replaced).
+CPU_TORCH ?= torch==2.13.0
+
+MODEL ?= xl
+CTX ?= 256
+MODE ?= forward
+MIXED ?= 0
+MIXED_FLAG := $(if $(filter 1 yes true,$(MIXED)),--mixed-precision,)
+
+.PHONY: help install test test-gpu demo bench lint nsys memory attention leaderboard clean
+
+help:
+	@echo "make demo | test | install | bench | lint | nsys MODEL=xl CTX=256 [MODE=train] [MIXED=1]"
+	@echo "make memory MODEL=xl CTX=256 [MODE=train] [MIXED=1] | attention | leaderboard"
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || python3 -m venv --system-site-packages $(VENV)
+	@$(PY) -c "import torch" 2>/dev/null \
+		&& echo "torch $$($(PY) -c 'import torch; print(torch.__version__)') already present: keeping it" \
+		|| $(PY) -m pip install -q "$(CPU_TORCH)"
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+demo: $(STAMP)
+	$(PY) -m profiler_kit benchmark --model tiny --ctx 64,128 --mode forward,train --warmup 2 --steps 5 --device cpu
+	$(PY) -m profiler_kit kernels summarize profiles/examples/small_ctx128_train_bf16.sqlite --top 8
+
+bench: $(STAMP)
+	$(PY) -m profiler_kit benchmark --model $(MODEL) --ctx $(CTX) --mode $(MODE) $(MIXED_FLAG)
+
+nsys: $(STAMP)
+	$(PY) -m profiler_kit nsys --model $(MODEL) --ctx $(CTX) --mode $(MODE) $(MIXED_FLAG)
+
+memory: $(STAMP)
+	$(PY) -m profiler_kit memory --model $(MODEL) --ctx $(CTX) --mode $(MODE) $(MIXED_FLAG)
+
+attention: $(STAMP)
+	$(PY) -m profiler_kit attention bench
+
+leaderboard: $(STAMP)
+	$(PY) -m profiler_kit attention leaderboard
+
+lint: $(STAMP)
+	$(PY) -m ruff check profiler_kit tests
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache

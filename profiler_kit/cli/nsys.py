@@ -1,0 +1,3 @@
+"""Commands of this area (being written)."""
+
+COMMANDS: list = []

@@ -1,0 +1,68 @@
+"""NVTX ranges for the workload: phases, layers, attention sub-steps.
+
+Uses the `nvtx` package (a C extension: a push/pop is well under a microsecond and does nothing visible when
+no profiler is attached); falls back to `torch.cuda.nvtx`, then to nothing. While a torch.profiler backend
+records, each range is also a `record_function`, so the same names appear in Chrome traces. Inside a
+`torch.compile`d region ranges are skipped: they would break the graph.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+try:
+    import nvtx as _nvtx
+
+    def _push(name: str) -> None:
+        _nvtx.push_range(name)
+
+    def _pop() -> None:
+        _nvtx.pop_range()
+
+    BACKEND = "nvtx"
+except ImportError:  # the GPU image has no nvtx package unless it is carried
+    if torch.cuda.is_available():
+        _push, _pop = torch.cuda.nvtx.range_push, torch.cuda.nvtx.range_pop
+        BACKEND = "torch.cuda.nvtx"
+    else:
+
+        def _push(name: str) -> None:
+            return None
+
+        def _pop() -> None:
+            return None
+
+        BACKEND = "none"
+
+_state = {"enabled": True, "record_function": False}
+
+
+def set_enabled(enabled: bool) -> None:
+    """Turn all ranges on or off (`--no-nvtx`)."""
+    _state["enabled"] = enabled
+
+
+def set_record_function(enabled: bool) -> None:
+    """Also emit torch.profiler `record_function` ranges (the torch backend of `profiler-kit nsys`)."""
+    _state["record_function"] = enabled
+
+
+def is_enabled() -> bool:
+    return _state["enabled"]
+
+
+@contextlib.contextmanager
+def nvtx_range(name: str) -> Iterator[None]:
+    if not _state["enabled"] or torch.compiler.is_compiling():
+        yield
+        return
+    record = torch.profiler.record_function(name) if _state["record_function"] else contextlib.nullcontext()
+    _push(name)
+    try:
+        with record:
+            yield
+    finally:
+        _pop()

@@ -1,0 +1,144 @@
+"""One training-step workload shared by the benchmark, the nsys/torch profilers and the memory recorder.
+
+A step runs `forward`, then `backward`, then `optimizer_step` (AdamW), each in an NVTX range of that name, as far
+as the mode asks. Callers observe phase boundaries through `on_phase_end(phase)`: the benchmark synchronizes
+and reads a clock there, the memory recorder reads the allocator's peak.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+
+from profiler_kit.errors import ProfilerKitError
+from profiler_kit.model import ATTENTION_IMPLS, TransformerLM
+from profiler_kit.nvtx_ranges import nvtx_range, set_enabled
+from profiler_kit.presets import DEFAULT_BATCH_SIZE, from_name
+
+MODES = ("forward", "forward-backward", "train")
+PHASES = ("forward", "backward", "optimizer_step")
+# AdamW settings of a typical LM run; they do not change the step's cost.
+ADAMW_LR = 1e-4
+ADAMW_WEIGHT_DECAY = 0.1
+
+
+def resolve_device(name: str = "auto") -> torch.device:
+    """`auto` → cuda when available, else cpu; `cuda` without a GPU is a user error."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ProfilerKitError("--device cuda asked for, but torch sees no CUDA device (use --device cpu or auto)")
+    if name not in ("cpu",) and not name.startswith("cuda"):
+        raise ProfilerKitError(f"unknown device {name!r}; choose auto, cuda or cpu")
+    return torch.device(name)
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def phases_for(mode: str) -> tuple[str, ...]:
+    if mode not in MODES:
+        raise ProfilerKitError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
+    return PHASES[: MODES.index(mode) + 1]
+
+
+@dataclass(frozen=True)
+class WorkloadConfig:
+    """One benchmark/profiling configuration."""
+
+    model: str
+    ctx: int
+    mode: str = "train"
+    batch_size: int = DEFAULT_BATCH_SIZE
+    mixed_precision: bool = False
+    compile: bool = False
+    attention: str = "naive"
+    device: str = "auto"
+    seed: int = 0
+    nvtx: bool = True
+
+    def validate(self) -> None:
+        for field in ("ctx", "batch_size"):
+            if getattr(self, field) <= 0:
+                raise ProfilerKitError(f"{field} must be positive, got {getattr(self, field)}")
+        if self.attention not in ATTENTION_IMPLS:
+            raise ProfilerKitError(f"unknown attention {self.attention!r}; choose from {', '.join(ATTENTION_IMPLS)}")
+        phases_for(self.mode)
+        from_name(self.model, self.ctx)
+
+    def tag(self) -> str:
+        """File-name stem: `<model>_ctx<ctx>_<mode>[_bf16]`."""
+        return f"{self.model}_ctx{self.ctx}_{self.mode}" + ("_bf16" if self.mixed_precision else "")
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+class Workload:
+    """Model, optimizer and a fixed random batch on one device, ready to run steps."""
+
+    def __init__(self, cfg: WorkloadConfig) -> None:
+        cfg.validate()
+        self.cfg = cfg
+        self.device = resolve_device(cfg.device)
+        self.phases = phases_for(cfg.mode)
+        set_enabled(cfg.nvtx)
+        torch.manual_seed(cfg.seed)
+        self.model_cfg = from_name(cfg.model, cfg.ctx)
+        model = TransformerLM(self.model_cfg, attention=cfg.attention).to(self.device)
+        self.model = model
+        self.forward_fn = torch.compile(model) if cfg.compile else model
+        self.optimizer = (
+            torch.optim.AdamW(model.parameters(), lr=ADAMW_LR, weight_decay=ADAMW_WEIGHT_DECAY)
+            if "optimizer_step" in self.phases
+            else None
+        )
+        generator = torch.Generator(device="cpu").manual_seed(cfg.seed)
+        shape = (cfg.batch_size, cfg.ctx + 1)
+        data = torch.randint(0, self.model_cfg.vocab_size, shape, generator=generator)
+        self.inputs = data[:, :-1].to(self.device)
+        self.targets = data[:, 1:].to(self.device)
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if not self.cfg.mixed_precision:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+
+    def step(self, on_phase_end: Callable[[str], None] | None = None) -> float:
+        """Run one step; returns the loss (read after the step, outside any timed region)."""
+        self.model.zero_grad(set_to_none=True)
+        with nvtx_range("forward"):
+            with self.autocast():
+                logits = self.forward_fn(self.inputs)
+                loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), self.targets.reshape(-1))
+        if on_phase_end:
+            on_phase_end("forward")
+        if "backward" in self.phases:
+            with nvtx_range("backward"):
+                loss.backward()
+            if on_phase_end:
+                on_phase_end("backward")
+        if self.optimizer is not None:
+            with nvtx_range("optimizer_step"):
+                self.optimizer.step()
+            if on_phase_end:
+                on_phase_end("optimizer_step")
+        return loss.detach()
+
+
+def release(workload: Workload | None) -> None:
+    """Drop a workload's tensors and give cached GPU memory back (after an OOM, before the next config)."""
+    if workload is not None:
+        workload.optimizer = None
+        workload.model = workload.forward_fn = None
+    import gc
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
