@@ -20,7 +20,10 @@ from rich.table import Table
 
 FORMATS = ("table", "json", "csv", "markdown")
 
-console_out = Console(soft_wrap=False)
+# Piped or redirected output has no terminal width to follow: print wide tables unwrapped instead of squeezing
+# them into 80 columns.
+PIPE_WIDTH = 240
+console_out = Console(soft_wrap=False, width=None if sys.stdout.isatty() else PIPE_WIDTH)
 console_err = Console(stderr=True)
 
 
@@ -107,11 +110,16 @@ def emit_tables(
     json_obj: Any = None,
     caption: str | None = None,
 ) -> None:
-    """Print titled tables in `fmt`. For json, print `json_obj` when given (a contract object), else a dict of
-    title → rows; for csv, tables are separated by a blank line and a `# title` comment when there are several."""
+    """Print titled tables in `fmt`. For json, print `json_obj` when given (a contract object), else the rows of
+    a single table as an array, or a dict of title → rows for several; for csv, tables are separated by a blank line and a `# title` comment when there are several."""
     tables = list(tables)
     if fmt == "json":
-        obj = json_obj if json_obj is not None else {title: records(df) for title, df in tables}
+        if json_obj is not None:
+            obj = json_obj
+        elif len(tables) == 1:
+            obj = records(tables[0][1])
+        else:
+            obj = {title: records(df) for title, df in tables}
         sys.stdout.write(to_json(obj) + "\n")
     elif fmt == "csv":
         parts = []

@@ -110,8 +110,8 @@ class Workload:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
 
-    def step(self, on_phase_end: Callable[[str], None] | None = None) -> float:
-        """Run one step; returns the loss (read after the step, outside any timed region)."""
+    def step(self, on_phase_end: Callable[[str], None] | None = None) -> torch.Tensor:
+        """Run one step; returns the detached loss tensor (no host sync: read it outside timed regions)."""
         self.model.zero_grad(set_to_none=True)
         with nvtx_range("forward"):
             with self.autocast():

@@ -1,3 +1,104 @@
-"""Commands of this area (being written)."""
+"""`profiler-kit benchmark`, `models` and `precision`."""
 
-COMMANDS: list = []
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+import pandas as pd
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from profiler_kit import benchmark as bench
+from profiler_kit import precision
+from profiler_kit.cli.common import format_option, non_negative_int, positive_int, workload_options
+from profiler_kit.presets import PRESETS, count_parameters
+from profiler_kit.render import console_err, emit_tables, records
+from profiler_kit.results_io import RowWriter, read_rows
+from profiler_kit.workload import WorkloadConfig, resolve_device
+
+DISPLAY_COLUMNS = [
+    "model", "ctx", "mode", "mixed_precision", "compile", "status", "forward_ms", "backward_ms", "optimizer_ms",
+    "total_ms", "total_ms_std", "tokens_per_s", "model_tflops", "mfu_pct", "peak_allocated_mb",
+]
+
+
+@click.command("benchmark")
+@workload_options(sweep=True)
+@click.option("--warmup", type=non_negative_int, default=5, show_default=True, help="Untimed steps per config.")
+@click.option("--steps", type=positive_int, default=10, show_default=True, help="Timed steps per config.")
+@click.option("--output", type=click.Path(dir_okay=False, path_type=Path),
+              help="Append one row per config as it finishes (.jsonl, .csv or .md).")
+@click.option("--resume", is_flag=True, help="Skip configs already in --output.")
+@format_option()
+def benchmark_cmd(model, ctx, mode, batch_size, mixed_precision, compile_, attention, device, seed, nvtx,
+                  warmup, steps, output, resume, fmt) -> None:
+    """Time forward, backward and optimizer phases over a sweep of model × ctx × mode."""
+    if resume and output is None:
+        raise click.UsageError("--resume needs --output (the file whose rows are skipped)")
+    base = WorkloadConfig(model[0], ctx[0], mode[0], batch_size, mixed_precision, compile_, attention, device,
+                          seed, nvtx)
+    resolve_device(device)
+    configs = bench.sweep_configs(base, model, ctx, mode)
+    done = read_rows(output) if resume else []
+    todo = bench.pending(configs, done) if resume else configs
+    if resume and len(todo) < len(configs):
+        console_err.print(f"resume: {len(configs) - len(todo)} of {len(configs)} configs already in {output}")
+    writer = RowWriter(output, bench.COLUMNS) if output else None
+    keys_of_sweep = {tuple(str(getattr(c, k)) for k in bench.KEY_COLUMNS) for c in configs}
+    rows = [r for r in done if tuple(str(r.get(k)) for k in bench.KEY_COLUMNS) in keys_of_sweep]
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console_err, transient=fmt != "table") as progress:
+        task = progress.add_task("benchmark", total=len(todo))
+
+        def on_start(cfg: WorkloadConfig) -> None:
+            progress.update(task, description=f"{cfg.model} ctx={cfg.ctx} {cfg.mode}")
+
+        def on_row(row: dict) -> None:
+            if writer:
+                writer.append(row)
+            if row["status"] != "ok":
+                progress.console.print(f"[yellow]{row['model']} ctx={row['ctx']} {row['mode']}: "
+                                       f"{row['status']}: {row['message']}")
+            progress.advance(task)
+
+        rows += list(bench.run_sweep(todo, warmup, steps, on_row=on_row, on_start=on_start))
+    df = pd.DataFrame(rows, columns=list(bench.COLUMNS))
+    if fmt == "json":
+        emit_tables([("benchmark", df)], fmt, json_obj=records(df))
+    elif fmt == "csv":
+        emit_tables([("benchmark", df)], fmt)
+    else:
+        caption = f"{steps} timed steps after {warmup} warm-up; times are means in ms; device {df['device'].iloc[0]}"
+        emit_tables([("benchmark", df[DISPLAY_COLUMNS])], fmt, caption=caption)
+    failed = df[df["status"] == "error"]
+    if len(failed):
+        console_err.print(f"[red]{len(failed)} of {len(df)} configs failed with errors")
+        sys.exit(1)
+
+
+@click.command("models")
+@format_option()
+def models_cmd(fmt: str) -> None:
+    """The model presets with exact parameter counts."""
+    rows = []
+    for cfg in PRESETS.values():
+        params = count_parameters(cfg)
+        embedding = 2 * cfg.vocab_size * cfg.d_model
+        rows.append({"model": cfg.name, "d_model": cfg.d_model, "d_ff": cfg.d_ff, "layers": cfg.num_layers,
+                     "heads": cfg.num_heads, "head_dim": cfg.head_dim, "vocab": cfg.vocab_size, "params": params,
+                     "params_m": params / 1e6, "non_embedding_params": params - embedding})
+    emit_tables([("model presets", pd.DataFrame(rows))], fmt)
+
+
+@click.command("precision")
+@click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True)
+@format_option()
+def precision_cmd(device: str, fmt: str) -> None:
+    """Float16 accumulation experiment, and the dtypes seen under bf16 autocast."""
+    dev = resolve_device(device)
+    emit_tables([("sum of 0.01 × 1000 (exact 10)", precision.accumulation_experiment()),
+                 (f"dtypes under bf16 autocast on {dev.type}", precision.autocast_dtypes(dev))], fmt)
+
+
+COMMANDS = [benchmark_cmd, models_cmd, precision_cmd]

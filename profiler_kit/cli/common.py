@@ -48,3 +48,63 @@ def format_option(default: str = "table") -> Callable:
 
 positive_int = click.IntRange(min=1)
 non_negative_int = click.IntRange(min=0)
+
+
+def model_name(name: str) -> str:
+    """Canonical preset name, or ValueError (→ a usage error through `comma_list`)."""
+    from profiler_kit.errors import ProfilerKitError
+    from profiler_kit.presets import from_name
+
+    try:
+        return from_name(name).name
+    except ProfilerKitError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def workload_options(sweep: bool) -> Callable:
+    """The options that describe the workload, shared by `benchmark` (comma lists, swept as a product when
+    `sweep`) and the one-config commands `nsys` and `memory`. Values land in the command as `model`, `ctx`,
+    `mode` (lists when `sweep`), `batch_size`, `mixed_precision`, `compile_`, `attention`, `device`, `seed`, `nvtx`."""
+    from profiler_kit.model import ATTENTION_IMPLS
+    from profiler_kit.workload import MODES
+
+    def mode_name(mode: str) -> str:
+        if mode not in MODES:
+            raise ValueError(f"choose from {', '.join(MODES)}")
+        return mode
+
+    def one(kind: Callable, positive: bool = False) -> Callable:
+        parse_list = comma_list(kind, positive)
+
+        def parse(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+            values = parse_list(ctx, param, value)
+            if len(values) != 1:
+                raise click.BadParameter("takes one value here (benchmark sweeps lists)")
+            return values[0]
+
+        return parse
+
+    pick = (lambda kind, positive=False: comma_list(kind, positive)) if sweep else one
+    many = " (comma list: swept as a product)" if sweep else ""
+    options = [
+        click.option("--model", default="small", show_default=True, callback=pick(model_name),
+                     help=f"Model preset (profiler-kit models){many}."),
+        click.option("--ctx", default="256", show_default=True, callback=pick(int, True),
+                     help=f"Context length in tokens{many}."),
+        click.option("--mode", default="train", show_default=True, callback=pick(mode_name),
+                     help=f"forward | forward-backward | train (forward+backward+AdamW){many}."),
+        click.option("--batch-size", type=positive_int, default=4, show_default=True),
+        click.option("--mixed-precision", is_flag=True, help="bf16 autocast."),
+        click.option("--compile", "compile_", is_flag=True, help="torch.compile the model."),
+        click.option("--attention", type=click.Choice(ATTENTION_IMPLS), default="naive", show_default=True),
+        click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True),
+        click.option("--seed", type=int, default=0, show_default=True),
+        click.option("--nvtx/--no-nvtx", default=True, show_default=True, help="NVTX ranges around phases/layers."),
+    ]
+
+    def decorate(fn: Callable) -> Callable:
+        for option in reversed(options):
+            fn = option(fn)
+        return fn
+
+    return decorate

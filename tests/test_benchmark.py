@@ -1,0 +1,150 @@
+"""The benchmark harness: warm-up excluded, exact step count, failures isolated, output + resume, CLI contract."""
+
+import json
+import pytest
+import torch
+from click.testing import CliRunner
+
+from profiler_kit import benchmark as bench
+from profiler_kit.cli import main
+from profiler_kit.results_io import read_rows
+from profiler_kit.workload import Workload, WorkloadConfig
+
+TINY = WorkloadConfig("tiny", 16, "train", batch_size=2, device="cpu")
+
+
+class FakeWorkload:
+    """Advances a fake clock: 100 s per warm-up step, 1 s per phase of a timed step."""
+
+    device = torch.device("cpu")
+    phases = ("forward", "backward", "optimizer_step")
+
+    def __init__(self, clock):
+        self.clock = clock
+        self.calls = []
+
+    def step(self, on_phase_end=None):
+        self.calls.append(on_phase_end is not None)
+        for phase in self.phases:
+            self.clock[0] += 1.0 if on_phase_end else 100.0
+            if on_phase_end:
+                on_phase_end(phase)
+
+
+def test_warmup_is_excluded_and_exactly_steps_are_timed(monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
+    workload = FakeWorkload(clock)
+    samples = bench.time_steps(workload, warmup=3, steps=4)
+    assert workload.calls == [False] * 3 + [True] * 4
+    assert samples == {"forward": [1.0] * 4, "backward": [1.0] * 4, "optimizer_step": [1.0] * 4, "total": [3.0] * 4}
+
+
+def test_every_clock_read_follows_a_synchronize(monkeypatch):
+    events = []
+    monkeypatch.setattr(bench, "synchronize", lambda device: events.append("sync"))
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: events.append("clock") or 0.0)
+    bench.time_steps(FakeWorkload([0.0]), warmup=1, steps=2)
+    clocks = [i for i, e in enumerate(events) if e == "clock"]
+    assert len(clocks) == 2 * 4 and all(events[i - 1] == "sync" for i in clocks)
+
+
+def test_row_fields_and_units():
+    row = bench.run_config(TINY, warmup=1, steps=3)
+    assert row["status"] == "ok" and row["steps"] == 3 and row["warmup"] == 1
+    assert row["total_ms"] >= row["forward_ms"] > 0 and row["total_ms_std"] >= 0
+    assert row["tokens_per_s"] == pytest.approx(2 * 16 / (row["total_ms"] / 1e3))
+    assert row["peak_allocated_mb"] is None and row["mfu_pct"] is None  # CPU: no CUDA memory, no peak table
+    assert row["params"] == 1_411_392
+
+
+def test_forward_mode_has_no_backward_or_optimizer_time():
+    row = bench.run_config(WorkloadConfig("tiny", 16, "forward", batch_size=2, device="cpu"), 0, 2)
+    assert row["forward_ms"] > 0 and row["backward_ms"] is None and row["optimizer_ms"] is None
+
+
+def test_oom_and_errors_are_rows_and_the_sweep_goes_on(monkeypatch):
+    real_step = Workload.step
+
+    def failing(self, on_phase_end=None):
+        if self.cfg.ctx == 16:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        if self.cfg.ctx == 24:
+            raise RuntimeError("something else broke")
+        return real_step(self, on_phase_end)
+
+    monkeypatch.setattr(Workload, "step", failing)
+    configs = bench.sweep_configs(TINY, ["tiny"], [16, 24, 32], ["forward"])
+    rows = list(bench.run_sweep(configs, warmup=0, steps=1))
+    assert [r["status"] for r in rows] == ["oom", "error", "ok"]
+    assert "out of memory" in rows[0]["message"] and "something else broke" in rows[1]["message"]
+
+
+def _cli(*args):
+    return CliRunner().invoke(main, list(args))
+
+
+def test_output_and_resume_extend_a_sweep_without_redoing_rows(tmp_path, monkeypatch):
+    out = tmp_path / "sweep.jsonl"
+    base = ["benchmark", "--model", "tiny", "--mode", "forward", "--device", "cpu", "--warmup", "0", "--steps", "1"]
+    first = _cli(*base, "--ctx", "8,16", "--output", str(out), "--format", "json")
+    assert first.exit_code == 0, first.output
+    assert [r["ctx"] for r in read_rows(out)] == [8, 16]
+
+    ran = []
+    real = bench.run_config
+    monkeypatch.setattr(bench, "run_config", lambda cfg, w, s: ran.append(cfg.ctx) or real(cfg, w, s))
+    second = _cli(*base, "--ctx", "8,16,24", "--output", str(out), "--resume", "--format", "json")
+    assert second.exit_code == 0, second.output
+    assert ran == [24]
+    assert [r["ctx"] for r in read_rows(out)] == [8, 16, 24]
+    assert sorted(r["ctx"] for r in json.loads(second.stdout)) == [8, 16, 24]
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".md"])
+def test_resume_reads_csv_and_markdown_outputs(tmp_path, suffix):
+    out = tmp_path / f"sweep{suffix}"
+    base = ["benchmark", "--model", "tiny", "--mode", "forward", "--device", "cpu", "--warmup", "0", "--steps", "1",
+            "--output", str(out), "--format", "csv"]
+    assert _cli(*base, "--ctx", "8").exit_code == 0
+    result = _cli(*base, "--ctx", "8,12", "--resume")
+    assert result.exit_code == 0, result.output
+    rows = read_rows(out)
+    assert [r["ctx"] for r in rows] == [8, 12] and all(r["status"] == "ok" for r in rows)
+
+
+def test_json_output_contract():
+    result = _cli("benchmark", "--model", "tiny", "--ctx", "8", "--mode", "train", "--device", "cpu",
+                  "--warmup", "1", "--steps", "2", "--format", "json")
+    assert result.exit_code == 0, result.output
+    (row,) = json.loads(result.stdout)  # stdout is only the JSON document
+    for key in ("model", "ctx", "mode", "mixed_precision", "compile", "status", "steps", "warmup", "forward_ms",
+                "backward_ms", "optimizer_ms", "total_ms", "total_ms_std", "tokens_per_s", "peak_allocated_mb"):
+        assert key in row
+    assert row["peak_allocated_mb"] is None and row["steps"] == 2 and row["status"] == "ok"
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--model", "gpt5"], "unknown model"),
+        (["--ctx", "0"], "must be positive"),
+        (["--ctx", "-8"], "must be positive"),
+        (["--steps", "0"], "--steps"),
+        (["--batch-size", "0"], "--batch-size"),
+        (["--mode", "inference"], "choose from"),
+        (["--resume"], "--resume needs --output"),
+        (["--output", "x.txt"], "unsupported extension"),
+    ],
+)
+def test_bad_options_are_usage_errors_not_tracebacks(args, fragment):
+    result = _cli("benchmark", "--model", "tiny", "--device", "cpu", *args)
+    assert result.exit_code != 0
+    assert fragment in result.output
+    assert "Traceback" not in result.output and result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def test_models_command_lists_exact_counts():
+    result = _cli("models", "--format", "json")
+    rows = {r["model"]: r for r in json.loads(result.stdout)}
+    assert rows["xl"]["params"] == 1_998_235_200 and rows["tiny"]["layers"] == 2
