@@ -91,7 +91,8 @@ class Workload:
         set_enabled(cfg.nvtx)
         torch.manual_seed(cfg.seed)
         self.model_cfg = from_name(cfg.model, cfg.ctx)
-        model = TransformerLM(self.model_cfg, attention=cfg.attention).to(self.device)
+        with self.device:  # build in place: initialising billions of weights on the host first is slow
+            model = TransformerLM(self.model_cfg, attention=cfg.attention)
         self.model = model
         self.forward_fn = torch.compile(model) if cfg.compile else model
         self.optimizer = (
