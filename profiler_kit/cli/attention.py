@@ -1,3 +1,193 @@
-"""Commands of this area (being written)."""
+"""`profiler-kit attention bench` and `profiler-kit attention leaderboard`.
 
-COMMANDS: list = []
+The benchmark library (and through it the attention kernels and Triton) is imported only when one of these
+commands runs, so the rest of the command line neither waits for nor depends on the kernels.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import click
+import pandas as pd
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from profiler_kit.cli.common import comma_list, format_option, non_negative_int, positive_int
+from profiler_kit.render import console_err, emit_tables, records
+from profiler_kit.results_io import RowWriter, read_rows
+from profiler_kit.workload import resolve_device
+
+KEY_VIEW = ["impl", "dtype", "seq", "d", "status"]
+TIMING_VIEW = [*KEY_VIEW, "fwd_ms", "bwd_ms", "fwd_bwd_ms", "fwd_bwd_p20_ms", "fwd_bwd_p80_ms",
+               "fwd_tflops", "bwd_tflops", "fwd_bwd_tflops"]
+MEMORY_VIEW = [*KEY_VIEW, "mem_inputs_mb", "mem_before_bwd_mb", "saved_mb", "saved_analytic_mb",
+               "fwd_peak_mb", "bwd_peak_mb", "message"]
+LEADERBOARD_IMPLS = "flash-triton,sdpa-flash,sdpa-cudnn,sdpa-efficient"
+
+
+def _impl_name(name: str) -> str:
+    from profiler_kit.attention.bench import IMPLS
+
+    if name not in IMPLS:
+        raise ValueError(f"choose from {', '.join(IMPLS)}")
+    return name
+
+
+def _dtype_name(name: str) -> str:
+    from profiler_kit.attention.bench import DTYPES
+
+    if name not in DTYPES:
+        raise ValueError(f"choose from {', '.join(DTYPES)}")
+    return name
+
+
+def _one(kind: Callable[[str], str]) -> Callable:
+    parse_list = comma_list(kind)
+
+    def parse(ctx: click.Context, param: click.Parameter, value: str) -> str:
+        values = parse_list(ctx, param, value)
+        if len(values) != 1:
+            raise click.BadParameter("takes one value here")
+        return values[0]
+
+    return parse
+
+
+def _run_options(fn: Callable) -> Callable:
+    """Options shared by both commands: device, do_bench budget, result file, output format."""
+    options = [
+        click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto",
+                     show_default=True),
+        click.option("--warmup", type=non_negative_int, default=25, show_default=True,
+                     help="Warm-up time per measurement in ms (do_bench's warmup)."),
+        click.option("--rep", type=positive_int, default=100, show_default=True,
+                     help="Measured time per measurement in ms (do_bench's rep)."),
+        click.option("--output", type=click.Path(dir_okay=False, path_type=Path),
+                     help="Append one row per config as soon as it finishes (.jsonl, .csv or .md)."),
+        click.option("--resume", is_flag=True, help="Skip configs already in --output (and show them)."),
+        format_option(),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _measure(configs: list, warmup: int, rep: int, output: Path | None, resume: bool,
+             fmt: str) -> pd.DataFrame:
+    """Run the configs not yet in --output (all of them without --resume), appending each row as it comes."""
+    from profiler_kit.attention import bench
+
+    if resume and output is None:
+        raise click.UsageError("--resume needs --output (the file whose rows are skipped)")
+    resolve_device(configs[0].device)
+    done = bench.rows_of(configs, read_rows(output)) if resume else []
+    todo = bench.pending(configs, done)
+    if done:
+        console_err.print(f"resume: {len(configs) - len(todo)} of {len(configs)} configs already in {output}")
+    writer = RowWriter(output, bench.COLUMNS) if output else None
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console_err, transient=fmt != "table") as progress:
+        task = progress.add_task("attention", total=len(todo))
+
+        def on_start(cfg) -> None:
+            progress.update(task, description=f"{cfg.impl} {cfg.dtype} seq={cfg.seq} d={cfg.d}")
+
+        def on_row(row: dict) -> None:
+            if writer:
+                writer.append(row)
+            if row["status"] != "ok":
+                progress.console.print(f"[yellow]{row['impl']} {row['dtype']} seq={row['seq']} d={row['d']}: "
+                                       f"{row['status']}: {row['message']}")
+            progress.advance(task)
+
+        rows = done + list(bench.run_sweep(todo, warmup, rep, on_start=on_start, on_row=on_row))
+    return pd.DataFrame(rows, columns=list(bench.COLUMNS))
+
+
+def _caption(results: pd.DataFrame, warmup: int, rep: int) -> str:
+    first = results.iloc[0]
+    heads = "no heads" if pd.isna(first["heads"]) else f"{int(first['heads'])} heads"
+    return (f"batch {first['batch']}, {heads}, {'causal' if first['causal'] else 'non-causal'}, "
+            f"device {first['device']}; medians (do_bench on CUDA, host clock elsewhere; warmup {warmup} ms, "
+            f"rep {rep} ms); "
+            "memory in MiB allocated; speedups are ref_ms / impl_ms")
+
+
+def _exit_if_nothing_ran(results: pd.DataFrame) -> None:
+    """Configs an implementation cannot run are expected (an SDPA backend and fp32); none running is not."""
+    if not (results["status"] == "ok").any():
+        console_err.print("[red]no config ran: every row is an error or an OOM (see the message column)")
+        sys.exit(1)
+
+
+@click.group("attention")
+def attention() -> None:
+    """Attention implementations side by side: time, TFLOP/s and memory."""
+
+
+@attention.command("bench")
+@click.option("--impl", "impls", callback=comma_list(_impl_name),
+              help="Implementations, comma list (default: all of naive, compiled, sdpa-flash, sdpa-cudnn, "
+                   "sdpa-efficient, flash-torch, flash-triton).")
+@click.option("--batch", type=positive_int, default=8, show_default=True)
+@click.option("--heads", type=positive_int, default=None,
+              help="Heads; without it inputs have no head dimension: (batch, seq, d).")
+@click.option("--d", "ds", default="16,32,64,128", show_default=True, callback=comma_list(int, positive=True),
+              help="Head dims (comma list).")
+@click.option("--seq", "seqs", default="256,1024,4096,8192,16384", show_default=True,
+              callback=comma_list(int, positive=True), help="Sequence lengths (comma list).")
+@click.option("--dtype", "dtypes", default="fp32,bf16", show_default=True, callback=comma_list(_dtype_name),
+              help="fp32, bf16, fp16 (comma list).")
+@click.option("--causal/--no-causal", default=True, show_default=True)
+@_run_options
+def bench_cmd(impls, batch, heads, ds, seqs, dtypes, causal, device, warmup, rep, output, resume,
+              fmt) -> None:
+    """Forward, backward and forward+backward of each implementation over dtype × d × seq."""
+    from profiler_kit.attention import bench
+    from profiler_kit.attention.bench_tables import pivot_tables
+
+    configs = bench.sweep_configs(impls or bench.IMPLS, dtypes, ds, seqs, batch, heads, causal, device)
+    results = _measure(configs, warmup, rep, output, resume, fmt)
+    pivots = pivot_tables(results)
+    if fmt == "json":
+        emit_tables([], fmt, json_obj={"results": records(results),
+                                       "pivots": {title: records(df) for title, df in pivots}})
+    elif fmt == "csv":
+        emit_tables([("attention", results)], fmt)
+    else:
+        emit_tables([("timings", results[TIMING_VIEW]), ("memory", results[MEMORY_VIEW]), *pivots], fmt,
+                    caption=_caption(results, warmup, rep))
+    _exit_if_nothing_ran(results)
+
+
+@attention.command("leaderboard")
+@click.option("--impl", "impls", default=LEADERBOARD_IMPLS, show_default=True,
+              callback=comma_list(_impl_name))
+@click.option("--batch", type=positive_int, default=1, show_default=True)
+@click.option("--heads", type=positive_int, default=16, show_default=True)
+@click.option("--seq", type=positive_int, default=16384, show_default=True)
+@click.option("--d", type=positive_int, default=64, show_default=True, help="Head dim.")
+@click.option("--dtype", default="bf16", show_default=True, callback=_one(_dtype_name))
+@click.option("--causal/--no-causal", default=True, show_default=True)
+@_run_options
+def leaderboard_cmd(impls, batch, heads, seq, d, dtype, causal, device, warmup, rep, output, resume,
+                    fmt) -> None:
+    """Forward+backward of flash-triton against the SDPA backends on one config, fastest first."""
+    from profiler_kit.attention import bench
+    from profiler_kit.attention.bench_tables import leaderboard_table
+
+    configs = bench.sweep_configs(impls, [dtype], [d], [seq], batch, heads, causal, device)
+    results = _measure(configs, warmup, rep, output, resume, fmt)
+    board = leaderboard_table(results)
+    if fmt == "json":
+        emit_tables([], fmt, json_obj={"leaderboard": records(board), "results": records(results)})
+    else:
+        mask = "causal" if causal else "non-causal"
+        title = f"leaderboard: B={batch} H={heads} N={seq} d={d} {dtype} {mask}"
+        emit_tables([(title, board)], fmt, caption=_caption(results, warmup, rep))
+    _exit_if_nothing_ran(results)
+
+
+COMMANDS = [attention]

@@ -1,0 +1,342 @@
+"""The attention benchmark: forward, backward and forward+backward time, TFLOP/s and memory of each attention
+implementation over a sweep of batch × heads × seq × head dim × dtype.
+
+Timing. On CUDA every number is a `triton.testing.do_bench` median with its 20th/80th percentiles (do_bench
+flushes the L2 cache before each call and times with CUDA events). Elsewhere a host-clock fallback follows
+do_bench's recipe (5 calls to estimate, warm-up and repetitions sized from `warmup_ms`/`rep_ms`, the same
+quantiles), so the command and its tests run on a CPU. Gradients are reset to None outside the timed region.
+The forward is timed as training runs it, with inputs that require grad (autograd records the graph); the
+backward alone replays one retained graph. In fp32, PyTorch's matmuls (naive, compiled) run in full fp32
+unless TF32 is enabled, while Triton's `tl.dot` uses TF32: compare fp32 rows with that in mind.
+
+FLOPs follow the FlashAttention-2 paper: a forward is 4·B·H·N²·d (two N×N×d matmuls), a backward 2.5× that
+(five matmuls), both halved when causal; forward+backward is 3.5×.
+
+Memory (CUDA only; None elsewhere), in MiB of allocated memory, measured on one forward/backward run after a
+warm-up run (which compiles and autotunes): `mem_inputs_mb` after q, k, v and the output gradient exist;
+`mem_before_bwd_mb` after the forward; `saved_mb` their difference, i.e. the output plus everything autograd
+keeps for the backward; `fwd_peak_mb`/`bwd_peak_mb` the allocator's peak during each pass (absolute, inputs
+included). `saved_analytic_mb` is the same quantity derived by hand (see `saved_bytes`), so the two columns
+side by side show whether an implementation keeps what it should.
+
+Each config runs in isolation: an OOM gives status `oom`, any other failure (an SDPA backend that cannot run
+the config, a head dim a kernel does not support) status `error` with the message, and the sweep goes on.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import os
+import statistics
+import time
+import warnings
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from profiler_kit.results_io import row_key
+from profiler_kit.workload import release, resolve_device, synchronize
+
+AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+IMPLS = ("naive", "compiled", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "flash-torch", "flash-triton")
+SDPA_BACKENDS = {"sdpa-flash": SDPBackend.FLASH_ATTENTION, "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION,
+                 "sdpa-efficient": SDPBackend.EFFICIENT_ATTENTION}
+# Implementations that keep the N×N probabilities for the backward; all others keep only O and the logsumexp.
+MATERIALIZING_IMPLS = ("naive", "compiled")
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# Speedup columns are computed against each of these that is part of a run.
+REFERENCE_IMPLS = ("naive", "sdpa-cudnn", "sdpa-flash")
+TIMINGS = ("fwd", "bwd", "fwd_bwd")
+# FLOPs of each timed pass relative to the forward (FlashAttention-2 paper counting).
+PASS_FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}
+QUANTILES = (0.5, 0.2, 0.8)
+# do_bench estimates the per-call time from this many calls before sizing warm-up and repetitions.
+ESTIMATE_CALLS = 5
+LSE_BYTES = 4  # every flash-style kernel keeps its logsumexp in fp32
+MB = 2**20
+
+KEY_COLUMNS = ("impl", "dtype", "causal", "batch", "heads", "seq", "d")
+TIMING_COLUMNS = tuple(f"{t}_{s}" for t in TIMINGS for s in ("ms", "p20_ms", "p80_ms"))
+TFLOPS_COLUMNS = tuple(f"{t}_tflops" for t in TIMINGS)
+MEMORY_COLUMNS = ("mem_inputs_mb", "mem_before_bwd_mb", "saved_mb", "saved_analytic_mb", "fwd_peak_mb",
+                  "bwd_peak_mb")
+COLUMNS = (*KEY_COLUMNS, "device", "status", *TIMING_COLUMNS, *TFLOPS_COLUMNS, *MEMORY_COLUMNS, "message")
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    """One benchmarked case. `heads=None` means inputs without a head dimension: (batch, seq, d)."""
+
+    impl: str
+    dtype: str
+    causal: bool
+    batch: int
+    heads: int | None
+    seq: int
+    d: int
+    device: str = "auto"
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        if self.heads is None:
+            return (self.batch, self.seq, self.d)
+        return (self.batch, self.heads, self.seq, self.d)
+
+    @property
+    def batch_heads(self) -> int:
+        return self.batch * (self.heads or 1)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+# ---------------------------------------------------------------------------------------------- analytics
+
+
+def attention_flops(batch_heads: int, seq: int, d: int, causal: bool, timing: str = "fwd") -> float:
+    """FLOPs of one pass over `batch_heads` (B·H) sequences, FlashAttention-2 paper counting."""
+    forward = 4.0 * batch_heads * seq * seq * d
+    return forward * PASS_FLOP_FACTOR[timing] / (2 if causal else 1)
+
+
+def saved_bytes(impl: str, batch_heads: int, seq: int, d: int, dtype: torch.dtype, causal: bool) -> int:
+    """Bytes that exist after the forward and not before: the output O plus what autograd keeps.
+
+    Naive (`profiler_kit.attention.naive`): q@kᵀ is scaled by a Python float, which saves nothing, so the raw
+    scores die at once; `masked_fill` keeps its N×N boolean mask (1 byte per entry, shared by the batch) when
+    causal; the scaled/masked scores die after the softmax; the softmax keeps its result P, and P@v keeps P
+    (the same tensor) and v (an input). So: P (B·H·N² elements) + O + the causal mask. `compiled` is given
+    the same figure: Inductor's partitioner may save the scores and row statistics instead of P, of the same
+    order; the measured column shows what it chose. Flash kernels (ours and SDPA's) keep O and an fp32
+    logsumexp (B·H·N; the efficient backend pads N to a multiple of 32, a negligible difference).
+    """
+    element = torch.empty((), dtype=dtype).element_size()
+    output = batch_heads * seq * d * element
+    if impl in MATERIALIZING_IMPLS:
+        return batch_heads * seq * seq * element + output + (seq * seq if causal else 0)
+    return output + batch_heads * seq * LSE_BYTES
+
+
+# ---------------------------------------------------------------------------------------------- registry
+
+
+def _sdpa(backend: SDPBackend, causal: bool) -> AttentionFn:
+    def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        # The fused backends take (B, H, N, d) only; a missing head dim becomes a head dim of 1 (a view).
+        three_d = q.dim() == 3
+        if three_d:
+            q, k, v = q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)
+        with sdpa_kernel(backend):
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        return out.squeeze(1) if three_d else out
+
+    return run
+
+
+def make_impl(name: str, causal: bool, device: torch.device) -> AttentionFn:
+    """The attention function `name` as f(q, k, v) with `causal` bound. Kernel modules import only here, so
+    this module imports while they are being changed."""
+    if name in SDPA_BACKENDS:
+        return _sdpa(SDPA_BACKENDS[name], causal)
+    if name in ("naive", "compiled"):
+        from profiler_kit.attention import naive_attention
+
+        if name == "naive":
+            return lambda q, k, v: naive_attention(q, k, v, is_causal=causal)
+        # A fresh, shape-specialised compile per config: reusing one would hit dynamo's recompile limit over a
+        # sweep and silently fall back to eager.
+        torch._dynamo.reset()
+        compiled = torch.compile(naive_attention, dynamic=False)
+        return lambda q, k, v: compiled(q, k, v, is_causal=causal)
+    if name == "flash-torch":
+        from profiler_kit.attention import FlashAttentionPytorch
+
+        return lambda q, k, v: FlashAttentionPytorch.apply(q, k, v, causal)
+    if name == "flash-triton":
+        if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise RuntimeError("Triton kernels need a CUDA device; on a CPU start with TRITON_INTERPRET=1")
+        from profiler_kit.attention import FlashAttentionTriton
+
+        return lambda q, k, v: FlashAttentionTriton.apply(q, k, v, causal)
+    raise ValueError(f"unknown implementation {name!r}; choose from {', '.join(IMPLS)}")
+
+
+# ---------------------------------------------------------------------------------------------- timing
+
+
+@dataclass(frozen=True)
+class Timing:
+    median_ms: float
+    p20_ms: float
+    p80_ms: float
+
+
+def _clock_bench(fn: Callable[[], object], warmup_ms: float, rep_ms: float,
+                 grad_to_none: list[torch.Tensor]) -> Timing:
+    """do_bench's recipe with the host clock, for devices without CUDA events."""
+
+    def timed_call() -> float:
+        for t in grad_to_none:
+            t.grad = None
+        start = time.perf_counter()
+        fn()
+        return (time.perf_counter() - start) * 1e3
+
+    estimate_ms = statistics.fmean(timed_call() for _ in range(ESTIMATE_CALLS))
+    for _ in range(max(1, int(warmup_ms / estimate_ms))):
+        timed_call()
+    times = [timed_call() for _ in range(max(1, int(rep_ms / estimate_ms)))]
+    quantiles = torch.quantile(torch.tensor(times, dtype=torch.float64),
+                               torch.tensor(QUANTILES, dtype=torch.float64))
+    return Timing(*quantiles.tolist())
+
+
+def bench_ms(fn: Callable[[], object], device: torch.device, warmup_ms: float, rep_ms: float,
+             grad_to_none: list[torch.Tensor] | None = None) -> Timing:
+    """Median, 20th and 80th percentile of `fn`'s time in ms (do_bench on CUDA, the host clock elsewhere)."""
+    grad_to_none = grad_to_none or []
+    if device.type == "cuda":
+        from triton.testing import do_bench
+
+        return Timing(*do_bench(fn, warmup=warmup_ms, rep=rep_ms, grad_to_none=grad_to_none,
+                                quantiles=list(QUANTILES)))
+    return _clock_bench(fn, warmup_ms, rep_ms, grad_to_none)
+
+
+# ---------------------------------------------------------------------------------------------- one config
+
+
+def _reasons(caught: list[warnings.WarningMessage]) -> str:
+    """torch's warnings (e.g. why an SDPA backend refused a config), without their source locations."""
+    seen: list[str] = []
+    for w in caught:
+        text = str(w.message).split(" (Triggered internally", 1)[0].strip()
+        if text and text not in seen:
+            seen.append(text)
+    return "; ".join(seen)
+
+
+def _is_oom(exc: BaseException) -> bool:
+    # cuDNN and cuBLAS report exhaustion as RuntimeErrors that mention it rather than as OutOfMemoryError.
+    return isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc).lower()
+
+
+def _measure_memory(fn: AttentionFn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    grad_out: torch.Tensor, device: torch.device) -> dict:
+    synchronize(device)
+    inputs = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    out = fn(q, k, v)
+    synchronize(device)
+    before_bwd = torch.cuda.memory_allocated(device)
+    fwd_peak = torch.cuda.max_memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    out.backward(grad_out)
+    synchronize(device)
+    bwd_peak = torch.cuda.max_memory_allocated(device)
+    del out
+    for t in (q, k, v):
+        t.grad = None
+    return {"mem_inputs_mb": inputs / MB, "mem_before_bwd_mb": before_bwd / MB,
+            "saved_mb": (before_bwd - inputs) / MB, "fwd_peak_mb": fwd_peak / MB,
+            "bwd_peak_mb": bwd_peak / MB}
+
+
+def _measure_into(row: dict, cfg: AttentionConfig, device: torch.device, warmup_ms: float,
+                  rep_ms: float) -> None:
+    """Fill `row` step by step, so whatever was measured before a failure stays in it."""
+    fn = make_impl(cfg.impl, cfg.causal, device)
+    generator = torch.Generator(device=device).manual_seed(0)
+    q, k, v, grad_out = (torch.randn(cfg.shape, dtype=DTYPES[cfg.dtype], device=device, generator=generator)
+                         for _ in range(4))
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    params = [q, k, v]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            # Compiles, autotunes, and surfaces configs an implementation cannot run, with torch's reasons.
+            fn(q, k, v).backward(grad_out)
+        except Exception:
+            row["message"] = _reasons(caught)
+            raise
+    for t in params:
+        t.grad = None
+    if device.type == "cuda":
+        row.update(_measure_memory(fn, q, k, v, grad_out, device))
+    forward = bench_ms(lambda: fn(q, k, v), device, warmup_ms, rep_ms)
+    # One graph backpropagated again and again; the output and what it saved live as long as this partial.
+    backward_again = functools.partial(fn(q, k, v).backward, grad_out, retain_graph=True)
+    backward = bench_ms(backward_again, device, warmup_ms, rep_ms, params)
+    del backward_again
+    both = bench_ms(lambda: fn(q, k, v).backward(grad_out), device, warmup_ms, rep_ms, params)
+    for timing, result in zip(TIMINGS, (forward, backward, both), strict=True):
+        row.update({f"{timing}_ms": result.median_ms, f"{timing}_p20_ms": result.p20_ms,
+                    f"{timing}_p80_ms": result.p80_ms,
+                    f"{timing}_tflops": attention_flops(cfg.batch_heads, cfg.seq, cfg.d, cfg.causal, timing)
+                    / result.median_ms / 1e9})
+
+
+def run_config(cfg: AttentionConfig, warmup_ms: float, rep_ms: float) -> dict:
+    """Benchmark one config; OOMs and other failures become the row's status instead of exceptions."""
+    device = resolve_device(cfg.device)
+    row: dict = dict.fromkeys(COLUMNS)
+    row.update({k: getattr(cfg, k) for k in KEY_COLUMNS})
+    row.update(device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", message="",
+               saved_analytic_mb=saved_bytes(cfg.impl, cfg.batch_heads, cfg.seq, cfg.d, DTYPES[cfg.dtype],
+                                             cfg.causal) / MB)
+    try:
+        _measure_into(row, cfg, device, warmup_ms, rep_ms)
+        row["status"] = "ok"
+    except Exception as exc:  # one config must never end the sweep: record it and go on
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        reasons = f" ({row['message']})" if row["message"] else ""
+        row.update(status="oom" if _is_oom(exc) else "error",
+                   message=f"{type(exc).__name__}: {first_line}{reasons}")
+    finally:
+        release(None)  # the failed frame's tensors are gone once the exception is: give their memory back
+    return row
+
+
+# ---------------------------------------------------------------------------------------------- sweeps
+
+
+def sweep_configs(impls: Iterable[str], dtypes: Iterable[str], ds: Iterable[int], seqs: Iterable[int],
+                  batch: int, heads: int | None, causal: bool, device: str = "auto") -> list[AttentionConfig]:
+    """The product dtype × d × seq × impl (implementations side by side for each shape)."""
+    impls = list(impls)
+    for name in impls:
+        if name not in IMPLS:
+            raise ValueError(f"unknown implementation {name!r}; choose from {', '.join(IMPLS)}")
+    return [AttentionConfig(impl, dtype, causal, batch, heads, seq, d, device)
+            for dtype, d, seq, impl in itertools.product(dtypes, ds, seqs, impls)]
+
+
+def run_sweep(configs: list[AttentionConfig], warmup_ms: float, rep_ms: float,
+              on_start: Callable[[AttentionConfig], None] | None = None,
+              on_row: Callable[[dict], None] | None = None) -> Iterator[dict]:
+    """Benchmark each config in turn, yielding (and handing to `on_row`) each row as soon as it exists."""
+    for cfg in configs:
+        if on_start:
+            on_start(cfg)
+        row = run_config(cfg, warmup_ms, rep_ms)
+        if on_row:
+            on_row(row)
+        yield row
+
+
+def pending(configs: list[AttentionConfig], done_rows: list[dict]) -> list[AttentionConfig]:
+    """Configs whose key is not among `done_rows` (for --resume)."""
+    done = {row_key(row, KEY_COLUMNS) for row in done_rows}
+    return [cfg for cfg in configs if row_key(cfg.as_dict(), KEY_COLUMNS) not in done]
+
+
+def rows_of(configs: list[AttentionConfig], rows: list[dict]) -> list[dict]:
+    """The rows (e.g. read back from a result file) that belong to `configs`."""
+    keys = {row_key(cfg.as_dict(), KEY_COLUMNS) for cfg in configs}
+    return [row for row in rows if row_key(row, KEY_COLUMNS) in keys]

@@ -1,0 +1,249 @@
+"""The attention benchmark on a CPU: rows, JSON contract, failures isolated, output + resume, FLOP and
+saved-memory formulas, pivots and speedups, leaderboard, option errors."""
+
+import json
+import time
+
+import pandas as pd
+import pytest
+import torch
+from click.testing import CliRunner
+
+from profiler_kit.attention import bench
+from profiler_kit.attention.bench_tables import leaderboard_table, pivot_tables, ratio_pairs
+from profiler_kit.cli import main
+from profiler_kit.results_io import read_rows
+
+CPU = torch.device("cpu")
+# Tiny and fast: a 1 ms budget gives do_bench's minimum of calls per measurement.
+FAST = ["--device", "cpu", "--warmup", "1", "--rep", "1"]
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(main, ["attention", *args])
+
+
+@pytest.fixture(scope="module")
+def sweep():
+    """One real tiny sweep through the CLI: three working implementations and one that cannot run on a CPU."""
+    result = invoke("bench", "--impl", "naive,flash-torch,flash-triton,sdpa-cudnn", "--batch", "1",
+                    "--heads", "2", "--seq", "16,32", "--d", "16", "--dtype", "fp32", "--format", "json",
+                    *FAST)
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def test_json_stdout_is_pure_json_with_one_full_row_per_config(sweep):
+    doc = json.loads(sweep.stdout)
+    rows = doc["results"]
+    assert [(r["impl"], r["seq"]) for r in rows] == [
+        (impl, seq) for seq in (16, 32) for impl in ("naive", "flash-torch", "flash-triton", "sdpa-cudnn")
+    ]
+    for row in rows:
+        assert list(row) == list(bench.COLUMNS)
+        assert (row["dtype"], row["causal"], row["batch"], row["heads"], row["d"]) == ("fp32", True, 1, 2, 16)
+        assert row["device"] == "cpu"
+        assert all(row[c] is None for c in bench.MEMORY_COLUMNS if c != "saved_analytic_mb")  # CUDA only
+
+
+def test_failing_impl_is_an_error_row_and_the_others_still_run(sweep):
+    rows = json.loads(sweep.stdout)["results"]
+    for row in rows:
+        if row["impl"] == "sdpa-cudnn":
+            assert row["status"] == "error" and "RuntimeError" in row["message"] and row["fwd_ms"] is None
+        else:
+            assert row["status"] == "ok" and row["message"] == ""
+            for timing in bench.TIMINGS:
+                assert 0 < row[f"{timing}_p20_ms"] <= row[f"{timing}_ms"] <= row[f"{timing}_p80_ms"]
+    assert "sdpa-cudnn fp32 seq=32 d=16: error" in sweep.stderr
+
+
+def test_tflops_follow_the_paper_counting(sweep):
+    for row in json.loads(sweep.stdout)["results"]:
+        if row["status"] != "ok":
+            continue
+        n = row["seq"]
+        forward_flops = 4 * 1 * 2 * n * n * 16 / 2  # 4·B·H·N²·d, halved by the causal mask
+        for timing, factor in (("fwd", 1.0), ("bwd", 2.5), ("fwd_bwd", 3.5)):
+            seconds = row[f"{timing}_ms"] * 1e-3
+            assert row[f"{timing}_tflops"] == pytest.approx(forward_flops * factor / seconds / 1e12)
+
+
+def test_pivots_hold_each_timing_per_shape_and_speedups_vs_naive(sweep):
+    doc = json.loads(sweep.stdout)
+    by_key = {(r["impl"], r["seq"]): r for r in doc["results"]}
+    where = "(fp32, causal, B=1, H=2)"
+    assert list(doc["pivots"]) == [
+        title for timing in bench.TIMINGS
+        for title in (f"{timing}_ms {where}", f"{timing} speedup, ref_ms / impl_ms {where}")
+    ]
+    ms = doc["pivots"][f"fwd_bwd_ms {where}"]
+    assert [(r["seq"], r["d"]) for r in ms] == [(16, 16), (32, 16)]
+    speedups = doc["pivots"][f"fwd_bwd speedup, ref_ms / impl_ms {where}"]
+    for ms_row, speed_row in zip(ms, speedups, strict=True):
+        naive = by_key[("naive", ms_row["seq"])]["fwd_bwd_ms"]
+        assert ms_row["naive"] == naive and ms_row["sdpa-cudnn"] is None
+        assert speed_row["flash-triton_vs_naive"] == pytest.approx(naive / ms_row["flash-triton"])
+        assert speed_row["flash-torch_vs_sdpa-cudnn"] is None
+
+
+def test_flop_counting_by_hand():
+    # B·H = 6, N = 5, d = 7: 4 · 6 · 25 · 7 = 4200 forward FLOPs.
+    assert bench.attention_flops(6, 5, 7, causal=False) == 4200
+    assert bench.attention_flops(6, 5, 7, causal=False, timing="bwd") == 10500
+    assert bench.attention_flops(6, 5, 7, causal=False, timing="fwd_bwd") == 14700
+    assert bench.attention_flops(6, 5, 7, causal=True, timing="fwd_bwd") == 7350
+
+
+def test_saved_bytes_by_hand():
+    # B·H = 2, N = 4, d = 8, fp32: P is 2·4·4·4 = 128 B, O is 2·4·8·4 = 256 B, the causal mask 4·4 = 16 B,
+    # the fp32 logsumexp 2·4·4 = 32 B.
+    assert bench.saved_bytes("naive", 2, 4, 8, torch.float32, causal=True) == 128 + 256 + 16
+    assert bench.saved_bytes("naive", 2, 4, 8, torch.float32, causal=False) == 128 + 256
+    assert bench.saved_bytes("flash-triton", 2, 4, 8, torch.float32, causal=True) == 256 + 32
+    assert bench.saved_bytes("flash-torch", 2, 4, 8, torch.bfloat16, causal=False) == 128 + 32
+
+
+def _bytes_autograd_keeps(impl: str, shape: tuple, dtype: torch.dtype, causal: bool) -> int:
+    """Bytes of the output plus every tensor autograd saves, inputs excluded, each storage counted once."""
+    fn = bench.make_impl(impl, causal, CPU)
+    q, k, v = (torch.randn(shape, dtype=dtype, requires_grad=True) for _ in range(3))
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        out = fn(q, k, v)
+    inputs = {t.untyped_storage().data_ptr() for t in (q, k, v)}
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in (*saved, out)}
+    return sum(nbytes for ptr, nbytes in storages.items() if ptr not in inputs)
+
+
+@pytest.mark.parametrize("impl", ["naive", "flash-torch", "flash-triton", "sdpa-flash"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", [(2, 3, 40, 16), (2, 40, 32)])
+def test_saved_bytes_match_what_autograd_keeps(impl, causal, shape):
+    batch_heads = shape[0] * (shape[1] if len(shape) == 4 else 1)
+    expected = bench.saved_bytes(impl, batch_heads, shape[-2], shape[-1], torch.float32, causal)
+    assert _bytes_autograd_keeps(impl, shape, torch.float32, causal) == expected
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv", ".md"])
+def test_output_and_resume_skip_finished_rows(tmp_path, suffix):
+    out = tmp_path / f"attention{suffix}"
+    args = ["--impl", "naive", "--batch", "1", "--d", "16", "--dtype", "fp32", "--output", str(out), *FAST]
+    first = invoke("bench", "--seq", "32", *args, "--format", "csv")
+    assert first.exit_code == 0, first.output
+    assert [r["seq"] for r in read_rows(out)] == [32]
+    second = invoke("bench", "--seq", "32,48", "--resume", *args, "--format", "json")
+    assert second.exit_code == 0, second.output
+    assert "resume: 1 of 2 configs already in" in second.stderr
+    assert [r["seq"] for r in read_rows(out)] == [32, 48]  # only the missing config was run and appended
+    shown = json.loads(second.stdout)["results"]
+    assert [(r["seq"], r["heads"], r["status"]) for r in shown] == [(32, None, "ok"), (48, None, "ok")]
+
+
+def test_leaderboard_ranks_by_fwd_bwd_with_ratio_columns():
+    result = invoke("leaderboard", "--impl", "flash-torch,sdpa-flash,sdpa-cudnn", "--heads", "2",
+                    "--seq", "32", "--d", "16", "--dtype", "fp32", "--format", "json", *FAST)
+    assert result.exit_code == 0, result.output
+    board = json.loads(result.stdout)["leaderboard"]
+    assert [r["status"] for r in board] == ["ok", "ok", "error"] and board[2]["impl"] == "sdpa-cudnn"
+    assert board[0]["fwd_bwd_ms"] <= board[1]["fwd_bwd_ms"]
+    flash_ms = {r["impl"]: r["fwd_bwd_ms"] for r in board}["sdpa-flash"]
+    for row in board[:2]:
+        assert row["fwd_bwd_vs_sdpa-flash"] == pytest.approx(flash_ms / row["fwd_bwd_ms"])
+        assert row["fwd_bwd_vs_sdpa-cudnn"] is None
+
+
+def test_ratio_pairs_name_each_pair_once():
+    impls = ["naive", "sdpa-flash", "sdpa-cudnn", "flash-triton"]
+    assert ratio_pairs(impls) == [
+        ("sdpa-flash", "naive"), ("sdpa-cudnn", "naive"), ("flash-triton", "naive"),
+        ("sdpa-flash", "sdpa-cudnn"), ("flash-triton", "sdpa-cudnn"),
+        ("flash-triton", "sdpa-flash"),
+    ]
+    assert ratio_pairs(["flash-torch", "flash-triton"]) == []
+
+
+def test_pivots_and_leaderboard_keep_the_last_row_of_a_repeated_config():
+    row = dict.fromkeys(bench.COLUMNS) | {"impl": "naive", "dtype": "bf16", "causal": False, "batch": 1,
+                                         "heads": None, "seq": 64, "d": 32, "status": "ok"}
+    rows = [row | {"fwd_bwd_ms": 9.0}, row | {"fwd_bwd_ms": 3.0}]
+    results = pd.DataFrame(rows, columns=list(bench.COLUMNS))
+    tables = dict(pivot_tables(results))
+    where = "(bf16, non-causal, B=1, no heads)"
+    assert list(tables) == [f"{t}_ms {where}" for t in bench.TIMINGS]  # one impl: no speedup tables
+    fwd_bwd = tables[f"fwd_bwd_ms {where}"]
+    assert fwd_bwd["naive"].tolist() == [3.0]
+    assert leaderboard_table(results)["fwd_bwd_ms"].tolist() == [3.0]
+
+
+def test_clock_fallback_statistics_and_grad_reset():
+    x = torch.ones(3, requires_grad=True)
+
+    def step():
+        time.sleep(0.002)
+        (2 * x).sum().backward()
+
+    timing = bench.bench_ms(step, CPU, warmup_ms=1, rep_ms=20, grad_to_none=[x])
+    assert 2.0 <= timing.p20_ms <= timing.median_ms <= timing.p80_ms
+    assert x.grad.tolist() == [2.0, 2.0, 2.0]  # reset before each call: no accumulation
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["bench", "--seq", "0"], "'0' must be positive"),
+        (["bench", "--impl", "naive,magic"], "'magic': choose from naive, compiled"),
+        (["bench", "--dtype", "fp8"], "'fp8': choose from fp32, bf16, fp16"),
+        (["bench", "--resume"], "--resume needs --output"),
+        (["leaderboard", "--dtype", "fp32,bf16"], "takes one value here"),
+    ],
+)
+def test_bad_options_are_usage_errors(args, message):
+    result = invoke(*args, "--device", "cpu")
+    assert result.exit_code == 2
+    assert message in result.stderr and "Traceback" not in result.output
+
+
+def test_a_sweep_where_nothing_runs_exits_non_zero():
+    result = invoke("bench", "--impl", "sdpa-cudnn", "--seq", "32", "--d", "16", "--dtype", "fp32",
+                    "--format", "json", *FAST)
+    assert result.exit_code == 1 and "no config ran" in result.stderr
+    assert json.loads(result.stdout)["results"][0]["status"] == "error"
+
+
+# ------------------------------------------------------------------------------------------------ GPU only
+GPU_SHAPE = {"batch": 2, "heads": 4, "seq": 1024, "d": 64}
+
+
+def gpu_config(impl: str, dtype: str = "bf16", **shape) -> bench.AttentionConfig:
+    return bench.AttentionConfig(impl, dtype, True, **(GPU_SHAPE | shape), device="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl", ["naive", "flash-triton", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient"])
+def test_gpu_measured_saved_memory_matches_the_analytic_size(impl):
+    row = bench.run_config(gpu_config(impl), 5, 20)
+    assert row["status"] == "ok", row["message"]
+    # SDPA backends also keep RNG seed/offset tensors: a few 512-byte allocator blocks.
+    assert row["saved_mb"] == pytest.approx(row["saved_analytic_mb"], rel=0.01)
+    assert row["mem_inputs_mb"] < row["mem_before_bwd_mb"] <= row["fwd_peak_mb"]
+    assert row["mem_inputs_mb"] < row["bwd_peak_mb"]
+    for timing in bench.TIMINGS:
+        assert 0 < row[f"{timing}_p20_ms"] <= row[f"{timing}_ms"] <= row[f"{timing}_p80_ms"]
+
+
+@pytest.mark.gpu
+def test_gpu_unsupported_backend_reports_torchs_reason():
+    row = bench.run_config(gpu_config("sdpa-flash", "fp32"), 5, 20)
+    assert row["status"] == "error" and "dtype" in row["message"]
+
+
+@pytest.mark.gpu
+def test_gpu_oom_is_a_row_and_its_memory_is_given_back():
+    assert bench.run_config(gpu_config("naive"), 5, 20)["status"] == "ok"  # cuBLAS workspaces now exist
+    before = torch.cuda.memory_allocated()
+    # The N×N probabilities alone would need 16·16·65536²·2 bytes ≈ 2.2 TB.
+    row = bench.run_config(gpu_config("naive", batch=16, heads=16, seq=65536), 5, 20)
+    assert row["status"] == "oom" and row["fwd_ms"] is None
+    assert torch.cuda.memory_allocated() == before
+    assert bench.run_config(gpu_config("naive"), 5, 20)["status"] == "ok"
