@@ -1,0 +1,219 @@
+"""Record the CUDA caching allocator's history around the workload's steps and dump it for analysis.
+
+Warm-up steps run before recording (they allocate AdamW state and settle the allocator's cache, which is not
+what a step costs). Then history is switched on, the steps run while the workload's `on_phase_end` callback
+reads and resets the allocator's peak counters at every phase boundary, and the snapshot is written with
+pickle protocol 4, which pytorch.org/memory_viz reads. An out-of-memory error inside a recorded step is the
+moment a snapshot matters most: it is caught, the snapshot is dumped anyway and the sidecar says where it hit.
+
+Stacks are Python frames only (`stacks="python"`): they name the model code that allocated, which is what the
+analysis reports. C++ frames (`"all"`) make every event slower to record, the dump slow to symbolise and the
+file several times larger, for frames inside torch that the analysis skips anyway.
+"""
+
+from __future__ import annotations
+
+import datetime
+import inspect
+import json
+import os
+import pickle
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from profiler_kit.errors import ProfilerKitError
+from profiler_kit.memory.snapshot import SIDECAR_FORMAT, SIDECAR_VERSION, sidecar_path
+from profiler_kit.workload import Workload, WorkloadConfig, release, synchronize
+
+# One train step of xl at ctx 512 logs a few tens of thousands of events; this keeps a couple of steps.
+DEFAULT_MAX_ENTRIES = 100_000
+DEFAULT_OUTPUT_DIR = Path("memory_snapshots")
+SNAPSHOT_PICKLE_PROTOCOL = 4  # what memory_viz reads; pinned because Python 3.14 defaults to protocol 5
+STACKS = "python"
+NO_CUDA_MESSAGE = (
+    "memory snapshots need a CUDA device, and torch sees none here; "
+    "`profiler-kit memory summarize FILE.pickle` reads existing snapshots anywhere"
+)
+
+
+@dataclass(frozen=True)
+class RecordResult:
+    snapshot_path: Path
+    sidecar_path: Path
+    sidecar: dict
+
+    @property
+    def oom(self) -> dict | None:
+        """{"step", "phase", "summary", "message"} when a recorded step ran out of memory."""
+        return self.sidecar["oom"]
+
+
+def require_cuda(cfg: WorkloadConfig) -> None:
+    if cfg.device == "cpu" or not torch.cuda.is_available():
+        raise ProfilerKitError(NO_CUDA_MESSAGE)
+
+
+def oom_summary(exc: BaseException) -> str:
+    """The useful head of torch's multi-sentence OOM message: how much it tried to allocate."""
+    text = " ".join(str(exc).split())
+    match = re.search(r"Tried to allocate [\d.,]+ \w+", text)
+    return match.group(0) if match else text[:160]
+
+
+class _PhaseMeter:
+    """The `on_phase_end` callback: per-phase peaks from the allocator's counters, reset at every boundary."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.rows: list[dict] = []
+        self.step = 0
+
+    def start_step(self, step: int) -> None:
+        self.step = step
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+    def __call__(self, phase: str, completed: bool = True) -> None:
+        self.rows.append({
+            "step": self.step,
+            "phase": phase,
+            "peak_allocated_bytes": torch.cuda.max_memory_allocated(self.device),
+            "peak_reserved_bytes": torch.cuda.max_memory_reserved(self.device),
+            "allocated_bytes": torch.cuda.memory_allocated(self.device),
+            # The clock of the trace's time_us (CLOCK_REALTIME in µs), so the analysis can place phases on it.
+            "end_time_us": time.time_ns() // 1000,
+            "completed": completed,
+        })
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+    def failed_phase(self, phases: tuple[str, ...]) -> str:
+        """The phase after the last one this step completed."""
+        done = [r["phase"] for r in self.rows if r["step"] == self.step]
+        return phases[len(done)] if len(done) < len(phases) else phases[-1]
+
+
+def _start_history(max_entries: int) -> None:
+    kwargs = {"context": "all", "stacks": STACKS, "max_entries": max_entries}
+    # Without clearing, a second recording in the same process keeps the first one's events; the flag is
+    # missing from older torch releases.
+    if "clear_history" in inspect.signature(torch.cuda.memory._record_memory_history_impl).parameters:
+        kwargs["clear_history"] = True
+    torch.cuda.memory._record_memory_history(enabled="all", **kwargs)
+
+
+def _storage_address(tensor: torch.Tensor) -> int:
+    return tensor.untyped_storage().data_ptr()
+
+
+def tensor_roles(workload: Workload) -> dict[str, list[int]]:
+    """Storage addresses of the parameters, their gradients and the optimizer's moments (the state tensors
+    shaped like their parameter; AdamW's scalar `step` is left out)."""
+    params = list(workload.model.parameters())
+    optimizer_state = workload.optimizer.state.items() if workload.optimizer is not None else []
+    return {
+        "parameter": [_storage_address(p) for p in params],
+        "gradient": [_storage_address(p.grad) for p in params if p.grad is not None],
+        "adamw_state": [
+            _storage_address(value)
+            for param, state in optimizer_state
+            for value in state.values()
+            if torch.is_tensor(value) and value.shape == param.shape
+        ],
+    }
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    """Write beside the target, then rename: an interrupted dump never leaves a truncated file behind."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def record(
+    cfg: WorkloadConfig,
+    steps: int = 1,
+    warmup: int = 1,
+    max_entries: int = DEFAULT_MAX_ENTRIES,
+    output_dir: str | Path = DEFAULT_OUTPUT_DIR,
+    on_progress: Callable[[str], None] | None = None,
+) -> RecordResult:
+    """Run `warmup` unrecorded steps, record `steps` steps, write `<tag>.pickle` and `<tag>.json` in
+    output_dir."""
+    require_cuda(cfg)
+    for name, value, least in (("steps", steps, 1), ("warmup", warmup, 0), ("max_entries", max_entries, 1)):
+        if value < least:
+            raise ProfilerKitError(f"{name} must be at least {least}, got {value}")
+    progress = on_progress or (lambda message: None)
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    snapshot_file = output_dir / f"{cfg.tag()}.pickle"
+    workload = None
+    try:
+        progress(f"building {cfg.model} (ctx {cfg.ctx}, {cfg.mode})")
+        try:
+            workload = Workload(cfg)
+        except torch.cuda.OutOfMemoryError as exc:
+            raise ProfilerKitError(f"out of memory building {cfg.model} ({oom_summary(exc)})") from None
+        warmup_oom = None
+        for i in range(warmup):
+            progress(f"warm-up step {i + 1}/{warmup}")
+            try:
+                workload.step()
+            except torch.cuda.OutOfMemoryError as exc:
+                # The recorded step will fail the same way, now with history on: that is the snapshot to keep.
+                warmup_oom = oom_summary(exc)
+                progress(f"warm-up ran out of memory ({warmup_oom}); recording the failing step")
+                break
+        synchronize(workload.device)
+        meter = _PhaseMeter(workload.device)
+        oom = None
+        _start_history(max_entries)
+        try:
+            for step in range(steps):
+                progress(f"recording step {step + 1}/{steps}")
+                meter.start_step(step)
+                try:
+                    workload.step(on_phase_end=meter)
+                except torch.cuda.OutOfMemoryError as exc:
+                    phase = meter.failed_phase(workload.phases)
+                    meter(phase, completed=False)
+                    oom = {"step": step, "phase": phase, "summary": oom_summary(exc), "message": str(exc)}
+                    break
+            synchronize(workload.device)
+            # Peaks since the last phase end (after an OOM: up to the failed allocation).
+            tail_allocated = torch.cuda.max_memory_allocated(workload.device)
+            tail_reserved = torch.cuda.max_memory_reserved(workload.device)
+            progress("taking the snapshot")
+            snapshot = torch.cuda.memory._snapshot()
+        finally:
+            torch.cuda.memory._record_memory_history(enabled=None)
+        _write_atomically(snapshot_file, pickle.dumps(snapshot, protocol=SNAPSHOT_PICKLE_PROTOCOL))
+        del snapshot
+        sidecar = {
+            "format": SIDECAR_FORMAT,
+            "version": SIDECAR_VERSION,
+            "snapshot": snapshot_file.name,
+            "recorded_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "torch_version": torch.__version__,
+            "device_name": torch.cuda.get_device_name(workload.device),
+            "config": cfg.as_dict(),
+            "steps": steps,
+            "warmup": warmup,
+            "max_entries": max_entries,
+            "stacks": STACKS,
+            "peak_allocated_bytes": max([r["peak_allocated_bytes"] for r in meter.rows] + [tail_allocated]),
+            "peak_reserved_bytes": max([r["peak_reserved_bytes"] for r in meter.rows] + [tail_reserved]),
+            "phases": meter.rows,
+            "warmup_oom": warmup_oom,
+            "oom": oom,
+            "tensor_roles": tensor_roles(workload),
+        }
+    finally:
+        release(workload)
+    side_file = sidecar_path(snapshot_file)
+    _write_atomically(side_file, (json.dumps(sidecar, indent=1) + "\n").encode())
+    return RecordResult(snapshot_file, side_file, sidecar)

@@ -1,0 +1,143 @@
+"""Loading and validating CUDA memory snapshots (`torch.cuda.memory._snapshot()` pickles) and their sidecars.
+
+A snapshot is a plain dict: `segments` (what the caching allocator holds from cudaMalloc, with the blocks
+inside each segment) and `device_traces` (per device, the allocator events recorded since
+`_record_memory_history`).
+Snapshots may come from any program, so nothing here trusts the file: the unpickler builds only plain
+containers and refuses every other global, and the structure is checked before any analysis touches it.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from profiler_kit.errors import ProfilerKitError
+
+# Trace actions whose entries carry an address and a size the analysis reads.
+ADDRESS_ACTIONS = frozenset({
+    "alloc", "free_requested", "free_completed",
+    "segment_alloc", "segment_free", "segment_map", "segment_unmap",
+})
+SIDECAR_FORMAT = "profiler-kit memory sidecar"
+SIDECAR_VERSION = 1
+# Builtin containers are the only globals a snapshot pickle may name (protocols below 4 spell sets this way;
+# protocol 2 names their module `__builtin__`, as Python 2 did).
+_BUILTIN_MODULES = frozenset({"builtins", "__builtin__"})
+_ALLOWED_GLOBALS = frozenset({"dict", "list", "tuple", "set", "frozenset"})
+
+
+class _RefusedGlobal(pickle.UnpicklingError):
+    pass
+
+
+class _SnapshotUnpickler(pickle.Unpickler):
+    """Builds dicts, lists, tuples, strings and numbers; refuses any class or function before importing it."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module in _BUILTIN_MODULES and name in _ALLOWED_GLOBALS:
+            return super().find_class(module, name)
+        raise _RefusedGlobal(
+            f"it names {module}.{name}, and a memory snapshot holds only dicts, lists, strings and numbers "
+            "(refused without importing it)"
+        )
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
+def _unpickle(stream: BinaryIO) -> Any:
+    try:
+        return _SnapshotUnpickler(stream).load()
+    except _RefusedGlobal as exc:
+        raise ValueError(str(exc)) from None
+    except EOFError:
+        raise ValueError("the pickle is truncated") from None
+    except pickle.UnpicklingError as exc:
+        reason = "the pickle is truncated" if "truncated" in str(exc) else f"not a pickle ({_one_line(exc)})"
+        raise ValueError(reason) from None
+    # Malformed bytes can fail inside the unpickler in many ways (bad opcode arguments, wrong stack contents,
+    # undecodable strings); all of them mean "not a snapshot" to the user.
+    except Exception as exc:
+        raise ValueError(f"not a readable pickle ({type(exc).__name__}: {_one_line(exc)})") from None
+
+
+def load_snapshot(path: str | Path) -> dict:
+    """Read and validate a snapshot pickle; any problem is a one-line `ProfilerKitError`."""
+    path = Path(path)
+    if not path.exists():
+        raise ProfilerKitError(f"no such snapshot file: {path}")
+    if path.is_dir():
+        raise ProfilerKitError(f"{path} is a directory, not a snapshot pickle")
+    if path.stat().st_size == 0:
+        raise ProfilerKitError(f"cannot read memory snapshot {path}: the file is empty")
+    try:
+        with path.open("rb") as stream:
+            obj = _unpickle(stream)
+        validate_snapshot(obj)
+    except ValueError as exc:
+        raise ProfilerKitError(f"cannot read memory snapshot {path}: {exc}") from None
+    return obj
+
+
+def _require(obj: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    if not isinstance(obj, dict):
+        raise ValueError(f"{where} is a {type(obj).__name__}, expected a dict")
+    if key not in obj:
+        raise ValueError(f"{where} has no {key!r}")
+    value = obj[key]
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise ValueError(f"{where}[{key!r}] is a {type(value).__name__}")
+    return value
+
+
+def validate_snapshot(obj: Any) -> None:
+    """Raise ValueError naming the first field that does not look like `torch.cuda.memory._snapshot()`."""
+    if not isinstance(obj, dict) or "segments" not in obj or "device_traces" not in obj:
+        keys = sorted(map(str, obj))[:5] if isinstance(obj, dict) else None
+        kind = f"a dict with keys {keys}" if keys is not None else f"a {type(obj).__name__}"
+        raise ValueError(f"not a memory snapshot: the pickle holds {kind}, not 'segments'/'device_traces'")
+    segments = _require(obj, "segments", list, "snapshot")
+    for i, segment in enumerate(segments):
+        where = f"segments[{i}]"
+        for key in ("address", "total_size"):
+            _require(segment, key, int, where)
+        for j, block in enumerate(_require(segment, "blocks", list, where)):
+            _require(block, "size", int, f"{where}.blocks[{j}]")
+            _require(block, "state", str, f"{where}.blocks[{j}]")
+    for d, trace in enumerate(_require(obj, "device_traces", list, "snapshot")):
+        if not isinstance(trace, list):
+            raise ValueError(f"device_traces[{d}] is a {type(trace).__name__}, expected a list")
+        for i, entry in enumerate(trace):
+            where = f"device_traces[{d}][{i}]"
+            if _require(entry, "action", str, where) in ADDRESS_ACTIONS:
+                _require(entry, "addr", int, where)
+                _require(entry, "size", int, where)
+
+
+def sidecar_path(snapshot_path: str | Path) -> Path:
+    """`<tag>.json` beside `<tag>.pickle`."""
+    return Path(snapshot_path).with_suffix(".json")
+
+
+def load_sidecar(snapshot_path: str | Path) -> dict | None:
+    """The recorder's JSON sidecar beside a snapshot, or None when there is none (a foreign snapshot)."""
+    path = sidecar_path(snapshot_path)
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProfilerKitError(f"sidecar {path}: not readable JSON ({exc})") from None
+    if not isinstance(data, dict) or data.get("format") != SIDECAR_FORMAT:
+        raise ProfilerKitError(
+            f"{path} sits beside the snapshot but is not a profiler-kit memory sidecar; move it to summarize "
+            f"{Path(snapshot_path).name} alone"
+        )
+    if data.get("version") != SIDECAR_VERSION:
+        raise ProfilerKitError(f"sidecar {path}: version {data.get('version')!r}; this tool reads "
+                               f"{SIDECAR_VERSION}")
+    return data

@@ -1,0 +1,125 @@
+"""Loading snapshots safely: valid ones load; missing, empty, truncated, random and non-snapshot pickles, and
+pickles that name a global, give one-line errors (nothing they name is imported or run); sidecars."""
+
+import json
+import os
+import pickle
+import random
+
+import pytest
+from click.testing import CliRunner
+
+from profiler_kit.cli import main
+from profiler_kit.errors import ProfilerKitError
+from profiler_kit.memory import load_sidecar, load_snapshot
+from profiler_kit.memory.snapshot import SIDECAR_FORMAT, SIDECAR_VERSION
+
+FRAME = {"filename": "/work/main/profiler_kit/model.py", "line": 33, "name": "naive_causal_attention"}
+SNAPSHOT = {
+    "segments": [{
+        "device": 0, "address": 1 << 40, "total_size": 2 << 20, "allocated_size": 1024, "active_size": 1024,
+        "requested_size": 1000, "stream": 0, "segment_type": "large", "segment_pool_id": (0, 0),
+        "is_expandable": False, "frames": [],
+        "blocks": [
+            {"address": 1 << 40, "size": 1024, "requested_size": 1000, "state": "active_allocated",
+             "frames": [FRAME]},
+            {"address": (1 << 40) + 1024, "size": (2 << 20) - 1024, "requested_size": 0, "state": "inactive",
+             "frames": []},
+        ],
+    }],
+    "device_traces": [[
+        {"action": "segment_alloc", "addr": 1 << 40, "size": 2 << 20, "stream": 0, "time_us": 1,
+         "frames": []},
+        {"action": "alloc", "addr": 1 << 40, "size": 1000, "stream": 0, "time_us": 2, "frames": [FRAME]},
+        {"action": "snapshot", "addr": 0, "size": 1000, "stream": 0, "time_us": 3},
+    ]],
+    "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": "", "roundup_power2_divisions": {"1": 0}},
+}
+
+
+class Exploit:
+    """Unpickling this would run a shell command that creates a file."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def write(tmp_path, data: bytes, name="snap.pickle"):
+    path = tmp_path / name
+    path.write_bytes(data)
+    return path
+
+
+@pytest.mark.parametrize("protocol", [2, 4, pickle.HIGHEST_PROTOCOL])
+def test_valid_snapshot_loads_whatever_the_protocol(tmp_path, protocol):
+    with_set = dict(SNAPSHOT, extra={"a", "b"})  # protocol 2 spells sets through builtins.set
+    assert load_snapshot(write(tmp_path, pickle.dumps(with_set, protocol=protocol))) == with_set
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: b"", "the file is empty"),
+    (lambda: pickle.dumps(SNAPSHOT, protocol=4)[:200], "truncated"),
+    (lambda: b"PK\x03\x04 not a pickle at all", "not a pickle"),
+    (lambda: pickle.dumps([1, 2, 3]), "the pickle holds a list"),
+    (lambda: pickle.dumps({"segments": []}), "not 'segments'/'device_traces'"),
+    (lambda: pickle.dumps(dict(SNAPSHOT, segments=[{"address": 1, "blocks": []}])), "has no 'total_size'"),
+    (lambda: pickle.dumps(dict(SNAPSHOT, device_traces=[[{"action": "alloc", "size": 4}]])), "has no 'addr'"),
+    (lambda: pickle.dumps(dict(SNAPSHOT, device_traces=[{"x": 1}])), "expected a list"),
+])
+def test_bad_files_give_a_clear_error(tmp_path, make, message):
+    with pytest.raises(ProfilerKitError, match=message) as info:
+        load_snapshot(write(tmp_path, make()))
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_random_bytes_give_a_clear_error(tmp_path, seed):
+    with pytest.raises(ProfilerKitError, match="cannot read memory snapshot") as info:
+        load_snapshot(write(tmp_path, random.Random(seed).randbytes(4096)))
+    assert "\n" not in str(info.value)
+
+
+def test_globals_are_refused_before_anything_runs(tmp_path):
+    marker = tmp_path / "pwned"
+    path = write(tmp_path, pickle.dumps({"segments": [], "device_traces": [], "x": Exploit(marker)}))
+    with pytest.raises(ProfilerKitError, match=r"names posix\.system.*refused"):
+        load_snapshot(path)
+    assert not marker.exists()
+
+
+def test_missing_file_and_directory(tmp_path):
+    with pytest.raises(ProfilerKitError, match="no such snapshot file"):
+        load_snapshot(tmp_path / "nope.pickle")
+    with pytest.raises(ProfilerKitError, match="is a directory"):
+        load_snapshot(tmp_path)
+
+
+@pytest.mark.parametrize("content", [b"", b"\x80\x04garbage", pickle.dumps(["not", "a", "snapshot"])])
+def test_cli_error_is_one_line_without_traceback(tmp_path, content):
+    path = write(tmp_path, content)
+    result = CliRunner().invoke(main, ["memory", "summarize", str(path)])
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: cannot read memory snapshot")
+    assert "Traceback" not in result.output
+
+
+def test_sidecar_is_optional_and_checked(tmp_path):
+    path = write(tmp_path, pickle.dumps(SNAPSHOT))
+    assert load_sidecar(path) is None
+    side = tmp_path / "snap.json"
+    side.write_text(json.dumps({"format": SIDECAR_FORMAT, "version": SIDECAR_VERSION, "phases": []}))
+    assert load_sidecar(path)["phases"] == []
+    side.write_text(json.dumps({"format": SIDECAR_FORMAT, "version": SIDECAR_VERSION + 1}))
+    with pytest.raises(ProfilerKitError, match="version"):
+        load_sidecar(path)
+    side.write_text('{"something": "else"}')
+    with pytest.raises(ProfilerKitError, match="not a profiler-kit memory sidecar"):
+        load_sidecar(path)
+    side.write_text("{broken")
+    with pytest.raises(ProfilerKitError, match="not readable JSON"):
+        load_sidecar(path)
