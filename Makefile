@@ -29,6 +29,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 test: $(STAMP)
+	@if [ -f ../shared/nsys/install-debian-nsys.sh ]; then bash ../shared/nsys/install-debian-nsys.sh $(abspath $(VENV)/nsys-debian) >/dev/null || echo "could not install Debian's nsys into $(VENV)/nsys-debian (tests/test_nsys_real.py will say why)"; else echo "no ../shared/nsys/install-debian-nsys.sh: tests that run nsys will skip"; fi
 	$(PY) -m pytest -q
 
 demo: $(STAMP)
@@ -39,7 +40,7 @@ bench: $(STAMP)
 	$(PY) -m profiler_kit benchmark --model $(MODEL) --ctx $(CTX) --mode $(MODE) $(MIXED_FLAG)
 
 nsys: $(STAMP)
-	$(PY) -m profiler_kit nsys --model $(MODEL) --ctx $(CTX) --mode $(MODE) $(MIXED_FLAG)
+	$(PY) -m profiler_kit nsys --model $(MODEL) --ctx $(CTX) --mode $(MODE) $(MIXED_FLAG) $(if $(NSYS),--nsys "$(NSYS)")
 
 memory: $(STAMP)
 	$(PY) -m profiler_kit memory --model $(MODEL) --ctx $(CTX) --mode $(MODE) $(MIXED_FLAG)

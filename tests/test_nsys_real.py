@@ -1,0 +1,173 @@
+"""With a real nsys: Debian's Nsight Systems 2022.4, installed by ../shared/nsys/install-debian-nsys.sh into
+.venv/nsys-debian (`make test` does it first; this module does it when needed), or the one $PK_TEST_NSYS
+names. On a CPU it records NVTX ranges and OS calls but no CUDA kernels. Tests skip only when the installer
+is absent. The last test needs a GPU and the nsys of that machine ($NSYS, PATH, ...)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from profiler_kit.cli import main
+from profiler_kit.nsys_tool import REPORT_RENAMES, NsysError, NsysInstall, export_sqlite, find_nsys, run_stats
+
+REPO = Path(__file__).resolve().parents[1]
+INSTALLER = REPO.parent / "shared" / "nsys" / "install-debian-nsys.sh"
+PREFIX = REPO / ".venv" / "nsys-debian"
+NSYS_IN_PREFIX = Path("usr/lib/nsight-systems/bin/nsys")
+WARMUP, STEPS = 1, 2
+
+
+@pytest.fixture(scope="module")
+def nsys() -> NsysInstall:
+    if os.environ.get("PK_TEST_NSYS"):
+        return find_nsys(os.environ["PK_TEST_NSYS"])
+    if not INSTALLER.is_file():
+        pytest.skip(f"{INSTALLER} is absent: no Debian nsys to test with")
+    if not (PREFIX / NSYS_IN_PREFIX).exists():
+        proc = subprocess.run(["bash", str(INSTALLER), str(PREFIX)], capture_output=True, text=True)
+        assert proc.returncode == 0, f"installing Debian's nsys failed: {proc.stderr[-2000:]}"
+    return find_nsys(PREFIX / NSYS_IN_PREFIX)
+
+
+def tables(sqlite: Path) -> set[str]:
+    with sqlite3.connect(sqlite) as db:
+        return {row[0] for row in db.execute("select name from sqlite_master where type = 'table'")}
+
+
+def nvtx_counts(sqlite: Path) -> dict[str, int]:
+    """How many times each NVTX push/pop range name occurs (text inline or through StringIds)."""
+    query = ("select coalesce(e.text, s.value), count(*) from NVTX_EVENTS e left join StringIds s "
+             "on e.textId = s.id where e.end is not null group by 1")
+    with sqlite3.connect(sqlite) as db:
+        return dict(db.execute(query).fetchall())
+
+
+def test_report_names_are_those_this_nsys_lists(nsys):
+    listed = subprocess.run([str(nsys.path), "stats", "--help-reports"], capture_output=True, text=True)
+    assert nsys.new_report_names == (nsys.version[:2] >= (2023, 1))
+    for report in REPORT_RENAMES:
+        name = nsys.report_name(report)
+        assert f"  {name} " in listed.stdout or f"  {name}[" in listed.stdout, report
+
+
+@pytest.fixture(scope="module")
+def cpu_run(nsys, tmp_path_factory):
+    """`profiler-kit nsys` on the tiny model, on the CPU, under this nsys."""
+    out = tmp_path_factory.mktemp("profiles")
+    result = CliRunner().invoke(main, [
+        "nsys", "--model", "tiny", "--ctx", "32", "--mode", "train", "--batch-size", "2", "--warmup",
+        str(WARMUP), "--steps", str(STEPS), "--device", "cpu", "--nsys", str(nsys.path), "--output-dir",
+        str(out), "--format", "json"])
+    return result, out
+
+
+def test_cli_records_report_and_sqlite_on_a_cpu(cpu_run):
+    result, out = cpu_run
+    assert result.exit_code == 0, result.stderr
+    report, sqlite = out / "tiny_ctx32_train.nsys-rep", out / "tiny_ctx32_train.sqlite"
+    assert report.stat().st_size > 0
+    assert sqlite.stat().st_mtime_ns >= report.stat().st_mtime_ns
+    assert {"NVTX_EVENTS", "PROCESSES", "StringIds"} <= tables(sqlite)
+    assert "whole run" in result.stderr  # no capture range without CUDA, and the user is told
+    if importlib.util.find_spec("profiler_kit.kernels"):
+        assert json.loads(result.stdout)["kernel_count"] == 0  # a CPU run launches no CUDA kernels
+    else:
+        assert result.stdout == ""  # --format json: nothing but JSON on stdout
+
+
+def test_cpu_run_has_the_workload_and_its_nvtx_ranges_or_says_why_not(cpu_run):
+    result, out = cpu_run
+    sqlite = out / "tiny_ctx32_train.sqlite"
+    with sqlite3.connect(sqlite) as db:
+        names = [row[0] for row in db.execute("select name from PROCESSES")]
+    assert any("python" in Path(name).name for name in names)
+    counts = nvtx_counts(sqlite)
+    if "forward" in counts:
+        # The whole run is recorded on a CPU: the warm-up steps too, inside their own range.
+        assert counts["warmup"] == 1
+        for phase in ("forward", "backward", "optimizer_step"):
+            assert counts[phase] == WARMUP + STEPS
+    else:
+        assert "ignores the nvtx package's ranges" in result.stderr
+
+
+def test_export_and_stats_on_the_recorded_report(nsys, cpu_run, tmp_path):
+    _, out = cpu_run
+    report = Path(shutil.copy2(out / "tiny_ctx32_train.nsys-rep", tmp_path))
+    sqlite = Path(shutil.copy2(out / "tiny_ctx32_train.sqlite", tmp_path))
+    fresh = sqlite.stat().st_mtime_ns
+    assert export_sqlite(report, nsys) == sqlite and sqlite.stat().st_mtime_ns == fresh
+    older = report.stat().st_mtime_ns - 10**9
+    os.utime(sqlite, ns=(older, older))
+    export_sqlite(report, nsys)
+    assert sqlite.stat().st_mtime_ns >= report.stat().st_mtime_ns
+    assert "NVTX_EVENTS" in tables(sqlite)
+
+    os.utime(sqlite, ns=(older, older))  # stale again: stats on the report must re-export, not refuse
+    kern = run_stats(report, "cuda_gpu_kern_sum", nsys)
+    assert f"{nsys.report_name('cuda_gpu_kern_sum')}.py" in kern
+    assert sqlite.stat().st_mtime_ns >= report.stat().st_mtime_ns
+    assert f"{nsys.report_name('nvtx_sum')}.py" in run_stats(sqlite, "nvtxsum", nsys)
+
+
+def test_stats_of_a_real_h100_export_match_the_recorded_ones(nsys, tmp_path):
+    """The kernel summary of an nsys 2025.3 export (H100), asked by its 2023.1 name, from this nsys."""
+    kernels = REPO / "tests" / "fixtures" / "kernels"
+    recorded = (kernels / "nsys2022_tiny_train_bf16_gpukernsum.csv").read_text()
+    if nsys.version[:2] != (2022, 4):
+        pytest.skip(f"the recorded output is Debian's nsys 2022.4's; this is {nsys.version_str}")
+    sqlite = Path(shutil.copy2(kernels / "h100_tiny_train_bf16.sqlite", tmp_path))
+    out = run_stats(sqlite, "cuda_gpu_kern_sum", nsys)
+    # Everything but the preamble line, which names the files.
+    assert out.startswith("Processing [") and out.splitlines()[1:] == recorded.splitlines()[1:]
+
+
+def test_a_damaged_report_fails_in_one_line(nsys, tmp_path):
+    report = tmp_path / "damaged.nsys-rep"
+    report.write_bytes(os.urandom(4096))
+    with pytest.raises(NsysError) as err:
+        export_sqlite(report, nsys)
+    assert "\n" not in str(err.value)
+    assert "export --type sqlite" in str(err.value) and "damaged.nsys-rep" in str(err.value)
+    assert not (tmp_path / "damaged.sqlite").exists()
+
+
+def test_a_failing_workload_reports_its_own_error(nsys, tmp_path):
+    # No SDPA backend but the math one runs on a CPU, and `sdpa-cudnn` forbids that one: the child gives up.
+    result = CliRunner().invoke(main, [
+        "nsys", "attention", "--impl", "sdpa-cudnn", "--dtype", "fp32", "--batch", "1", "--seq", "16", "--d",
+        "16", "--device", "cpu", "--warmup", "0", "--nsys", str(nsys.path), "--output-dir", str(tmp_path)])
+    assert result.exit_code == 1
+    assert "skipping sdpa-cudnn" in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("Error: profiling attention_fp32_b1_s16_d16_causal failed: "
+                           "none of sdpa-cudnn runs")
+
+
+@pytest.mark.gpu
+def test_gpu_capture_range_holds_only_the_profiled_steps(tmp_path):
+    from profiler_kit.profiling import profile
+    from profiler_kit.workload import WorkloadConfig
+
+    try:
+        gpu_nsys = find_nsys()
+    except NsysError as exc:
+        pytest.skip(str(exc))
+    cfg = WorkloadConfig("tiny", 64, "train", batch_size=2, device="cuda")
+    result = profile(cfg, warmup=2, steps=1, backend="nsys", output_dir=tmp_path, nsys_path=gpu_nsys.path)
+    assert result.capture == "cudaProfilerApi"
+    with sqlite3.connect(result.sqlite) as db:
+        kernels = db.execute("select count(*) from CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0]
+    assert kernels > 0
+    counts = nvtx_counts(result.sqlite)
+    assert "warmup" not in counts
+    assert counts.get("forward") == 1 and counts.get("optimizer_step") == 1
