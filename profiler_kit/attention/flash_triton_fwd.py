@@ -1,0 +1,282 @@
+"""FlashAttention-2 forward in Triton, and the tile helpers and launch plumbing the backward shares.
+
+Layout. Inputs arrive as `(..., seq, d)`; `as_4d` views them as (Z, H, seq, d) without copying when the
+strides allow (the model's permuted (batch, heads, seq, d) q/k/v included) and the kernels take the Z and H
+strides separately, so folding heads into the batch costs nothing. The last dim must be contiguous.
+
+Head dims. The tile's head dim BLOCK_D is the next power of two ≥ d; when d is not a power of two (80 for the
+2.7B preset) loads and stores are masked along d and the padded columns are zeros, which add nothing to q·k or
+p·v. Powers of two take unmasked loads.
+
+Precision. `tl.dot` takes bf16/fp16 operands and accumulates in fp32; the probabilities are cast to the
+input dtype before p·v, as in FlashAttention-2. fp32 inputs run tl.dot at Triton's default precision, which
+is TF32 on Ampere and later (10-bit mantissa): expect ~1e-3 relative error against float64, not ~1e-6.
+
+Softmax. Scores are kept in base-2 units: qk_scale = log2(e)/√d folds the softmax scale into exp2, so each
+score costs one FMA and one exp2. The saved logsumexp L is in natural-log units (it is part of the API).
+
+Tuning. Block sizes, warps and stages come from `triton.autotune`, keyed on the head dim, causal flag, dtypes
+(added by Triton) and a power-of-two bucket of the sequence length. Lengths are runtime arguments, so a
+new length does not recompile (beyond Triton's one variant for lengths not divisible by 16); a new bucket
+re-times the already compiled configs. The first call per head
+dim, dtype and causal flag compiles every config that fits in shared memory (tens of seconds). With
+PROFILER_KIT_FLASH_AUTOTUNE=0 each kernel runs the first such config of its list instead (a sound H100
+default) and compiles once. Under TRITON_INTERPRET=1 (CPU tests) a small fixed config is used: tuning there
+would only time the interpreter.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+
+import torch
+import triton
+import triton.language as tl
+
+# Read once, like Triton itself does when @triton.jit runs.
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+LOG2E = math.log2(math.e)
+# ln(2) turns a base-2 logsumexp into a natural one inside kernels.
+_LN2: tl.constexpr = tl.constexpr(math.log(2.0))
+_LOG2E: tl.constexpr = tl.constexpr(LOG2E)
+
+# Sequence lengths up to this share one tuning (short runs are dominated by launch overhead anyway);
+# lengths past the cap reuse the cap's tuning.
+SEQ_BUCKET_MIN = 1024
+SEQ_BUCKET_MAX = 16384
+# Shared memory one block may use on H100 (227 KiB); configs estimated above it are not compiled at all.
+SMEM_BUDGET_BYTES = 227 * 1024
+AUTOTUNE_ENV = "PROFILER_KIT_FLASH_AUTOTUNE"
+
+
+def seq_bucket(n: int) -> int:
+    """The autotune bucket of a sequence length: a power of two in [SEQ_BUCKET_MIN, SEQ_BUCKET_MAX]."""
+    return min(triton.next_power_of_2(max(n, SEQ_BUCKET_MIN)), SEQ_BUCKET_MAX)
+
+
+def block_d(head_dim: int) -> int:
+    """The tile's head dim: the next power of two ≥ d (tl.arange and tl.dot need powers of two ≥ 16)."""
+    return max(triton.next_power_of_2(head_dim), 16)
+
+
+def as_4d(t: torch.Tensor) -> torch.Tensor:
+    """View `(..., seq, d)` as (Z, H, seq, d) with a contiguous last dim; copies only when it must."""
+    if t.stride(-1) != 1:
+        t = t.contiguous()
+    if t.dim() == 2:
+        return t[None, None]
+    if t.dim() == 3:
+        return t[:, None]
+    return t.reshape(-1, *t.shape[-3:])
+
+
+def strides3(t: torch.Tensor) -> tuple[int, int, int]:
+    """The Z, H and seq strides of a (Z, H, seq, d) tensor (the d stride is 1)."""
+    return t.stride(0), t.stride(1), t.stride(2)
+
+
+def smem_pruner(resident: tuple[str, ...], streamed: tuple[str, ...]) -> Callable:
+    """An `early_config_prune` keeping the configs whose tiles fit in SMEM_BUDGET_BYTES.
+
+    `resident` names the block sizes of the (rows × BLOCK_D) tiles a program loads once, `streamed` those the
+    pipeliner keeps `num_stages` copies of. For these kernels the estimate equals Triton's allocation for the
+    forward and over-counts the backward a little; Triton rejects (OutOfResources) whatever slips through.
+    """
+
+    def smem_bytes(config: triton.Config, elem: int, width: int) -> int:
+        once = sum(config.kwargs[r] for r in resident)
+        pipelined = config.num_stages * sum(config.kwargs[r] for r in streamed)
+        return (once + pipelined) * width * elem
+
+    def prune(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
+        elem, width = named_args["Q"].element_size(), block_d(kwargs["HEAD_DIM"])
+        kept = [c for c in configs if smem_bytes(c, elem, width) <= SMEM_BUDGET_BYTES]
+        # The autotuner refuses an empty list: fall back to the smallest config.
+        return kept or [min(configs, key=lambda c: smem_bytes(c, elem, width))]
+
+    return prune
+
+
+def launch(tuned, pruner: Callable, interpret_blocks: dict, grid: Callable[[dict], tuple], args: tuple,
+           consts: dict) -> None:
+    """Run an autotuned kernel: tuned, on its default config (autotuning off), or interpreted on fixed blocks.
+
+    `pruner` is the kernel's `smem_pruner`; `grid` maps the block sizes of a config to the launch grid.
+    """
+    kernel = tuned.fn
+    if INTERPRET:
+        kernel[grid(interpret_blocks)](*args, **consts, **interpret_blocks)
+    elif os.environ.get(AUTOTUNE_ENV, "1") == "0":
+        config = pruner(tuned.configs, dict(zip(kernel.arg_names, args, strict=False)), **consts)[0]
+        meta = config.kwargs
+        kernel[grid(meta)](*args, **consts, **meta, num_warps=config.num_warps, num_stages=config.num_stages)
+    else:
+        tuned[grid](*args, **consts)
+
+
+@triton.jit
+def load_tile(base, rows, n_rows, stride_row, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+              CHECK_ROWS: tl.constexpr):
+    """Load a (len(rows), BLOCK_D) tile; out-of-range rows and padded head-dim columns read as zeros.
+
+    Each mask is applied only when needed: a column mask would stop the loads from being vectorised.
+    """
+    offs_d = tl.arange(0, BLOCK_D)
+    ptrs = base + rows[:, None] * stride_row + offs_d[None, :]
+    if HEAD_DIM == BLOCK_D:
+        if CHECK_ROWS:
+            tile = tl.load(ptrs, mask=rows[:, None] < n_rows, other=0.0)
+        else:
+            tile = tl.load(ptrs)
+    else:
+        if CHECK_ROWS:
+            tile = tl.load(ptrs, mask=(rows[:, None] < n_rows) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+        else:
+            tile = tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+    return tile
+
+
+@triton.jit
+def store_tile(base, tile, rows, n_rows, stride_row, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Store the rows < n_rows and the columns < HEAD_DIM of a (len(rows), BLOCK_D) tile."""
+    offs_d = tl.arange(0, BLOCK_D)
+    ptrs = base + rows[:, None] * stride_row + offs_d[None, :]
+    if HEAD_DIM == BLOCK_D:
+        tl.store(ptrs, tile, mask=rows[:, None] < n_rows)
+    else:
+        tl.store(ptrs, tile, mask=(rows[:, None] < n_rows) & (offs_d[None, :] < HEAD_DIM))
+
+
+@triton.jit
+def _fwd_key_tiles(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, rows, start, stop, N_K, qk_scale,
+                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                   MASKED: tl.constexpr, CAUSAL: tl.constexpr):
+    """Fold key tiles [start, stop) into the running max m_i, sum l_i and accumulator (online softmax).
+
+    MASKED tiles are the ragged last one and, when causal, those crossing the diagonal; others skip masks.
+    """
+    offs_n = tl.arange(0, BLOCK_N)
+    for start_n in range(start, stop, BLOCK_N):
+        cols = start_n + offs_n
+        k = load_tile(k_base, cols, N_K, stride_kn, HEAD_DIM, BLOCK_D, MASKED)
+        v = load_tile(v_base, cols, N_K, stride_vn, HEAD_DIM, BLOCK_D, MASKED)
+        qk = tl.dot(q, tl.trans(k))
+        if MASKED:
+            visible = cols[None, :] < N_K
+            if CAUSAL:
+                visible = visible & (cols[None, :] <= rows[:, None])
+            qk = tl.where(visible, qk, float("-inf"))
+        # Every row sees key 0 in the first tile processed, so m_new is finite from then on.
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        p = tl.math.exp2(qk * qk_scale - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _flash_attn_fwd_kernel(
+    Q, K, V, Out, L,
+    stride_qz, stride_qh, stride_qn,
+    stride_kz, stride_kh, stride_kn,
+    stride_vz, stride_vh, stride_vn,
+    stride_oz, stride_oh, stride_on,
+    H, N_Q, N_K, qk_scale, SEQ_BUCKET,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """One program per (query tile, batch·head): O = softmax(q kᵀ/√d) v and L = logsumexp of each row.
+
+    Causal: key tiles wholly above the diagonal are never visited, tiles wholly below it run unmasked and only
+    the BLOCK_M / BLOCK_N tiles on the diagonal pay for the mask (needs BLOCK_M % BLOCK_N == 0). Query tiles
+    are taken last-first when causal so that the longest programs start first. SEQ_BUCKET is never read: it
+    only keys the autotuner.
+    """
+    if CAUSAL:
+        pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    else:
+        pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    off_z = (pid_bh // H).to(tl.int64)
+    off_h = (pid_bh % H).to(tl.int64)
+    start_m = pid_m * BLOCK_M
+    rows = start_m + tl.arange(0, BLOCK_M)
+
+    q_base = Q + off_z * stride_qz + off_h * stride_qh
+    k_base = K + off_z * stride_kz + off_h * stride_kh
+    v_base = V + off_z * stride_vz + off_h * stride_vh
+    q = load_tile(q_base, rows, N_Q, stride_qn, HEAD_DIM, BLOCK_D, True)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    full_keys = (N_K // BLOCK_N) * BLOCK_N
+    if CAUSAL:
+        unmasked_stop = tl.minimum(start_m, full_keys)
+        stop = tl.minimum(start_m + BLOCK_M, N_K)
+    else:
+        unmasked_stop = full_keys
+        stop = N_K
+    acc, m_i, l_i = _fwd_key_tiles(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, rows,
+                                   0, unmasked_stop, N_K, qk_scale,
+                                   HEAD_DIM, BLOCK_D, BLOCK_N, False, CAUSAL)
+    acc, m_i, l_i = _fwd_key_tiles(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, rows,
+                                   unmasked_stop, stop, N_K, qk_scale,
+                                   HEAD_DIM, BLOCK_D, BLOCK_N, True, CAUSAL)
+
+    out = acc / l_i[:, None]
+    o_base = Out + off_z * stride_oz + off_h * stride_oh
+    store_tile(o_base, out.to(Out.dtype.element_ty), rows, N_Q, stride_on, HEAD_DIM, BLOCK_D)
+    lse = (m_i + tl.math.log2(l_i)) * _LN2
+    tl.store(L + pid_bh.to(tl.int64) * N_Q + rows, lse, mask=rows < N_Q)
+
+
+def configs(shapes: list[tuple[int, int, int, int]]) -> list[triton.Config]:
+    """Autotune configs from (BLOCK_M, BLOCK_N, warps, stages) tuples."""
+    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in shapes]
+
+
+# Most preferred first (the default without autotuning). 128-row query tiles keep H100's tensor cores busy;
+# 8 warps hold 128×128 score tiles and d = 128 accumulators without spilling; the two-stage and 64-row configs
+# keep fp32 at d = 128 within shared memory.
+_FWD_SHAPES = [
+    (128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 3), (128, 128, 8, 2),
+    (64, 64, 4, 3), (128, 64, 4, 2), (64, 64, 4, 2),
+]
+TUNING_KEY = ["HEAD_DIM", "CAUSAL", "SEQ_BUCKET"]
+
+_fwd_pruner = smem_pruner(resident=("BLOCK_M",), streamed=("BLOCK_N", "BLOCK_N"))
+_fwd_tuned = triton.autotune(
+    configs=configs(_FWD_SHAPES), key=TUNING_KEY, prune_configs_by={"early_config_prune": _fwd_pruner}
+)(_flash_attn_fwd_kernel)
+
+# Interpreter tiles: small (fast on CPU) yet with BLOCK_M = 2·BLOCK_N, so the causal diagonal spans two tiles.
+_FWD_INTERPRET_BLOCKS = {"BLOCK_M": 32, "BLOCK_N": 16}
+
+
+def flash_forward(
+    q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, causal: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch the forward on (Z, H, seq, d) views: (O, contiguous (Z, H, N_Q, d), and fp32 L (Z·H, N_Q))."""
+    z, h, n_q, d = q4.shape
+    n_k = k4.shape[2]
+    out = torch.empty((z, h, n_q, d), dtype=q4.dtype, device=q4.device)
+    lse = torch.empty((z * h, n_q), dtype=torch.float32, device=q4.device)
+    args = (
+        q4, k4, v4, out, lse, *strides3(q4), *strides3(k4), *strides3(v4), *strides3(out),
+        h, n_q, n_k, LOG2E / math.sqrt(d), seq_bucket(max(n_q, n_k)),
+    )
+    consts = {"HEAD_DIM": d, "BLOCK_D": block_d(d), "CAUSAL": causal}
+    grid = lambda meta: (triton.cdiv(n_q, meta["BLOCK_M"]), z * h)
+    launch(_fwd_tuned, _fwd_pruner, _FWD_INTERPRET_BLOCKS, grid, args, consts)
+    return out, lse
+
+
+def tuned_configs() -> dict[str, dict]:
+    """The autotuner's choice per tuning key so far, for each tuned kernel of this module."""
+    return {"_flash_attn_fwd_kernel": dict(_fwd_tuned.cache)}

@@ -1,0 +1,271 @@
+"""FlashAttention-2 kernels against a float64 reference: outputs, logsumexp and all three gradients.
+
+The small cases use odd lengths so that every kernel meets ragged tiles, multi-tile causal diagonals and its
+unmasked fast path. Without a GPU they run the Triton kernels in the interpreter (conftest sets
+TRITON_INTERPRET=1); with one they run compiled, on one config per kernel (autotuning would compile every
+config of every key: minutes). The `gpu` tests add larger sizes, bf16, and one autotuned run.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import profiler_kit.attention.flash_triton as flash_triton_module
+from profiler_kit.attention import (
+    AttentionInputError,
+    FlashAttentionPytorch,
+    FlashAttentionTriton,
+    flash_attention,
+    flash_triton_bwd,
+    flash_triton_fwd,
+    naive_attention,
+    tuned_configs,
+)
+from profiler_kit.attention.flash_triton_fwd import AUTOTUNE_ENV, INTERPRET, as_4d
+from profiler_kit.errors import ProfilerKitError
+
+HAS_CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if HAS_CUDA else "cpu"
+TRITON_RUNS_HERE = HAS_CUDA or INTERPRET
+IMPLS = {"torch": FlashAttentionPytorch, "triton": FlashAttentionTriton}
+
+# Largest error allowed, relative to the largest magnitude of the float64 reference tensor. CPU: about 4× the
+# largest error seen (fp32 is exact fp32 arithmetic; fp16 and bf16 round P and dS to 11 and 8 bits). CUDA:
+# tl.dot runs fp32 as TF32 (10-bit mantissa, like fp16) and sequences are 10× longer, so the bounds are wider;
+# a wrong tile or mask gives errors of order 1.
+TOLERANCE = {
+    "cpu": {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.5e-2},
+    "cuda": {torch.float32: 1e-2, torch.float16: 1e-2, torch.bfloat16: 3e-2},
+}
+
+
+@pytest.fixture
+def one_config_per_kernel(monkeypatch):
+    monkeypatch.setenv(AUTOTUNE_ENV, "0")
+
+
+def _inputs(lead, n_q, n_k, d, dtype, device=DEVICE, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(*lead, n, d, generator=gen) for n in (n_q, n_k, n_k))
+    grad_out = torch.randn(*lead, n_q, d, generator=gen)
+    to = dict(dtype=dtype, device=device)
+    return [t.to(**to).requires_grad_() for t in (q, k, v)], grad_out.to(**to)
+
+
+def _reference(q, k, v, grad_out, causal):
+    """Output, logsumexp and gradients in float64 from the naive implementation."""
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    out = naive_attention(q64, k64, v64, is_causal=causal)
+    out.backward(grad_out.double())
+    scores = q64.detach() @ k64.detach().transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if causal:
+        visible = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
+        scores = scores.masked_fill(~visible, float("-inf"))
+    lse = torch.logsumexp(scores, -1)
+    return {"o": out.detach(), "L": lse, "dq": q64.grad, "dk": k64.grad, "dv": v64.grad}
+
+
+def _run(impl, q, k, v, grad_out, causal):
+    out = impl.apply(q, k, v, causal)
+    lse = out.grad_fn.saved_tensors[4]
+    out.backward(grad_out)
+    return {"o": out.detach(), "L": lse, "dq": q.grad, "dk": k.grad, "dv": v.grad}
+
+
+def _rel_err(actual, expected):
+    return ((actual.double() - expected).abs().max() / expected.abs().max()).item()
+
+
+def _assert_matches_reference(impl, lead, n_q, n_k, d, causal, dtype):
+    (q, k, v), grad_out = _inputs(lead, n_q, n_k, d, dtype)
+    got = _run(impl, q, k, v, grad_out, causal)
+    want = _reference(q, k, v, grad_out, causal)
+    tolerance = TOLERANCE[DEVICE][dtype]
+    for name, expected in want.items():
+        assert got[name].shape == expected.shape, name
+        assert got[name].dtype == (torch.float32 if name == "L" else dtype), name
+        err = _rel_err(got[name], expected)
+        assert err <= tolerance, f"{name}: relative error {err:.2e} > {tolerance:.0e}"
+
+
+# (leading dims, n_q, n_k, d, causal, dtype): odd lengths, every head dim, 2-D to 4-D inputs.
+SMALL_CASES = [
+    ((2,), 77, 77, 16, True, torch.float32),
+    ((1, 2), 130, 130, 32, False, torch.float32),
+    ((2,), 200, 200, 64, True, torch.float32),
+    ((), 130, 200, 128, False, torch.float32),
+    ((2,), 77, 130, 80, False, torch.float32),  # head dim padded to 128 with masking
+    ((2,), 130, 77, 64, True, torch.float32),  # causal, more queries than keys: top-left aligned
+    ((2,), 77, 200, 32, True, torch.float32),  # causal, keys past the last query get zero gradients
+    ((2,), 200, 200, 64, True, torch.float16),
+    ((2,), 130, 77, 80, False, torch.float16),
+    ((2,), 200, 130, 128, True, torch.bfloat16),
+]
+
+
+def _case_id(case):
+    lead, n_q, n_k, d, causal, dtype = case
+    lead_name, dtype_name = "x".join(map(str, lead)) or "none", str(dtype).removeprefix("torch.")
+    return f"{lead_name}-q{n_q}-k{n_k}-d{d}-{'causal' if causal else 'full'}-{dtype_name}"
+
+
+@pytest.mark.usefixtures("one_config_per_kernel")
+@pytest.mark.parametrize("impl_name", list(IMPLS))
+@pytest.mark.parametrize("case", SMALL_CASES, ids=_case_id)
+def test_matches_float64_reference(impl_name, case):
+    lead, n_q, n_k, d, causal, dtype = case
+    if impl_name == "triton":
+        if not TRITON_RUNS_HERE:
+            pytest.skip("Triton needs CUDA or TRITON_INTERPRET=1")
+        if INTERPRET and dtype == torch.bfloat16:
+            pytest.skip("the Triton interpreter cannot compute bf16 (triton#11584); covered by the gpu tests")
+    _assert_matches_reference(IMPLS[impl_name], lead, n_q, n_k, d, causal, dtype)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_naive_matches_sdpa_in_float64(causal):
+    (q, k, v), _ = _inputs((2, 3), 77, 130, 32, torch.float64, device="cpu")
+    expected = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    torch.testing.assert_close(naive_attention(q, k, v, is_causal=causal), expected)
+
+
+@pytest.mark.usefixtures("one_config_per_kernel")
+@pytest.mark.parametrize("impl_name", list(IMPLS))
+def test_saves_exactly_q_k_v_o_and_logsumexp(impl_name):
+    if impl_name == "triton" and not TRITON_RUNS_HERE:
+        pytest.skip("Triton needs CUDA or TRITON_INTERPRET=1")
+    (q, k, v), _ = _inputs((2, 3), 77, 77, 32, torch.float32)
+    out = IMPLS[impl_name].apply(q, k, v, True)
+    saved = out.grad_fn.saved_tensors
+    assert len(saved) == 5
+    for kept, original in zip(saved[:4], (q, k, v, out), strict=True):
+        assert kept.shape == original.shape and kept.data_ptr() == original.data_ptr()
+    lse = saved[4]
+    assert lse.shape == q.shape[:-1] and lse.dtype == torch.float32
+
+
+@pytest.mark.usefixtures("one_config_per_kernel")
+def test_triton_reads_strided_model_layout():
+    """The model passes q/k/v as permuted views of one qkv tensor: they are read in place, grads flow back."""
+    if not TRITON_RUNS_HERE:
+        pytest.skip("Triton needs CUDA or TRITON_INTERPRET=1")
+    batch, seq, heads, d = 2, 77, 3, 32
+    gen = torch.Generator().manual_seed(1)
+    qkv = torch.randn(batch, seq, 3, heads, d, generator=gen).to(DEVICE).requires_grad_()
+    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+    assert not q.is_contiguous() and as_4d(q).data_ptr() == q.data_ptr()
+    grad_out = torch.randn(batch, heads, seq, d, generator=gen).to(DEVICE)
+    FlashAttentionTriton.apply(q, k, v, True).backward(grad_out)
+    qkv64 = qkv.detach().double().requires_grad_()
+    naive_attention(*qkv64.permute(2, 0, 3, 1, 4).unbind(0), is_causal=True).backward(grad_out.double())
+    assert _rel_err(qkv.grad, qkv64.grad) <= TOLERANCE[DEVICE][torch.float32]
+
+
+def test_flash_attention_dispatch_on_cpu(monkeypatch):
+    (q, k, v), _ = _inputs((2,), 77, 77, 32, torch.float32, device="cpu")
+    expected = "FlashAttentionTriton" if INTERPRET else "FlashAttentionPytorch"
+    assert type(flash_attention(q, k, v, causal=True).grad_fn).__name__.startswith(expected)
+    # bf16 never goes to the interpreter, and without the interpreter the PyTorch version runs.
+    q16, k16, v16 = (t.detach().bfloat16().requires_grad_() for t in (q, k, v))
+    assert type(flash_attention(q16, k16, v16).grad_fn).__name__.startswith("FlashAttentionPytorch")
+    monkeypatch.setattr(flash_triton_module, "INTERPRET", False)
+    assert type(flash_attention(q, k, v).grad_fn).__name__.startswith("FlashAttentionPytorch")
+    with pytest.raises(AttentionInputError, match="needs CUDA tensors"):
+        FlashAttentionTriton.apply(q, k, v, False)
+
+
+def test_triton_rejects_bf16_in_the_interpreter(monkeypatch):
+    monkeypatch.setattr(flash_triton_module, "INTERPRET", True)
+    (q, k, v), _ = _inputs((2,), 77, 77, 32, torch.bfloat16, device="cpu")
+    with pytest.raises(AttentionInputError, match="bfloat16"):
+        FlashAttentionTriton.apply(q, k, v, False)
+
+
+def test_h100_default_configs_in_the_interpreter(monkeypatch):
+    """The launch path used without autotuning, on the large GPU tiles (128×64 forward, 32×128 dK/dV...)."""
+    if not INTERPRET:
+        pytest.skip("interpreter only")
+    monkeypatch.setattr(flash_triton_fwd, "INTERPRET", False)
+    monkeypatch.setenv(AUTOTUNE_ENV, "0")
+    _assert_matches_reference(FlashAttentionTriton, (2,), 200, 200, 64, True, torch.float32)
+    _assert_matches_reference(FlashAttentionTriton, (2,), 130, 77, 80, False, torch.float16)
+
+
+@pytest.mark.parametrize(
+    "tuned,resident,streamed",
+    [
+        (flash_triton_fwd._fwd_tuned, "BLOCK_M", "BLOCK_N"),
+        (flash_triton_bwd._dkdv_tuned, "BLOCK_N", "BLOCK_M"),
+        (flash_triton_bwd._dq_tuned, "BLOCK_M", "BLOCK_N"),
+    ],
+    ids=["fwd", "dkdv", "dq"],
+)
+def test_autotune_configs_split_the_causal_diagonal_evenly(tuned, resident, streamed):
+    """Each kernel walks the diagonal of its resident tile in whole streamed tiles."""
+    for config in tuned.configs:
+        assert config.kwargs[resident] % config.kwargs[streamed] == 0, config
+
+
+def _shapes(q=(2, 77, 32), k=(2, 77, 32), v=(2, 77, 32), dtype=torch.float32):
+    return [torch.randn(*s).to(dtype) for s in (q, k, v)]
+
+
+BAD_INPUTS = [
+    (_shapes(k=(2, 77, 64), v=(2, 77, 64)), "head dims differ"),
+    (_shapes(q=(2, 77, 8), k=(2, 77, 8), v=(2, 77, 8)), r"head dim 8 unsupported"),
+    (_shapes(q=(2, 77, 256), k=(2, 77, 256), v=(2, 77, 256)), r"head dim 256 unsupported"),
+    (_shapes(dtype=torch.float64), "dtype torch.float64"),
+    (_shapes()[:2] + [torch.randn(2, 77, 32).half()], "dtypes differ"),
+    (_shapes(k=(3, 77, 32)), "leading dims differ"),
+    (_shapes(v=(2, 78, 32)), "77 keys but v has 78"),
+    (_shapes(q=(77,)), r"shape \(\.\.\., seq, d\)"),
+    (_shapes(q=(2, 0, 32)), "empty inputs"),
+]
+
+
+@pytest.mark.parametrize("impl_name", list(IMPLS))
+@pytest.mark.parametrize("inputs,message", BAD_INPUTS, ids=[m for _, m in BAD_INPUTS])
+def test_rejects_bad_inputs(impl_name, inputs, message):
+    with pytest.raises(AttentionInputError, match=message) as info:
+        IMPLS[impl_name].apply(*inputs, False)
+    # One error type serves both audiences: the CLI's ProfilerKitError and a library caller's ValueError.
+    assert isinstance(info.value, ProfilerKitError) and isinstance(info.value, ValueError)
+
+
+GPU_CASES = [
+    (n, d, causal, dtype)
+    for n, d in ((1024, 64), (2000, 128), (1024, 80))
+    for causal in (False, True)
+    for dtype in (torch.bfloat16, torch.float32)
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("one_config_per_kernel")
+@pytest.mark.parametrize("impl_name", list(IMPLS))
+@pytest.mark.parametrize(
+    "n,d,causal,dtype", GPU_CASES, ids=[_case_id(((2, 4), n, n, d, c, t)) for n, d, c, t in GPU_CASES]
+)
+def test_matches_float64_reference_gpu(impl_name, n, d, causal, dtype):
+    _assert_matches_reference(IMPLS[impl_name], (2, 4), n, n, d, causal, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("one_config_per_kernel")
+@pytest.mark.parametrize("causal", [False, True])
+def test_different_lengths_gpu(causal):
+    _assert_matches_reference(FlashAttentionTriton, (2, 4), 1000, 1537, 64, causal, torch.bfloat16)
+
+
+@pytest.mark.gpu
+def test_autotuned_kernels_gpu(monkeypatch):
+    """The configs the autotuner picks are correct too (compiles every config of one key: ~1 min)."""
+    monkeypatch.delenv(AUTOTUNE_ENV, raising=False)
+    _assert_matches_reference(FlashAttentionTriton, (2, 4), 2000, 2000, 64, True, torch.bfloat16)
+    chosen = tuned_configs()
+    for kernel in ("_flash_attn_fwd_kernel", "_flash_attn_bwd_dkdv_kernel", "_flash_attn_bwd_dq_kernel"):
+        assert chosen[kernel], f"{kernel} was not autotuned"
