@@ -1,8 +1,11 @@
 # profiler-kit: `make demo` and `make test` are all a newcomer needs; both install first when needed.
 SHELL := /bin/bash
 VENV ?= .venv
-PY := $(VENV)/bin/python
+# On a machine whose python already has torch & co. (e.g. a GPU box with no registry), run without the venv:
+#   make nsys PY=python3 MODEL=xl CTX=256
+PY ?= $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
+ENV := $(if $(filter $(VENV)/bin/python,$(PY)),$(STAMP),)
 # The CPU build of torch, taken only when no torch is importable (an existing CUDA torch is never replaced).
 CPU_TORCH ?= torch==2.13.0
 
@@ -12,7 +15,7 @@ MODE ?= forward
 MIXED ?= 0
 MIXED_FLAG := $(if $(filter 1 yes true,$(MIXED)),--mixed-precision,)
 
-.PHONY: help install test test-gpu demo bench lint nsys memory attention leaderboard clean
+.PHONY: help install test demo bench lint nsys memory attention leaderboard clean
 
 help:
 	@echo "make demo | test | install | bench | lint | nsys MODEL=xl CTX=256 [MODE=train] [MIXED=1]"
@@ -28,30 +31,31 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-test: $(STAMP)
+test: $(ENV)
 	@if [ -f ../shared/nsys/install-debian-nsys.sh ]; then bash ../shared/nsys/install-debian-nsys.sh $(abspath $(VENV)/nsys-debian) >/dev/null || echo "could not install Debian's nsys into $(VENV)/nsys-debian (tests/test_nsys_real.py will say why)"; else echo "no ../shared/nsys/install-debian-nsys.sh: tests that run nsys will skip"; fi
 	$(PY) -m pytest -q
 
-demo: $(STAMP)
+demo: $(ENV)
 	$(PY) -m profiler_kit benchmark --model tiny --ctx 64,128 --mode forward,train --warmup 2 --steps 5 --device cpu
 	$(PY) -m profiler_kit kernels summarize profiles/examples/small_ctx128_train_bf16.sqlite --top 8
 
-bench: $(STAMP)
+bench: $(ENV)
 	$(PY) -m profiler_kit benchmark --model $(MODEL) --ctx $(CTX) --mode $(MODE) $(MIXED_FLAG)
 
-nsys: $(STAMP)
+nsys: $(ENV)
 	$(PY) -m profiler_kit nsys --model $(MODEL) --ctx $(CTX) --mode $(MODE) $(MIXED_FLAG) $(if $(NSYS),--nsys "$(NSYS)")
 
-memory: $(STAMP)
+memory: $(ENV)
 	$(PY) -m profiler_kit memory --model $(MODEL) --ctx $(CTX) --mode $(MODE) $(MIXED_FLAG)
 
-attention: $(STAMP)
-	$(PY) -m profiler_kit attention bench
+attention: $(ENV)
+	$(PY) -m profiler_kit attention bench --impl naive,compiled,flash-triton --batch 8 --d 16,32,64,128 \
+		--seq 256,1024,4096,8192,16384 --dtype fp32,bf16 $(if $(OUTPUT),--output $(OUTPUT) --resume)
 
-leaderboard: $(STAMP)
+leaderboard: $(ENV)
 	$(PY) -m profiler_kit attention leaderboard
 
-lint: $(STAMP)
+lint: $(ENV)
 	$(PY) -m ruff check profiler_kit tests
 
 clean:
