@@ -1,0 +1,187 @@
+"""Kernels, launches, NVTX ranges and memory operations from an Nsight Systems SQLite export.
+
+Tables and columns vary with the nsys version and with what was traced: a CPU-only report has no kernel or
+runtime table, old exports lack `textId`, and kernel names live in `demangledName` (what `nsys stats` shows by
+default), `shortName` or, in old exports, `name`. Kernels are matched to the runtime/driver call that
+launched them by correlation id within one process, as nsys's own reports do, but in numpy.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from profiler_kit.errors import ProfilerKitError
+from profiler_kit.kernels.trace import (
+    NO_LAUNCH,
+    KernelTrace,
+    kernel_frame,
+    match_launches,
+    memory_frame,
+    range_frame,
+)
+
+KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
+RUNTIME_TABLE = "CUPTI_ACTIVITY_KIND_RUNTIME"
+NVTX_TABLE = "NVTX_EVENTS"
+MEMORY_TABLES = {"memcpy": "CUPTI_ACTIVITY_KIND_MEMCPY", "memset": "CUPTI_ACTIVITY_KIND_MEMSET"}
+NAME_COLUMNS = ("demangledName", "shortName", "name")
+# nsys packs a global thread id as (pid << 24) | tid (plus a hardware id above); clearing the low 24 bits
+# leaves the process part, which is what kernels carry as `globalPid`.
+PROCESS_MASK = ~0xFFFFFF
+# Names of the API calls that launch kernels contain this (SQL LIKE pattern).
+LAUNCH_CALLS = "%Launch%"
+# ENUM_NSYS_EVENT_TYPE's id for NvtxPushPopRange, stable across schema versions; read from the enum when
+# the export has it.
+PUSH_POP_EVENT = 59
+SOURCE = "nsys-sqlite"
+
+
+def connect(path: Path) -> sqlite3.Connection:
+    """Open read-only, so that reading never creates journals or changes the file's modification time."""
+    try:
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        # Sorts and temporary indexes in memory: on disk they cost more than the query itself.
+        con.execute("PRAGMA temp_store = MEMORY")
+        return con
+    except sqlite3.Error as exc:
+        raise ProfilerKitError(f"{path}: cannot open as SQLite ({exc})") from None
+
+
+def load_sqlite(path: Path) -> KernelTrace:
+    con = connect(path)
+    try:
+        return _load(con, path)
+    except sqlite3.DatabaseError as exc:
+        raise ProfilerKitError(f"{path}: damaged or truncated SQLite file ({exc})") from None
+    finally:
+        con.close()
+
+
+def table_columns(con: sqlite3.Connection) -> dict[str, set[str]]:
+    """Every table of the export → its column names."""
+    tables = [row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+    return {t: {row[1] for row in con.execute(f'PRAGMA table_info("{t}")')} for t in tables}
+
+
+def _load(con: sqlite3.Connection, path: Path) -> KernelTrace:
+    schema = table_columns(con)
+    if "StringIds" not in schema and KERNEL_TABLE not in schema and NVTX_TABLE not in schema:
+        raise ProfilerKitError(
+            f"{path}: an SQLite file, but not an Nsight Systems export (no StringIds, "
+            f"{KERNEL_TABLE} or {NVTX_TABLE} table)"
+        )
+    cuda_traced = KERNEL_TABLE in schema or RUNTIME_TABLE in schema
+    return KernelTrace(
+        source=SOURCE,
+        path=path,
+        kernels=_kernels(con, schema) if KERNEL_TABLE in schema else kernel_frame([], [], [], []),
+        ranges=_ranges(con, schema) if NVTX_TABLE in schema else range_frame([], [], [], [], []),
+        memory_ops=_memory_ops(con, schema) if cuda_traced else None,
+    )
+
+
+def kernel_name_column(columns: set[str]) -> str:
+    found = next((c for c in NAME_COLUMNS if c in columns), None)
+    if found is None:
+        raise ProfilerKitError(f"{KERNEL_TABLE} has none of the name columns {', '.join(NAME_COLUMNS)}")
+    return found
+
+
+def _kernels(con: sqlite3.Connection, schema: dict[str, set[str]]) -> pd.DataFrame:
+    """One row per kernel execution. The launch join is done in numpy (`match_launches`): SQLite would first
+    build a temporary index over the whole runtime table, which costs more than reading both tables."""
+    columns = schema[KERNEL_TABLE]
+    name_col = kernel_name_column(columns)
+    process = "globalPid" if "globalPid" in columns else "0"
+    rows = con.execute(
+        f"SELECT coalesce(correlationId, {NO_LAUNCH}), coalesce({process}, 0), end - start, {name_col} "
+        f"FROM {KERNEL_TABLE}"
+    ).fetchall()
+    if not rows:
+        return kernel_frame([], [], [], [])
+    table = np.array(rows, dtype=object if isinstance(rows[0][3], str) else np.int64)
+    corr, processes, durations, name_ids = (table[:, i] for i in range(4))
+    names = _strings(con, name_ids.astype(np.int64)) if table.dtype != object else name_ids
+    if RUNTIME_TABLE in schema:
+        kernel_process = processes.astype(np.int64) if process != "0" else None
+        launch_ns, launch_process = match_launches(
+            corr.astype(np.int64), *_launches(con, schema), kernel_process=kernel_process
+        )
+    else:
+        launch_ns, launch_process = np.full(len(rows), NO_LAUNCH), np.zeros(len(rows), dtype=np.int64)
+    return kernel_frame(names, durations.astype(np.int64), launch_ns, launch_process)
+
+
+def _launches(
+    con: sqlite3.Connection, schema: dict[str, set[str]]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Correlation id, start and process of the runtime/driver calls that can launch kernels."""
+    columns = schema[RUNTIME_TABLE]
+    where = " WHERE correlationId IS NOT NULL"
+    if "nameId" in columns and "StringIds" in schema:
+        # cudaLaunchKernel, cuLaunchKernelEx (Triton), cudaGraphLaunch, cudaLaunchCooperativeKernel, ...
+        ids = [str(i) for (i,) in con.execute(f"SELECT id FROM StringIds WHERE value LIKE '{LAUNCH_CALLS}'")]
+        where += f" AND nameId IN ({', '.join(ids) or 'NULL'})"
+    thread = "coalesce(globalTid, 0)" if "globalTid" in columns else "0"
+    rows = con.execute(f"SELECT correlationId, start, {thread} FROM {RUNTIME_TABLE}{where}").fetchall()
+    table = np.array(rows, dtype=np.int64).reshape(-1, 3)
+    return table[:, 0], table[:, 1], table[:, 2] & PROCESS_MASK
+
+
+def _strings(con: sqlite3.Connection, ids: np.ndarray) -> pd.Categorical:
+    """StringIds values for an array of ids, each distinct id looked up once."""
+    unique, inverse = np.unique(ids, return_inverse=True)
+    lookup = dict(con.execute("SELECT id, value FROM StringIds"))
+    values = np.array([lookup.get(int(i), f"<string {int(i)}>") for i in unique], dtype=object)
+    names, codes = np.unique(values, return_inverse=True)
+    return pd.Categorical.from_codes(codes[inverse], categories=names)
+
+
+def _push_pop_event(con: sqlite3.Connection, schema: dict[str, set[str]]) -> int:
+    if "ENUM_NSYS_EVENT_TYPE" in schema:
+        row = con.execute("SELECT id FROM ENUM_NSYS_EVENT_TYPE WHERE name = 'NvtxPushPopRange'").fetchone()
+        if row:
+            return int(row[0])
+    return PUSH_POP_EVENT
+
+
+def _ranges(con: sqlite3.Connection, schema: dict[str, set[str]]) -> pd.DataFrame:
+    """NVTX push/pop ranges; a range never popped lasts to the end of the report."""
+    cols = schema[NVTX_TABLE]
+    text = "n.text" if "text" in cols else "NULL"
+    if "textId" in cols and "StringIds" in schema:
+        name, join = f"coalesce({text}, s.value)", "LEFT JOIN StringIds AS s ON s.id = n.textId"
+    else:
+        name, join = text, ""
+    frame = pd.read_sql_query(
+        f"SELECT n.start, n.end, {name} AS name, n.globalTid FROM {NVTX_TABLE} AS n {join} "
+        f"WHERE n.eventType = ? AND {name} IS NOT NULL",
+        con,
+        params=(_push_pop_event(con, schema),),
+    )
+    last = max(frame["start"].max(), frame["end"].max()) if len(frame) else 0
+    ends = frame["end"].fillna(last)
+    tids = frame["globalTid"].fillna(0).astype(np.int64).to_numpy()
+    return range_frame(frame["name"], frame["start"], ends, tids & PROCESS_MASK, tids)
+
+
+def _memory_ops(con: sqlite3.Connection, schema: dict[str, set[str]]) -> pd.DataFrame:
+    """memcpy totals by copy kind (Host-to-Device, ...) and memset totals; empty when none were traced."""
+    rows: list[tuple[str, int]] = []
+    for kind, table in MEMORY_TABLES.items():
+        if table not in schema:
+            continue
+        if kind == "memcpy" and "copyKind" in schema[table] and "ENUM_CUDA_MEMCPY_OPER" in schema:
+            label = "label" if "label" in schema["ENUM_CUDA_MEMCPY_OPER"] else "name"
+            query = (
+                f"SELECT 'memcpy ' || coalesce(e.{label}, m.copyKind), m.end - m.start FROM {table} AS m "
+                f"LEFT JOIN ENUM_CUDA_MEMCPY_OPER AS e ON e.id = m.copyKind"
+            )
+        else:
+            query = f"SELECT '{kind}', end - start FROM {table}"
+        rows += con.execute(query).fetchall()
+    return memory_frame([op for op, _ in rows], [duration for _, duration in rows])

@@ -1,0 +1,134 @@
+"""The common form every source is loaded into before it is summarized.
+
+Sources differ in what they know: an nsys export or a torch.profiler trace has every kernel execution with the
+CPU time of the call that launched it, and the NVTX ranges of every thread; an `nsys stats` table only has
+per-name totals. `KernelTrace` holds whatever the source knows, with `None` for what it cannot know.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+# `launch_ns` of a kernel whose launching call is not in the source (no runtime table, unmatched id).
+NO_LAUNCH = -1
+
+MEMORY_COLUMNS = ("operation", "instances", "total_ns")
+
+
+@dataclass
+class KernelTrace:
+    """Kernels, NVTX ranges and memory operations of one source file.
+
+    kernels: one row per kernel execution (`instances` 1) with `launch_ns`/`process` when the source has
+        launch times, else one row per kernel name with totals. Durations are integer nanoseconds.
+    ranges: NVTX push/pop (or record_function) ranges with the process and thread that pushed them; None when
+        the source cannot hold ranges, empty when it could but has none.
+    memory_ops: memcpy/memset totals by operation; None when the source does not say.
+    notes: caveats about the source to show beside the summary (rounded times, truncated names).
+    """
+
+    source: str
+    path: Path
+    kernels: pd.DataFrame
+    ranges: pd.DataFrame | None = None
+    memory_ops: pd.DataFrame | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def has_launches(self) -> bool:
+        return "launch_ns" in self.kernels.columns
+
+
+def kernel_frame(
+    names: pd.Categorical | pd.Series | np.ndarray,
+    durations_ns: np.ndarray,
+    launch_ns: np.ndarray | None = None,
+    process: np.ndarray | None = None,
+    instances: np.ndarray | None = None,
+) -> pd.DataFrame:
+    """A `kernels` frame with the right dtypes; per-execution when launch times are given."""
+    durations = np.asarray(durations_ns, dtype=np.int64)
+    frame = pd.DataFrame(
+        {
+            "name": names
+            if isinstance(names, pd.Categorical)
+            else pd.Categorical(np.asarray(names, dtype=object)),
+            "instances": np.ones(len(durations), dtype=np.int64)
+            if instances is None
+            else np.asarray(instances, dtype=np.int64),
+            "total_ns": durations,
+        }
+    )
+    if launch_ns is not None:
+        frame["launch_ns"] = np.asarray(launch_ns, dtype=np.int64)
+        frame["process"] = np.asarray(process, dtype=np.int64)
+    return frame
+
+
+def match_launches(
+    kernel_corr: np.ndarray,
+    launch_corr: np.ndarray,
+    launch_ns: np.ndarray,
+    launch_process: np.ndarray,
+    kernel_process: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Launch time and process of each kernel, matched by correlation id (and process, when kernels carry
+    theirs): a sort and a binary search instead of a join. Ids are non-negative; a negative one (an event
+    without an id) matches nothing. Unmatched kernels get NO_LAUNCH."""
+    kernel_key = np.asarray(kernel_corr, dtype=np.int64)
+    with_id = np.asarray(launch_corr, dtype=np.int64) >= 0
+    launch_key = np.asarray(launch_corr, dtype=np.int64)[with_id]
+    launch_ns = np.asarray(launch_ns, dtype=np.int64)[with_id]
+    launch_process = np.asarray(launch_process, dtype=np.int64)[with_id]
+    known = kernel_key >= 0
+    if len(launch_key) == 0 or len(kernel_key) == 0:
+        return np.full(len(kernel_key), NO_LAUNCH, dtype=np.int64), np.zeros(len(kernel_key), dtype=np.int64)
+    if kernel_process is not None:
+        # Correlation ids are unique within a process: (process, id) becomes one integer key.
+        kernel_process = np.asarray(kernel_process, dtype=np.int64)
+        processes, launch_pidx = np.unique(launch_process, return_inverse=True)
+        kernel_pidx = np.minimum(np.searchsorted(processes, kernel_process), len(processes) - 1)
+        known &= processes[kernel_pidx] == kernel_process
+        stride = int(max(launch_key.max(), kernel_key.max())) + 1
+        launch_key = launch_pidx * stride + launch_key
+        kernel_key = kernel_pidx * stride + kernel_key
+    order = np.argsort(launch_key, kind="stable")
+    sorted_keys = launch_key[order]
+    pos = np.minimum(np.searchsorted(sorted_keys, kernel_key), len(sorted_keys) - 1)
+    hit = known & (sorted_keys[pos] == kernel_key)
+    launch = np.where(hit, launch_ns[order][pos], NO_LAUNCH)
+    return launch, np.where(hit, launch_process[order][pos], 0)
+
+
+def range_frame(
+    names: Iterable, start_ns: Iterable, end_ns: Iterable, process: Iterable, thread: Iterable
+) -> pd.DataFrame:
+    """A `ranges` frame: one row per NVTX range, times in integer nanoseconds."""
+    return pd.DataFrame(
+        {
+            "name": pd.Series(np.asarray(names, dtype=object), dtype=object),
+            "start_ns": np.asarray(start_ns, dtype=np.int64),
+            "end_ns": np.asarray(end_ns, dtype=np.int64),
+            "process": np.asarray(process, dtype=np.int64),
+            "thread": np.asarray(thread, dtype=np.int64),
+        }
+    )
+
+
+def memory_frame(operations: Iterable[str], durations_ns: Iterable[int]) -> pd.DataFrame:
+    """Memory-operation totals by operation name, from one row per operation."""
+    frame = pd.DataFrame(
+        {
+            "operation": pd.Series(operations, dtype=object),
+            "total_ns": np.asarray(durations_ns, dtype=np.int64),
+        }
+    )
+    out = frame.groupby("operation", sort=False).agg(
+        instances=("total_ns", "size"), total_ns=("total_ns", "sum")
+    )
+    return out.reset_index().sort_values("total_ns", ascending=False, ignore_index=True)[list(MEMORY_COLUMNS)]
