@@ -247,3 +247,22 @@ def test_gpu_oom_is_a_row_and_its_memory_is_given_back():
     assert row["status"] == "oom" and row["fwd_ms"] is None
     assert torch.cuda.memory_allocated() == before
     assert bench.run_config(gpu_config("naive"), 5, 20)["status"] == "ok"
+
+
+@pytest.mark.gpu
+def test_compiled_backward_can_be_replayed_for_timing():
+    """The backward-alone timing replays one graph with retain_graph=True; the compiled impl must allow it
+    (on CUDA, AOTAutograd donates the backward's buffers unless told not to: every compiled row failed once)."""
+    import torch
+
+    from profiler_kit.attention.bench import make_impl
+
+    fn = make_impl("compiled", causal=True, device=torch.device("cuda"))
+    q, k, v = (torch.randn(2, 256, 64, device="cuda", requires_grad=True) for _ in range(3))
+    out = fn(q, k, v)
+    grad = torch.randn_like(out)
+    out.backward(grad, retain_graph=True)
+    first = q.grad.clone()
+    q.grad = None
+    out.backward(grad, retain_graph=True)
+    torch.testing.assert_close(q.grad, first)

@@ -151,6 +151,9 @@ def make_impl(name: str, causal: bool, device: torch.device) -> AttentionFn:
         # A fresh, shape-specialised compile per config: reusing one would hit dynamo's recompile limit over a
         # sweep and silently fall back to eager.
         torch._dynamo.reset()
+        # Timing the backward alone replays one retained graph; AOTAutograd's donated buffers forbid that
+        # (backward with retain_graph=True raises), so the compiled backward keeps its saved buffers here.
+        torch._functorch.config.donated_buffer = False
         compiled = torch.compile(naive_attention, dynamic=False)
         return lambda q, k, v: compiled(q, k, v, is_causal=causal)
     if name == "flash-torch":
