@@ -70,7 +70,7 @@ def format_cell(value: Any, column: str = "") -> str:
             return f"{value:.1f}"
         if abs(value) >= 1:
             return f"{value:.2f}"
-        return f"{value:.3g}"
+        return f"{value:#.3g}"  # '#' keeps trailing zeros: 0.800, not 0.8, beside 1.00
     if isinstance(value, int) and abs(value) >= 10000:
         return f"{value:,}"
     return str(value)
@@ -128,6 +128,8 @@ def emit_tables(
         sys.stdout.write("\n".join(parts))
     elif fmt == "markdown":
         sys.stdout.write("\n".join(to_markdown(df, title if len(tables) > 1 else None) for title, df in tables))
+        if caption:
+            sys.stdout.write(f"\n_{caption}_\n")
     elif fmt == "table":
         for i, (title, df) in enumerate(tables):
             console_out.print(rich_table(df, title=title, caption=caption if i == len(tables) - 1 else None))
