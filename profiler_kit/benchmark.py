@@ -96,7 +96,9 @@ def run_config(cfg: WorkloadConfig, warmup: int, steps: int) -> dict:
         samples = time_steps(workload, warmup, steps)
         for phase, column in PHASE_COLUMNS.items():
             if samples.get(phase):
-                row[f"{column}_ms"], row[f"{column}_ms_std"], row[f"{column}_ms_median"] = _stats(samples[phase])
+                row[f"{column}_ms"], row[f"{column}_ms_std"], row[f"{column}_ms_median"] = _stats(
+                    samples[phase]
+                )
         row["total_ms"], row["total_ms_std"], row["total_ms_median"] = _stats(samples["total"])
         seconds = row["total_ms"] / 1e3
         row["tokens_per_s"] = cfg.batch_size * cfg.ctx / seconds
@@ -112,7 +114,9 @@ def run_config(cfg: WorkloadConfig, warmup: int, steps: int) -> dict:
     except ProfilerKitError:
         raise
     except Exception as exc:  # one broken config must not end the sweep: record it and go on
-        row.update(status="error", message=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+        row.update(
+            status="error", message=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        )
     finally:
         release(workload)
         del workload

@@ -51,7 +51,9 @@ PRESETS: dict[str, ModelConfig] = {
 }
 
 
-def from_name(name: str, context_length: int = DEFAULT_CONTEXT_LENGTH, vocab_size: int = DEFAULT_VOCAB_SIZE) -> ModelConfig:
+def from_name(
+    name: str, context_length: int = DEFAULT_CONTEXT_LENGTH, vocab_size: int = DEFAULT_VOCAB_SIZE
+) -> ModelConfig:
     """The preset called `name` (case-insensitive), with the given context length and vocabulary."""
     by_lower = {k.lower(): v for k, v in PRESETS.items()}
     preset = by_lower.get(name.lower())

@@ -82,9 +82,13 @@ def to_markdown(df: pd.DataFrame, title: str | None = None) -> str:
     if title:
         lines += [f"### {title}", ""]
     lines.append("| " + " | ".join(cols) + " |")
-    lines.append("|" + "|".join("---:" if pd.api.types.is_numeric_dtype(df[c]) else "---" for c in df.columns) + "|")
+    lines.append(
+        "|" + "|".join("---:" if pd.api.types.is_numeric_dtype(df[c]) else "---" for c in df.columns) + "|"
+    )
     for row in df.itertuples(index=False):
-        lines.append("| " + " | ".join(format_cell(v, c).replace("|", "\\|") for v, c in zip(row, cols)) + " |")
+        lines.append(
+            "| " + " | ".join(format_cell(v, c).replace("|", "\\|") for v, c in zip(row, cols, strict=True)) + " |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -100,7 +104,7 @@ def rich_table(df: pd.DataFrame, title: str | None = None, caption: str | None =
         numeric = pd.api.types.is_numeric_dtype(df[col]) and not pd.api.types.is_bool_dtype(df[col])
         table.add_column(str(col), justify="right" if numeric else "left")
     for row in df.itertuples(index=False):
-        table.add_row(*(format_cell(v, str(c)) for v, c in zip(row, df.columns)))
+        table.add_row(*(format_cell(v, str(c)) for v, c in zip(row, df.columns, strict=True)))
     return table
 
 
@@ -110,8 +114,10 @@ def emit_tables(
     json_obj: Any = None,
     caption: str | None = None,
 ) -> None:
-    """Print titled tables in `fmt`. For json, print `json_obj` when given (a contract object), else the rows of
-    a single table as an array, or a dict of title → rows for several; for csv, tables are separated by a blank line and a `# title` comment when there are several."""
+    """Print titled tables in `fmt`.
+
+    json: `json_obj` when given (a contract object), else one table's rows as an array, or title → rows for several.
+    csv: several tables are separated by a blank line and a `# title` comment."""
     tables = list(tables)
     if fmt == "json":
         if json_obj is not None:
@@ -127,7 +133,9 @@ def emit_tables(
             parts.append((f"# {title}\n" if len(tables) > 1 else "") + to_csv(df))
         sys.stdout.write("\n".join(parts))
     elif fmt == "markdown":
-        sys.stdout.write("\n".join(to_markdown(df, title if len(tables) > 1 else None) for title, df in tables))
+        sys.stdout.write(
+            "\n".join(to_markdown(df, title if len(tables) > 1 else None) for title, df in tables)
+        )
         if caption:
             sys.stdout.write(f"\n_{caption}_\n")
     elif fmt == "table":

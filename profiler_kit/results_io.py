@@ -68,7 +68,7 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
     rows = []
     for line in lines[2:]:
         cells = [c.strip() for c in line.strip("|").split("|")]
-        rows.append({k: _parse_text(v) for k, v in zip(header, cells)})
+        rows.append({k: _parse_text(v) for k, v in zip(header, cells, strict=False)})
     return rows
 
 

@@ -31,7 +31,9 @@ def resolve_device(name: str = "auto") -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ProfilerKitError("--device cuda asked for, but torch sees no CUDA device (use --device cpu or auto)")
+        raise ProfilerKitError(
+            "--device cuda asked for, but torch sees no CUDA device (use --device cpu or auto)"
+        )
     if name not in ("cpu",) and not name.startswith("cuda"):
         raise ProfilerKitError(f"unknown device {name!r}; choose auto, cuda or cpu")
     return torch.device(name)
@@ -68,7 +70,9 @@ class WorkloadConfig:
             if getattr(self, field) <= 0:
                 raise ProfilerKitError(f"{field} must be positive, got {getattr(self, field)}")
         if self.attention not in ATTENTION_IMPLS:
-            raise ProfilerKitError(f"unknown attention {self.attention!r}; choose from {', '.join(ATTENTION_IMPLS)}")
+            raise ProfilerKitError(
+                f"unknown attention {self.attention!r}; choose from {', '.join(ATTENTION_IMPLS)}"
+            )
         phases_for(self.mode)
         from_name(self.model, self.ctx)
 

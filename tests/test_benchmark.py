@@ -1,6 +1,7 @@
 """The benchmark harness: warm-up excluded, exact step count, failures isolated, output + resume, CLI contract."""
 
 import json
+
 import pytest
 import torch
 from click.testing import CliRunner
@@ -37,7 +38,12 @@ def test_warmup_is_excluded_and_exactly_steps_are_timed(monkeypatch):
     workload = FakeWorkload(clock)
     samples = bench.time_steps(workload, warmup=3, steps=4)
     assert workload.calls == [False] * 3 + [True] * 4
-    assert samples == {"forward": [1.0] * 4, "backward": [1.0] * 4, "optimizer_step": [1.0] * 4, "total": [3.0] * 4}
+    assert samples == {
+        "forward": [1.0] * 4,
+        "backward": [1.0] * 4,
+        "optimizer_step": [1.0] * 4,
+        "total": [3.0] * 4,
+    }
 
 
 def test_every_clock_read_follows_a_synchronize(monkeypatch):
@@ -86,7 +92,19 @@ def _cli(*args):
 
 def test_output_and_resume_extend_a_sweep_without_redoing_rows(tmp_path, monkeypatch):
     out = tmp_path / "sweep.jsonl"
-    base = ["benchmark", "--model", "tiny", "--mode", "forward", "--device", "cpu", "--warmup", "0", "--steps", "1"]
+    base = [
+        "benchmark",
+        "--model",
+        "tiny",
+        "--mode",
+        "forward",
+        "--device",
+        "cpu",
+        "--warmup",
+        "0",
+        "--steps",
+        "1",
+    ]
     first = _cli(*base, "--ctx", "8,16", "--output", str(out), "--format", "json")
     assert first.exit_code == 0, first.output
     assert [r["ctx"] for r in read_rows(out)] == [8, 16]
@@ -104,8 +122,23 @@ def test_output_and_resume_extend_a_sweep_without_redoing_rows(tmp_path, monkeyp
 @pytest.mark.parametrize("suffix", [".csv", ".md"])
 def test_resume_reads_csv_and_markdown_outputs(tmp_path, suffix):
     out = tmp_path / f"sweep{suffix}"
-    base = ["benchmark", "--model", "tiny", "--mode", "forward", "--device", "cpu", "--warmup", "0", "--steps", "1",
-            "--output", str(out), "--format", "csv"]
+    base = [
+        "benchmark",
+        "--model",
+        "tiny",
+        "--mode",
+        "forward",
+        "--device",
+        "cpu",
+        "--warmup",
+        "0",
+        "--steps",
+        "1",
+        "--output",
+        str(out),
+        "--format",
+        "csv",
+    ]
     assert _cli(*base, "--ctx", "8").exit_code == 0
     result = _cli(*base, "--ctx", "8,12", "--resume")
     assert result.exit_code == 0, result.output
@@ -114,12 +147,42 @@ def test_resume_reads_csv_and_markdown_outputs(tmp_path, suffix):
 
 
 def test_json_output_contract():
-    result = _cli("benchmark", "--model", "tiny", "--ctx", "8", "--mode", "train", "--device", "cpu",
-                  "--warmup", "1", "--steps", "2", "--format", "json")
+    result = _cli(
+        "benchmark",
+        "--model",
+        "tiny",
+        "--ctx",
+        "8",
+        "--mode",
+        "train",
+        "--device",
+        "cpu",
+        "--warmup",
+        "1",
+        "--steps",
+        "2",
+        "--format",
+        "json",
+    )
     assert result.exit_code == 0, result.output
     (row,) = json.loads(result.stdout)  # stdout is only the JSON document
-    for key in ("model", "ctx", "mode", "mixed_precision", "compile", "status", "steps", "warmup", "forward_ms",
-                "backward_ms", "optimizer_ms", "total_ms", "total_ms_std", "tokens_per_s", "peak_allocated_mb"):
+    for key in (
+        "model",
+        "ctx",
+        "mode",
+        "mixed_precision",
+        "compile",
+        "status",
+        "steps",
+        "warmup",
+        "forward_ms",
+        "backward_ms",
+        "optimizer_ms",
+        "total_ms",
+        "total_ms_std",
+        "tokens_per_s",
+        "peak_allocated_mb",
+    ):
         assert key in row
     assert row["peak_allocated_mb"] is None and row["steps"] == 2 and row["status"] == "ok"
 
@@ -141,7 +204,11 @@ def test_bad_options_are_usage_errors_not_tracebacks(args, fragment):
     result = _cli("benchmark", "--model", "tiny", "--device", "cpu", *args)
     assert result.exit_code != 0
     assert fragment in result.output
-    assert "Traceback" not in result.output and result.exception is None or isinstance(result.exception, SystemExit)
+    assert (
+        "Traceback" not in result.output
+        and result.exception is None
+        or isinstance(result.exception, SystemExit)
+    )
 
 
 def test_models_command_lists_exact_counts():

@@ -48,7 +48,11 @@ def test_reported_forward_time_matches_cuda_events(model, mixed_precision):
 
 def test_peak_memory_and_mfu_are_reported_on_cuda():
     row = bench.run_config(WorkloadConfig("tiny", 128, "train", device="cuda"), warmup=1, steps=2)
-    assert row["status"] == "ok" and row["peak_allocated_mb"] > 0 and row["peak_reserved_mb"] >= row["peak_allocated_mb"]
+    assert (
+        row["status"] == "ok"
+        and row["peak_allocated_mb"] > 0
+        and row["peak_reserved_mb"] >= row["peak_allocated_mb"]
+    )
     assert row["mfu_pct"] is not None and row["device"].startswith("NVIDIA")
 
 

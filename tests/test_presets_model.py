@@ -34,7 +34,10 @@ def test_parameter_count_formula_equals_the_built_model(name):
 
 def test_known_parameter_counts():
     # Hand-computed: 2·V·d + L·(4d² + 3·d·d_ff + 2d) + d
-    assert count_parameters(from_name("small")) == 2 * 10_000 * 768 + 12 * (4 * 768**2 + 3 * 768 * 3072 + 2 * 768) + 768
+    assert (
+        count_parameters(from_name("small"))
+        == 2 * 10_000 * 768 + 12 * (4 * 768**2 + 3 * 768 * 3072 + 2 * 768) + 768
+    )
     assert count_parameters(from_name("xl")) == 1_998_235_200
 
 

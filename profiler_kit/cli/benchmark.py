@@ -18,26 +18,60 @@ from profiler_kit.results_io import RowWriter, read_rows
 from profiler_kit.workload import WorkloadConfig, resolve_device
 
 DISPLAY_COLUMNS = [
-    "model", "ctx", "mode", "mixed_precision", "compile", "status", "forward_ms", "backward_ms", "optimizer_ms",
-    "total_ms", "total_ms_std", "tokens_per_s", "model_tflops", "mfu_pct", "peak_allocated_mb",
+    "model",
+    "ctx",
+    "mode",
+    "mixed_precision",
+    "compile",
+    "status",
+    "forward_ms",
+    "backward_ms",
+    "optimizer_ms",
+    "total_ms",
+    "total_ms_std",
+    "tokens_per_s",
+    "model_tflops",
+    "mfu_pct",
+    "peak_allocated_mb",
 ]
 
 
 @click.command("benchmark")
 @workload_options(sweep=True)
-@click.option("--warmup", type=non_negative_int, default=5, show_default=True, help="Untimed steps per config.")
+@click.option(
+    "--warmup", type=non_negative_int, default=5, show_default=True, help="Untimed steps per config."
+)
 @click.option("--steps", type=positive_int, default=10, show_default=True, help="Timed steps per config.")
-@click.option("--output", type=click.Path(dir_okay=False, path_type=Path),
-              help="Append one row per config as it finishes (.jsonl, .csv or .md).")
+@click.option(
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Append one row per config as it finishes (.jsonl, .csv or .md).",
+)
 @click.option("--resume", is_flag=True, help="Skip configs already in --output.")
 @format_option()
-def benchmark_cmd(model, ctx, mode, batch_size, mixed_precision, compile_, attention, device, seed, nvtx,
-                  warmup, steps, output, resume, fmt) -> None:
+def benchmark_cmd(
+    model,
+    ctx,
+    mode,
+    batch_size,
+    mixed_precision,
+    compile_,
+    attention,
+    device,
+    seed,
+    nvtx,
+    warmup,
+    steps,
+    output,
+    resume,
+    fmt,
+) -> None:
     """Time forward, backward and optimizer phases over a sweep of model × ctx × mode."""
     if resume and output is None:
         raise click.UsageError("--resume needs --output (the file whose rows are skipped)")
-    base = WorkloadConfig(model[0], ctx[0], mode[0], batch_size, mixed_precision, compile_, attention, device,
-                          seed, nvtx)
+    base = WorkloadConfig(
+        model[0], ctx[0], mode[0], batch_size, mixed_precision, compile_, attention, device, seed, nvtx
+    )
     resolve_device(device)
     configs = bench.sweep_configs(base, model, ctx, mode)
     done = read_rows(output) if resume else []
@@ -47,8 +81,14 @@ def benchmark_cmd(model, ctx, mode, batch_size, mixed_precision, compile_, atten
     writer = RowWriter(output, bench.COLUMNS) if output else None
     keys_of_sweep = {tuple(str(getattr(c, k)) for k in bench.KEY_COLUMNS) for c in configs}
     rows = [r for r in done if tuple(str(r.get(k)) for k in bench.KEY_COLUMNS) in keys_of_sweep]
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console_err, transient=fmt != "table") as progress:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console_err,
+        transient=fmt != "table",
+    ) as progress:
         task = progress.add_task("benchmark", total=len(todo))
 
         def on_start(cfg: WorkloadConfig) -> None:
@@ -58,8 +98,10 @@ def benchmark_cmd(model, ctx, mode, batch_size, mixed_precision, compile_, atten
             if writer:
                 writer.append(row)
             if row["status"] != "ok":
-                progress.console.print(f"[yellow]{row['model']} ctx={row['ctx']} {row['mode']}: "
-                                       f"{row['status']}: {row['message']}")
+                progress.console.print(
+                    f"[yellow]{row['model']} ctx={row['ctx']} {row['mode']}: "
+                    f"{row['status']}: {row['message']}"
+                )
             progress.advance(task)
 
         rows += list(bench.run_sweep(todo, warmup, steps, on_row=on_row, on_start=on_start))
@@ -85,9 +127,20 @@ def models_cmd(fmt: str) -> None:
     for cfg in PRESETS.values():
         params = count_parameters(cfg)
         embedding = 2 * cfg.vocab_size * cfg.d_model
-        rows.append({"model": cfg.name, "d_model": cfg.d_model, "d_ff": cfg.d_ff, "layers": cfg.num_layers,
-                     "heads": cfg.num_heads, "head_dim": cfg.head_dim, "vocab": cfg.vocab_size, "params": params,
-                     "params_m": params / 1e6, "non_embedding_params": params - embedding})
+        rows.append(
+            {
+                "model": cfg.name,
+                "d_model": cfg.d_model,
+                "d_ff": cfg.d_ff,
+                "layers": cfg.num_layers,
+                "heads": cfg.num_heads,
+                "head_dim": cfg.head_dim,
+                "vocab": cfg.vocab_size,
+                "params": params,
+                "params_m": params / 1e6,
+                "non_embedding_params": params - embedding,
+            }
+        )
     emit_tables([("model presets", pd.DataFrame(rows))], fmt)
 
 
@@ -97,8 +150,13 @@ def models_cmd(fmt: str) -> None:
 def precision_cmd(device: str, fmt: str) -> None:
     """Float16 accumulation experiment, and the dtypes seen under bf16 autocast."""
     dev = resolve_device(device)
-    emit_tables([("sum of 0.01 × 1000 (exact 10)", precision.accumulation_experiment()),
-                 (f"dtypes under bf16 autocast on {dev.type}", precision.autocast_dtypes(dev))], fmt)
+    emit_tables(
+        [
+            ("sum of 0.01 × 1000 (exact 10)", precision.accumulation_experiment()),
+            (f"dtypes under bf16 autocast on {dev.type}", precision.autocast_dtypes(dev)),
+        ],
+        fmt,
+    )
 
 
 COMMANDS = [benchmark_cmd, models_cmd, precision_cmd]

@@ -87,19 +87,38 @@ def workload_options(sweep: bool) -> Callable:
     pick = (lambda kind, positive=False: comma_list(kind, positive)) if sweep else one
     many = " (comma list: swept as a product)" if sweep else ""
     options = [
-        click.option("--model", default="small", show_default=True, callback=pick(model_name),
-                     help=f"Model preset (profiler-kit models){many}."),
-        click.option("--ctx", default="256", show_default=True, callback=pick(int, True),
-                     help=f"Context length in tokens{many}."),
-        click.option("--mode", default="train", show_default=True, callback=pick(mode_name),
-                     help=f"forward | forward-backward | train (forward+backward+AdamW){many}."),
+        click.option(
+            "--model",
+            default="small",
+            show_default=True,
+            callback=pick(model_name),
+            help=f"Model preset (profiler-kit models){many}.",
+        ),
+        click.option(
+            "--ctx",
+            default="256",
+            show_default=True,
+            callback=pick(int, True),
+            help=f"Context length in tokens{many}.",
+        ),
+        click.option(
+            "--mode",
+            default="train",
+            show_default=True,
+            callback=pick(mode_name),
+            help=f"forward | forward-backward | train (forward+backward+AdamW){many}.",
+        ),
         click.option("--batch-size", type=positive_int, default=4, show_default=True),
         click.option("--mixed-precision", is_flag=True, help="bf16 autocast."),
         click.option("--compile", "compile_", is_flag=True, help="torch.compile the model."),
         click.option("--attention", type=click.Choice(ATTENTION_IMPLS), default="naive", show_default=True),
-        click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True),
+        click.option(
+            "--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True
+        ),
         click.option("--seed", type=int, default=0, show_default=True),
-        click.option("--nvtx/--no-nvtx", default=True, show_default=True, help="NVTX ranges around phases/layers."),
+        click.option(
+            "--nvtx/--no-nvtx", default=True, show_default=True, help="NVTX ranges around phases/layers."
+        ),
     ]
 
     def decorate(fn: Callable) -> Callable:
