@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import statistics
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import replace
 
 import torch
@@ -18,7 +18,6 @@ import torch
 from profiler_kit.errors import ProfilerKitError
 from profiler_kit.flops import mfu_pct, step_flops
 from profiler_kit.presets import count_parameters
-from profiler_kit.results_io import row_key
 from profiler_kit.workload import Workload, WorkloadConfig, release, synchronize
 
 # Row columns, in display order. Times are milliseconds per step; *_ms is the mean.
@@ -131,26 +130,3 @@ def sweep_configs(
     for cfg in configs:
         cfg.validate()
     return configs
-
-
-def pending(configs: list[WorkloadConfig], done_rows: list[dict]) -> list[WorkloadConfig]:
-    """Configs whose key is not among `done_rows` (for --resume)."""
-    done = {row_key(r, KEY_COLUMNS) for r in done_rows}
-    return [c for c in configs if row_key(c.as_dict(), KEY_COLUMNS) not in done]
-
-
-def run_sweep(
-    configs: list[WorkloadConfig],
-    warmup: int,
-    steps: int,
-    on_row: Callable[[dict], None] | None = None,
-    on_start: Callable[[WorkloadConfig], None] | None = None,
-) -> Iterator[dict]:
-    """Benchmark each config in turn, yielding (and handing to `on_row`) each row as soon as it exists."""
-    for cfg in configs:
-        if on_start:
-            on_start(cfg)
-        row = run_config(cfg, warmup, steps)
-        if on_row:
-            on_row(row)
-        yield row

@@ -1,4 +1,5 @@
-"""Append-as-you-go result files for sweeps (.jsonl, .csv, .md) and reading them back for `--resume`.
+"""Sweeps that lose nothing: append-as-you-go result files (.jsonl, .csv, .md), reading them back for `--resume`,
+and the loop that runs one config after another.
 
 A sweep writes each row the moment its config finishes, so a crash, an OOM or a Ctrl-C loses nothing that was
 measured; `--resume` reads the file back and skips configs whose key columns are already there.
@@ -9,9 +10,9 @@ from __future__ import annotations
 import csv
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from profiler_kit.errors import ProfilerKitError
 
@@ -114,3 +115,39 @@ def _json_safe(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
+
+
+class SweepConfig(Protocol):
+    def as_dict(self) -> dict[str, Any]: ...
+
+
+C = TypeVar("C", bound=SweepConfig)
+
+
+def pending(configs: Sequence[C], done_rows: Iterable[dict[str, Any]], key_columns: Sequence[str]) -> list[C]:
+    """Configs whose key is not among `done_rows` (for --resume)."""
+    done = {row_key(row, key_columns) for row in done_rows}
+    return [cfg for cfg in configs if row_key(cfg.as_dict(), key_columns) not in done]
+
+
+def rows_of(configs: Sequence[C], rows: Iterable[dict[str, Any]], key_columns: Sequence[str]) -> list[dict[str, Any]]:
+    """The rows (e.g. read back from a result file) that belong to `configs`."""
+    keys = {row_key(cfg.as_dict(), key_columns) for cfg in configs}
+    return [row for row in rows if row_key(row, key_columns) in keys]
+
+
+def run_sweep(
+    configs: Iterable[C],
+    run: Callable[[C], dict[str, Any]],
+    on_start: Callable[[C], None] | None = None,
+    on_row: Callable[[dict[str, Any]], None] | None = None,
+) -> Iterator[dict[str, Any]]:
+    """Run each config in turn, yielding (and handing to `on_row`) each row as soon as it exists. `run` must turn
+    its own failures into the row's status: one broken config never ends the sweep."""
+    for cfg in configs:
+        if on_start:
+            on_start(cfg)
+        row = run(cfg)
+        if on_row:
+            on_row(row)
+        yield row

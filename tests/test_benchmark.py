@@ -8,7 +8,7 @@ from click.testing import CliRunner
 
 from profiler_kit import benchmark as bench
 from profiler_kit.cli import main
-from profiler_kit.results_io import read_rows
+from profiler_kit.results_io import read_rows, run_sweep
 from profiler_kit.workload import Workload, WorkloadConfig
 
 TINY = WorkloadConfig("tiny", 16, "train", batch_size=2, device="cpu")
@@ -81,7 +81,7 @@ def test_oom_and_errors_are_rows_and_the_sweep_goes_on(monkeypatch):
 
     monkeypatch.setattr(Workload, "step", failing)
     configs = bench.sweep_configs(TINY, ["tiny"], [16, 24, 32], ["forward"])
-    rows = list(bench.run_sweep(configs, warmup=0, steps=1))
+    rows = list(run_sweep(configs, lambda cfg: bench.run_config(cfg, warmup=0, steps=1)))
     assert [r["status"] for r in rows] == ["oom", "error", "ok"]
     assert "out of memory" in rows[0]["message"] and "something else broke" in rows[1]["message"]
 

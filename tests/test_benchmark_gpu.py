@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from profiler_kit import benchmark as bench
+from profiler_kit.results_io import run_sweep
 from profiler_kit.workload import Workload, WorkloadConfig
 
 pytestmark = pytest.mark.gpu
@@ -60,5 +61,5 @@ def test_oom_row_then_the_sweep_goes_on():
     # 2.7B with a huge batch cannot fit in 80 GB; the next config must still run on freed memory.
     big = WorkloadConfig("2.7B", 2048, "train", batch_size=64, device="cuda")
     small = WorkloadConfig("tiny", 64, "train", device="cuda")
-    rows = list(bench.run_sweep([big, small], warmup=0, steps=1))
+    rows = list(run_sweep([big, small], lambda cfg: bench.run_config(cfg, warmup=0, steps=1)))
     assert [r["status"] for r in rows] == ["oom", "ok"]

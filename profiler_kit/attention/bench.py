@@ -31,14 +31,13 @@ import os
 import statistics
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from profiler_kit.results_io import row_key
 from profiler_kit.workload import release, resolve_device, synchronize
 
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -319,27 +318,3 @@ def sweep_configs(impls: Iterable[str], dtypes: Iterable[str], ds: Iterable[int]
     return [AttentionConfig(impl, dtype, causal, batch, heads, seq, d, device)
             for dtype, d, seq, impl in itertools.product(dtypes, ds, seqs, impls)]
 
-
-def run_sweep(configs: list[AttentionConfig], warmup_ms: float, rep_ms: float,
-              on_start: Callable[[AttentionConfig], None] | None = None,
-              on_row: Callable[[dict], None] | None = None) -> Iterator[dict]:
-    """Benchmark each config in turn, yielding (and handing to `on_row`) each row as soon as it exists."""
-    for cfg in configs:
-        if on_start:
-            on_start(cfg)
-        row = run_config(cfg, warmup_ms, rep_ms)
-        if on_row:
-            on_row(row)
-        yield row
-
-
-def pending(configs: list[AttentionConfig], done_rows: list[dict]) -> list[AttentionConfig]:
-    """Configs whose key is not among `done_rows` (for --resume)."""
-    done = {row_key(row, KEY_COLUMNS) for row in done_rows}
-    return [cfg for cfg in configs if row_key(cfg.as_dict(), KEY_COLUMNS) not in done]
-
-
-def rows_of(configs: list[AttentionConfig], rows: list[dict]) -> list[dict]:
-    """The rows (e.g. read back from a result file) that belong to `configs`."""
-    keys = {row_key(cfg.as_dict(), KEY_COLUMNS) for cfg in configs}
-    return [row for row in rows if row_key(row, KEY_COLUMNS) in keys]

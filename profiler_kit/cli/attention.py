@@ -14,9 +14,9 @@ import click
 import pandas as pd
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from profiler_kit.cli.common import comma_list, format_option, non_negative_int, positive_int
+from profiler_kit.cli.common import comma_list, format_option, non_negative_int, one_of, positive_int, single
 from profiler_kit.render import console_err, emit_tables, records
-from profiler_kit.results_io import RowWriter, read_rows
+from profiler_kit.results_io import RowWriter, pending, read_rows, rows_of, run_sweep
 from profiler_kit.workload import resolve_device
 
 KEY_VIEW = ["impl", "dtype", "seq", "d", "status"]
@@ -27,32 +27,17 @@ MEMORY_VIEW = [*KEY_VIEW, "mem_inputs_mb", "mem_before_bwd_mb", "saved_mb", "sav
 LEADERBOARD_IMPLS = "flash-triton,sdpa-flash,sdpa-cudnn,sdpa-efficient"
 
 
-def _impl_name(name: str) -> str:
+def impl_names() -> tuple[str, ...]:
+    """The implementation names; the attention package is imported only when an option is parsed."""
     from profiler_kit.attention.bench import IMPLS
 
-    if name not in IMPLS:
-        raise ValueError(f"choose from {', '.join(IMPLS)}")
-    return name
+    return IMPLS
 
 
-def _dtype_name(name: str) -> str:
+def dtype_names() -> tuple[str, ...]:
     from profiler_kit.attention.bench import DTYPES
 
-    if name not in DTYPES:
-        raise ValueError(f"choose from {', '.join(DTYPES)}")
-    return name
-
-
-def _one(kind: Callable[[str], str]) -> Callable:
-    parse_list = comma_list(kind)
-
-    def parse(ctx: click.Context, param: click.Parameter, value: str) -> str:
-        values = parse_list(ctx, param, value)
-        if len(values) != 1:
-            raise click.BadParameter("takes one value here")
-        return values[0]
-
-    return parse
+    return DTYPES
 
 
 def _run_options(fn: Callable) -> Callable:
@@ -82,8 +67,8 @@ def _measure(configs: list, warmup: int, rep: int, output: Path | None, resume: 
     if resume and output is None:
         raise click.UsageError("--resume needs --output (the file whose rows are skipped)")
     resolve_device(configs[0].device)
-    done = bench.rows_of(configs, read_rows(output)) if resume else []
-    todo = bench.pending(configs, done)
+    done = rows_of(configs, read_rows(output), bench.KEY_COLUMNS) if resume else []
+    todo = pending(configs, done, bench.KEY_COLUMNS)
     if done:
         console_err.print(f"resume: {len(configs) - len(todo)} of {len(configs)} configs already in {output}")
     writer = RowWriter(output, bench.COLUMNS) if output else None
@@ -102,7 +87,8 @@ def _measure(configs: list, warmup: int, rep: int, output: Path | None, resume: 
                                        f"{row['status']}: {row['message']}")
             progress.advance(task)
 
-        rows = done + list(bench.run_sweep(todo, warmup, rep, on_start=on_start, on_row=on_row))
+        run = lambda cfg: bench.run_config(cfg, warmup, rep)
+        rows = done + list(run_sweep(todo, run, on_start=on_start, on_row=on_row))
     return pd.DataFrame(rows, columns=list(bench.COLUMNS))
 
 
@@ -128,7 +114,7 @@ def attention() -> None:
 
 
 @attention.command("bench")
-@click.option("--impl", "impls", callback=comma_list(_impl_name),
+@click.option("--impl", "impls", callback=comma_list(one_of(impl_names)),
               help="Implementations, comma list (default: all of naive, compiled, sdpa-flash, sdpa-cudnn, "
                    "sdpa-efficient, flash-torch, flash-triton).")
 @click.option("--batch", type=positive_int, default=8, show_default=True)
@@ -138,7 +124,7 @@ def attention() -> None:
               help="Head dims (comma list).")
 @click.option("--seq", "seqs", default="256,1024,4096,8192,16384", show_default=True,
               callback=comma_list(int, positive=True), help="Sequence lengths (comma list).")
-@click.option("--dtype", "dtypes", default="fp32,bf16", show_default=True, callback=comma_list(_dtype_name),
+@click.option("--dtype", "dtypes", default="fp32,bf16", show_default=True, callback=comma_list(one_of(dtype_names)),
               help="fp32, bf16, fp16 (comma list).")
 @click.option("--causal/--no-causal", default=True, show_default=True)
 @_run_options
@@ -164,12 +150,12 @@ def bench_cmd(impls, batch, heads, ds, seqs, dtypes, causal, device, warmup, rep
 
 @attention.command("leaderboard")
 @click.option("--impl", "impls", default=LEADERBOARD_IMPLS, show_default=True,
-              callback=comma_list(_impl_name))
+              callback=comma_list(one_of(impl_names)))
 @click.option("--batch", type=positive_int, default=1, show_default=True)
 @click.option("--heads", type=positive_int, default=16, show_default=True)
 @click.option("--seq", type=positive_int, default=16384, show_default=True)
 @click.option("--d", type=positive_int, default=64, show_default=True, help="Head dim.")
-@click.option("--dtype", default="bf16", show_default=True, callback=_one(_dtype_name))
+@click.option("--dtype", default="bf16", show_default=True, callback=single(one_of(dtype_names)))
 @click.option("--causal/--no-causal", default=True, show_default=True)
 @_run_options
 def leaderboard_cmd(impls, batch, heads, seq, d, dtype, causal, device, warmup, rep, output, resume,

@@ -14,7 +14,7 @@ from profiler_kit import precision
 from profiler_kit.cli.common import format_option, non_negative_int, positive_int, workload_options
 from profiler_kit.presets import PRESETS, count_parameters
 from profiler_kit.render import console_err, emit_tables, records
-from profiler_kit.results_io import RowWriter, read_rows
+from profiler_kit.results_io import RowWriter, pending, read_rows, rows_of, run_sweep
 from profiler_kit.workload import WorkloadConfig, resolve_device
 
 DISPLAY_COLUMNS = [
@@ -75,12 +75,11 @@ def benchmark_cmd(
     resolve_device(device)
     configs = bench.sweep_configs(base, model, ctx, mode)
     done = read_rows(output) if resume else []
-    todo = bench.pending(configs, done) if resume else configs
+    todo = pending(configs, done, bench.KEY_COLUMNS) if resume else configs
     if resume and len(todo) < len(configs):
         console_err.print(f"resume: {len(configs) - len(todo)} of {len(configs)} configs already in {output}")
     writer = RowWriter(output, bench.COLUMNS) if output else None
-    keys_of_sweep = {tuple(str(getattr(c, k)) for k in bench.KEY_COLUMNS) for c in configs}
-    rows = [r for r in done if tuple(str(r.get(k)) for k in bench.KEY_COLUMNS) in keys_of_sweep]
+    rows = rows_of(configs, done, bench.KEY_COLUMNS)
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -104,7 +103,7 @@ def benchmark_cmd(
                 )
             progress.advance(task)
 
-        rows += list(bench.run_sweep(todo, warmup, steps, on_row=on_row, on_start=on_start))
+        rows += list(run_sweep(todo, lambda cfg: bench.run_config(cfg, warmup, steps), on_start, on_row))
     df = pd.DataFrame(rows, columns=list(bench.COLUMNS))
     if fmt == "json":
         emit_tables([("benchmark", df)], fmt, json_obj=records(df))

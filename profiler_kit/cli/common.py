@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import click
@@ -33,6 +33,32 @@ def comma_list(kind: Callable[[str], Any] = str, positive: bool = False) -> Call
         return out
 
     return parse
+
+
+def single(kind: Callable[[str], Any] = str, positive: bool = False) -> Callable:
+    """A click callback like `comma_list` that accepts exactly one value (commands that run one config)."""
+    parse_list = comma_list(kind, positive)
+
+    def parse(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        values = parse_list(ctx, param, value)
+        if len(values) != 1:
+            raise click.BadParameter("takes one value here (benchmark sweeps lists)")
+        return values[0]
+
+    return parse
+
+
+def one_of(names: Sequence[str] | Callable[[], Sequence[str]]) -> Callable[[str], str]:
+    """An item parser for `comma_list`/`single` that accepts only `names` (or what a callable returns, looked up
+    when parsing: lets a command name choices from a module it only imports when it runs)."""
+
+    def check(name: str) -> str:
+        allowed = names() if callable(names) else names
+        if name not in allowed:
+            raise ValueError(f"choose from {', '.join(allowed)}")
+        return name
+
+    return check
 
 
 def format_option(default: str = "table") -> Callable:
@@ -68,23 +94,7 @@ def workload_options(sweep: bool) -> Callable:
     from profiler_kit.model import ATTENTION_IMPLS
     from profiler_kit.workload import MODES
 
-    def mode_name(mode: str) -> str:
-        if mode not in MODES:
-            raise ValueError(f"choose from {', '.join(MODES)}")
-        return mode
-
-    def one(kind: Callable, positive: bool = False) -> Callable:
-        parse_list = comma_list(kind, positive)
-
-        def parse(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
-            values = parse_list(ctx, param, value)
-            if len(values) != 1:
-                raise click.BadParameter("takes one value here (benchmark sweeps lists)")
-            return values[0]
-
-        return parse
-
-    pick = (lambda kind, positive=False: comma_list(kind, positive)) if sweep else one
+    pick = comma_list if sweep else single
     many = " (comma list: swept as a product)" if sweep else ""
     options = [
         click.option(
@@ -105,7 +115,7 @@ def workload_options(sweep: bool) -> Callable:
             "--mode",
             default="train",
             show_default=True,
-            callback=pick(mode_name),
+            callback=pick(one_of(MODES)),
             help=f"forward | forward-backward | train (forward+backward+AdamW){many}.",
         ),
         click.option("--batch-size", type=positive_int, default=4, show_default=True),

@@ -9,12 +9,14 @@ from pathlib import Path
 import click
 from click.core import ParameterSource
 
-from profiler_kit.cli.attention import _dtype_name, _impl_name, _one
+from profiler_kit.cli.attention import dtype_names, impl_names
 from profiler_kit.cli.common import (
     comma_list,
     format_option,
     non_negative_int,
+    one_of,
     positive_int,
+    single,
     workload_options,
 )
 from profiler_kit.profiling import BACKENDS, AttentionProfileConfig, ProfileResult, profile, profile_attention
@@ -71,14 +73,14 @@ def nsys(click_ctx: click.Context, model: str, ctx: int, mode: str, batch_size: 
 
 
 @nsys.command("attention")
-@click.option("--impl", "impls", callback=comma_list(_impl_name),
+@click.option("--impl", "impls", callback=comma_list(one_of(impl_names)),
               help="Implementations, comma list (default: all those of `attention bench`).")
 @click.option("--batch", type=positive_int, default=8, show_default=True)
 @click.option("--heads", type=positive_int, default=None,
               help="Heads; without it inputs have no head dimension: (batch, seq, d).")
 @click.option("--seq", type=positive_int, default=4096, show_default=True)
 @click.option("--d", type=positive_int, default=64, show_default=True, help="Head dim.")
-@click.option("--dtype", default="bf16", show_default=True, callback=_one(_dtype_name))
+@click.option("--dtype", default="bf16", show_default=True, callback=single(one_of(dtype_names)))
 @click.option("--causal/--no-causal", default=True, show_default=True)
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True)
 @_recording_options
