@@ -166,3 +166,11 @@ def test_launches_match_by_correlation_id_within_a_process():
     # Without kernel processes (torch.profiler: a kernel's pid is its device), ids alone decide.
     launch, _ = match_launches(np.array([8, 5]), launch_corr[:2], launch_ns[:2], launch_proc[:2])
     assert list(launch) == [800, NO_LAUNCH]
+
+
+def test_nvtx_split_of_a_train_step_says_why_backward_is_empty():
+    from profiler_kit.kernels import summarize
+
+    summary = summarize(Path(__file__).parent / "fixtures/kernels/h100_tiny_train_bf16.sqlite", nvtx="attention")
+    assert summary.phase_ns()["forward"]["total_ns"] > 0
+    assert any("backward, optimizer_step" in note and "autograd" in note for note in summary.notes)

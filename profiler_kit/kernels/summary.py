@@ -219,6 +219,14 @@ def summarize_trace(
     if nvtx is not None:
         kernels, sub_ranges = _inside(kernels, index, trace, nvtx)
     phase_rows, phase_names = _phases(kernels, index, phases, notes) if index is not None else (None, [])
+    if nvtx is not None and phase_rows is not None:
+        empty = [p for p in phase_names if p not in set(phase_rows.loc[phase_rows["total_ns"] > 0, "phase"])]
+        if empty:
+            notes.append(
+                f"no kernel inside {nvtx!r} falls in {', '.join(empty)}: kernels are attributed to the ranges open "
+                "when they were launched, and e.g. PyTorch's autograd thread runs a layer's backward outside the "
+                "forward's per-layer ranges"
+            )
     return KernelSummary(
         source=trace.source,
         path=trace.path,
