@@ -1,5 +1,5 @@
 """Cross-config peak table for docs/results/memory-h100.md, from the JSON sidecars that `profiler-kit memory`
-wrote on the GPU machine (copied into results/memory/). Run from the repository root."""
+wrote on the GPU machine (committed in docs/results/data/memory/). Run from the repository root."""
 
 import json
 import pathlib
@@ -24,7 +24,7 @@ print("|---:|---|---:|---:|---:|---:|---|---|")
 for mode in ("forward", "train"):
     for ctx in (128, 256, 512):
         fp32, bf16 = (
-            json.loads(pathlib.Path(f"results/memory/xl_ctx{ctx}_{mode}{suffix}.json").read_text())
+            json.loads(pathlib.Path(f"docs/results/data/memory/xl_ctx{ctx}_{mode}{suffix}.json").read_text())
             for suffix in ("", "_bf16")
         )
         cells = [
