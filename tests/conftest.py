@@ -1,14 +1,52 @@
 """Test set-up: Triton kernels run in the interpreter when there is no GPU; `gpu` tests skip without CUDA."""
 
 import os
+import subprocess
+from pathlib import Path
 
 import pytest
 import torch
+
+from profiler_kit import nsys_tool
+from profiler_kit.nsys_tool import NsysInstall, find_nsys
 
 HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
     # Must be set before any @triton.jit decorator runs, i.e. before profiler_kit.attention is imported.
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+REPO = Path(__file__).resolve().parents[1]
+NSYS_INSTALLER = REPO.parent / "shared" / "nsys" / "install-debian-nsys.sh"
+NSYS_PREFIX = REPO / ".venv" / "nsys-debian"
+NSYS_IN_PREFIX = Path("usr/lib/nsight-systems/bin/nsys")
+
+
+@pytest.fixture(scope="session")
+def nsys() -> NsysInstall:
+    """A real nsys: $PK_TEST_NSYS, else Debian's 2022.4 installed into .venv/nsys-debian (`make test` does that)."""
+    if os.environ.get("PK_TEST_NSYS"):
+        return find_nsys(os.environ["PK_TEST_NSYS"])
+    if not NSYS_INSTALLER.is_file():
+        pytest.skip(f"{NSYS_INSTALLER} is absent: no Debian nsys to test with")
+    if not (NSYS_PREFIX / NSYS_IN_PREFIX).exists():
+        proc = subprocess.run(["bash", str(NSYS_INSTALLER), str(NSYS_PREFIX)], capture_output=True, text=True)
+        assert proc.returncode == 0, f"installing Debian's nsys failed: {proc.stderr[-2000:]}"
+    return find_nsys(NSYS_PREFIX / NSYS_IN_PREFIX)
+
+
+@pytest.fixture
+def isolated_nsys_search(tmp_path, monkeypatch) -> Path:
+    """No nsys unless a test puts one there: empty PATH, no $NSYS or $CUDA_HOME, the install globs moved under
+    the returned (empty) root."""
+    empty = tmp_path / "empty-path"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    monkeypatch.delenv("NSYS", raising=False)
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    root = tmp_path / "root"
+    monkeypatch.setattr(nsys_tool, "SEARCH_GLOBS", tuple(str(root) + g for g in nsys_tool.SEARCH_GLOBS))
+    return root
 
 
 def pytest_collection_modifyitems(config, items):

@@ -86,25 +86,19 @@ def test_oom_and_errors_are_rows_and_the_sweep_goes_on(monkeypatch):
     assert "out of memory" in rows[0]["message"] and "something else broke" in rows[1]["message"]
 
 
+# No warm-up, one timed step, forward only of the tiny model on the CPU: the cheapest real sweep row.
+QUICK_FORWARD = [
+    "benchmark", "--model", "tiny", "--mode", "forward", "--device", "cpu", "--warmup", "0", "--steps", "1",
+]  # fmt: skip
+
+
 def _cli(*args):
     return CliRunner().invoke(main, list(args))
 
 
 def test_output_and_resume_extend_a_sweep_without_redoing_rows(tmp_path, monkeypatch):
     out = tmp_path / "sweep.jsonl"
-    base = [
-        "benchmark",
-        "--model",
-        "tiny",
-        "--mode",
-        "forward",
-        "--device",
-        "cpu",
-        "--warmup",
-        "0",
-        "--steps",
-        "1",
-    ]
+    base = QUICK_FORWARD
     first = _cli(*base, "--ctx", "8,16", "--output", str(out), "--format", "json")
     assert first.exit_code == 0, first.output
     assert [r["ctx"] for r in read_rows(out)] == [8, 16]
@@ -122,23 +116,7 @@ def test_output_and_resume_extend_a_sweep_without_redoing_rows(tmp_path, monkeyp
 @pytest.mark.parametrize("suffix", [".csv", ".md"])
 def test_resume_reads_csv_and_markdown_outputs(tmp_path, suffix):
     out = tmp_path / f"sweep{suffix}"
-    base = [
-        "benchmark",
-        "--model",
-        "tiny",
-        "--mode",
-        "forward",
-        "--device",
-        "cpu",
-        "--warmup",
-        "0",
-        "--steps",
-        "1",
-        "--output",
-        str(out),
-        "--format",
-        "csv",
-    ]
+    base = [*QUICK_FORWARD, "--output", str(out), "--format", "csv"]
     assert _cli(*base, "--ctx", "8").exit_code == 0
     result = _cli(*base, "--ctx", "8,12", "--resume")
     assert result.exit_code == 0, result.output

@@ -16,9 +16,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from click.testing import CliRunner
-from test_nsys_real import nsys  # noqa: F401  (the Debian nsys 2022.4 fixture)
 
-from profiler_kit import nsys_tool
 from profiler_kit.cli import main
 from profiler_kit.kernels import CATEGORIES, summarize
 
@@ -143,18 +141,6 @@ def test_compare():
     assert table.exit_code == 0 and "speedup" in table.stdout
 
 
-@pytest.fixture
-def no_nsys(tmp_path, monkeypatch):
-    """Nowhere to find nsys: empty PATH, no $NSYS or $CUDA_HOME, install folders that do not exist."""
-    empty = tmp_path / "empty-path"
-    empty.mkdir()
-    monkeypatch.setenv("PATH", str(empty))
-    monkeypatch.delenv("NSYS", raising=False)
-    monkeypatch.delenv("CUDA_HOME", raising=False)
-    monkeypatch.setattr(
-        nsys_tool, "SEARCH_GLOBS", tuple(str(tmp_path / "none") + g for g in nsys_tool.SEARCH_GLOBS)
-    )
-
 
 def plain_sqlite(path: Path) -> Path:
     with sqlite3.connect(path) as con:
@@ -214,7 +200,7 @@ def test_bad_input_is_one_line(tmp_path, case):
     assert phrase in line
 
 
-def test_nsys_report_without_nsys_is_one_line(tmp_path, no_nsys):
+def test_nsys_report_without_nsys_is_one_line(tmp_path, isolated_nsys_search):
     report = tmp_path / CPU_REPORT.name
     shutil.copyfile(CPU_REPORT, report)
     line = assert_one_line_error(run("summarize", report))

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from profiler_kit import nsys_tool
 from profiler_kit.cli import main
 from profiler_kit.errors import ProfilerKitError
 from profiler_kit.nsys_tool import NsysError, NsysInstall
@@ -65,11 +64,7 @@ def test_torch_backend_attention_ranges(tmp_path):
         assert names[impl] == names[f"{impl}.forward"] == names[f"{impl}.backward"] == 1
 
 
-def test_no_nsys_points_to_the_torch_backend(tmp_path, monkeypatch):
-    monkeypatch.setenv("PATH", str(tmp_path))
-    monkeypatch.delenv("NSYS", raising=False)
-    monkeypatch.delenv("CUDA_HOME", raising=False)
-    monkeypatch.setattr(nsys_tool, "SEARCH_GLOBS", (str(tmp_path / "nowhere" / "*" / "nsys"),))
+def test_no_nsys_points_to_the_torch_backend(tmp_path, isolated_nsys_search):
     result = invoke("--model", "tiny", "--device", "cpu", "--output-dir", str(tmp_path / "out"))
     assert result.exit_code == 1
     assert result.stdout == ""

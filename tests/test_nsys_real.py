@@ -17,25 +17,9 @@ import pytest
 from click.testing import CliRunner
 
 from profiler_kit.cli import main
-from profiler_kit.nsys_tool import REPORT_RENAMES, NsysError, NsysInstall, export_sqlite, find_nsys, run_stats
+from profiler_kit.nsys_tool import REPORT_RENAMES, NsysError, export_sqlite, find_nsys, run_stats
 
-REPO = Path(__file__).resolve().parents[1]
-INSTALLER = REPO.parent / "shared" / "nsys" / "install-debian-nsys.sh"
-PREFIX = REPO / ".venv" / "nsys-debian"
-NSYS_IN_PREFIX = Path("usr/lib/nsight-systems/bin/nsys")
 WARMUP, STEPS = 1, 2
-
-
-@pytest.fixture(scope="module")
-def nsys() -> NsysInstall:
-    if os.environ.get("PK_TEST_NSYS"):
-        return find_nsys(os.environ["PK_TEST_NSYS"])
-    if not INSTALLER.is_file():
-        pytest.skip(f"{INSTALLER} is absent: no Debian nsys to test with")
-    if not (PREFIX / NSYS_IN_PREFIX).exists():
-        proc = subprocess.run(["bash", str(INSTALLER), str(PREFIX)], capture_output=True, text=True)
-        assert proc.returncode == 0, f"installing Debian's nsys failed: {proc.stderr[-2000:]}"
-    return find_nsys(PREFIX / NSYS_IN_PREFIX)
 
 
 def tables(sqlite: Path) -> set[str]:
@@ -121,7 +105,7 @@ def test_export_and_stats_on_the_recorded_report(nsys, cpu_run, tmp_path):
 
 def test_stats_of_a_real_h100_export_match_the_recorded_ones(nsys, tmp_path):
     """The kernel summary of an nsys 2025.3 export (H100), asked by its 2023.1 name, from this nsys."""
-    kernels = REPO / "tests" / "fixtures" / "kernels"
+    kernels = Path(__file__).parent / "fixtures" / "kernels"
     recorded = (kernels / "nsys2022_tiny_train_bf16_gpukernsum.csv").read_text()
     if nsys.version[:2] != (2022, 4):
         pytest.skip(f"the recorded output is Debian's nsys 2022.4's; this is {nsys.version_str}")

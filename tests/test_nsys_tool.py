@@ -44,19 +44,6 @@ def version_line(version: str) -> str:
     return f"NVIDIA Nsight Systems version {version}-0000000\n"
 
 
-@pytest.fixture
-def isolated(tmp_path, monkeypatch):
-    """No nsys unless a test puts one there: empty PATH, no $NSYS or $CUDA_HOME, globs under tmp_path."""
-    empty = tmp_path / "empty-path"
-    empty.mkdir()
-    monkeypatch.setenv("PATH", str(empty))
-    monkeypatch.delenv("NSYS", raising=False)
-    monkeypatch.delenv("CUDA_HOME", raising=False)
-    root = tmp_path / "root"
-    monkeypatch.setattr(nsys_tool, "SEARCH_GLOBS", tuple(str(root) + g for g in nsys_tool.SEARCH_GLOBS))
-    return root
-
-
 # ---------------------------------------------------------------------------------------------- versions
 
 
@@ -90,8 +77,8 @@ def test_report_names_follow_the_version(version, kern, nvtx_kern, api):
 # ---------------------------------------------------------------------------------------------- search
 
 
-def test_search_order(isolated, tmp_path, monkeypatch):
-    root = isolated
+def test_search_order(isolated_nsys_search, tmp_path, monkeypatch):
+    root = isolated_nsys_search
     places = {
         "explicit": fake_nsys(tmp_path / "explicit", version_line("2025.3.1.90")),
         "env": fake_nsys(tmp_path / "env", version_line("2025.2.1.1")),
@@ -127,7 +114,7 @@ def test_search_order(isolated, tmp_path, monkeypatch):
         find_nsys()
 
 
-def test_nothing_found_says_what_was_tried_and_points_to_torch(isolated):
+def test_nothing_found_says_what_was_tried_and_points_to_torch(isolated_nsys_search):
     with pytest.raises(NsysError) as err:
         find_nsys()
     message = str(err.value)
@@ -138,7 +125,7 @@ def test_nothing_found_says_what_was_tried_and_points_to_torch(isolated):
     assert "--backend torch" in message
 
 
-def test_a_wrong_explicit_path_is_an_error_not_a_skip(isolated, tmp_path, monkeypatch):
+def test_a_wrong_explicit_path_is_an_error_not_a_skip(isolated_nsys_search, tmp_path, monkeypatch):
     fake_nsys(tmp_path / "onpath", version_line("2025.1.1.1"))
     monkeypatch.setenv("PATH", str(tmp_path / "onpath"))
     with pytest.raises(NsysError, match="--nsys .*nope"):
