@@ -25,18 +25,32 @@ import triton.language as tl
 
 from profiler_kit.attention.flash_triton_fwd import (
     _LOG2E,
+    INTERPRET,
     LOG2E,
     TUNING_KEY,
+    TensorDescriptor,
+    add_tile,
     as_4d,
     block_d,
     configs,
+    descriptors,
     launch,
+    load_rows,
     load_tile,
     seq_bucket,
     smem_pruner,
     store_tile,
     strides3,
+    tma_usable,
 )
+
+# How the dK/dV kernel hands dQ on. DQ_SPLIT: not at all, a separate dQ kernel recomputes P and dP (7 matmuls
+# in all, deterministic). DQ_ATOMIC: fp32 atomic adds of each dS·K tile (5 matmuls, summation order varies).
+# DQ_TMA: the same adds as bulk TMA reductions of whole tiles (Hopper and later; not in the interpreter).
+DQ_SPLIT: tl.constexpr = tl.constexpr(0)
+DQ_ATOMIC: tl.constexpr = tl.constexpr(1)
+DQ_TMA: tl.constexpr = tl.constexpr(2)
+DQ_MODES = {"split": 0, "atomic": 1, "tma": 2}
 
 # Rows per program of the D pre-pass: it is memory-bound, so any size that fills a block will do.
 PREPROCESS_BLOCK_M = 128
@@ -62,17 +76,19 @@ def _flash_attn_bwd_preprocess_kernel(
 
 
 @triton.jit
-def _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, l_base, d_base, stride_qn, stride_dn, cols,
-                      start, stop, N_Q, qk_scale,
+def _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, l_base, d_base, dq_base, desc_q, desc_do, dq_desc, z, h,
+                      pid_bh, stride_qn, stride_dn, cols, start, stop, N_Q, qk_scale, sm_scale,
                       HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                      MASKED: tl.constexpr, CAUSAL: tl.constexpr):
+                      MASKED: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr, DQ_MODE: tl.constexpr):
     """Accumulate the dK, dV of one key tile over query tiles [start, stop), working on transposed tiles
-    (keys × queries) so that Pᵀ and dSᵀ come out of tl.dot directly."""
+    (keys × queries) so that Pᵀ and dSᵀ come out of tl.dot directly. Unless DQ_MODE is DQ_SPLIT, also add
+    each query tile's share of dQ, dS·K/√d, into the fp32 accumulator (rows of HEAD_DIM at dq_base, or
+    through the TMA descriptor dq_desc)."""
     offs_m = tl.arange(0, BLOCK_M)
     for start_m in range(start, stop, BLOCK_M):
         rows = start_m + offs_m
-        q = load_tile(q_base, rows, N_Q, stride_qn, HEAD_DIM, BLOCK_D, MASKED)
-        do = load_tile(do_base, rows, N_Q, stride_dn, HEAD_DIM, BLOCK_D, MASKED)
+        q = load_rows(desc_q, q_base, z, h, start_m, N_Q, stride_qn, BLOCK_M, HEAD_DIM, BLOCK_D, MASKED, TMA)
+        do = load_rows(desc_do, do_base, z, h, start_m, N_Q, stride_dn, BLOCK_M, HEAD_DIM, BLOCK_D, MASKED, TMA)
         if MASKED:
             lse2 = tl.load(l_base + rows, mask=rows < N_Q, other=0.0) * _LOG2E
             delta = tl.load(d_base + rows, mask=rows < N_Q, other=0.0)
@@ -87,58 +103,79 @@ def _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, l_base, d_base, stride_qn, 
             p_t = tl.where(visible, p_t, 0.0)
         dv = tl.dot(p_t.to(do.dtype), do, dv)
         dp_t = tl.dot(v, tl.trans(do))
-        ds_t = p_t * (dp_t - delta[None, :])
-        dk = tl.dot(ds_t.to(q.dtype), q, dk)
+        ds_t = (p_t * (dp_t - delta[None, :])).to(q.dtype)
+        dk = tl.dot(ds_t, q, dk)
+        if DQ_MODE == DQ_TMA:
+            dq_part = tl.dot(tl.trans(ds_t), k) * sm_scale
+            dq_desc.atomic_add([pid_bh, start_m, 0], tl.expand_dims(dq_part, 0))
+        elif DQ_MODE == DQ_ATOMIC:
+            dq_part = tl.dot(tl.trans(ds_t), k) * sm_scale
+            add_tile(dq_base, dq_part, rows, N_Q, HEAD_DIM, HEAD_DIM, BLOCK_D, MASKED)
     return dk, dv
 
 
 @triton.jit
 def _flash_attn_bwd_dkdv_kernel(
-    Q, K, V, DO, L, Delta, DK, DV,
+    Q, K, V, DO, L, Delta, DK, DV, DQA, DESC_Q, DESC_K, DESC_V, DESC_DO, DQ_DESC,
     stride_qz, stride_qh, stride_qn,
     stride_kz, stride_kh, stride_kn,
     stride_vz, stride_vh, stride_vn,
     stride_dz, stride_dh, stride_dn,
     stride_gz, stride_gh, stride_gn,
     H, N_Q, N_K, qk_scale, sm_scale, SEQ_BUCKET,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr,
+    DQ_MODE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """dK, dV for one (key tile, batch·head). DK and DV share the strides (stride_g*) of their allocation.
+    """dK, dV for one (key tile, batch·head), and dQ's share of it unless DQ_MODE is DQ_SPLIT. DK and DV share
+    the strides (stride_g*) of their allocation; DQA is the fp32 (Z·H, N_Q, HEAD_DIM) dQ accumulator and
+    DQ_DESC a TMA descriptor over it (DQ_TMA only). With TMA, q, k, v and dO tiles move through the DESC_*
+    descriptors (see `load_rows`).
 
     Causal: queries before the key tile are skipped, the BLOCK_N / BLOCK_M query tiles on the diagonal are
     masked and the rest run unmasked (needs BLOCK_N % BLOCK_M == 0). Key tiles past N_Q store zeros.
     """
     pid_bh = tl.program_id(1)
-    off_z = (pid_bh // H).to(tl.int64)
-    off_h = (pid_bh % H).to(tl.int64)
+    z = pid_bh // H
+    h = pid_bh % H
+    off_z = z.to(tl.int64)
+    off_h = h.to(tl.int64)
     start_n = tl.program_id(0) * BLOCK_N
     cols = start_n + tl.arange(0, BLOCK_N)
 
-    k = load_tile(K + off_z * stride_kz + off_h * stride_kh, cols, N_K, stride_kn, HEAD_DIM, BLOCK_D, True)
-    v = load_tile(V + off_z * stride_vz + off_h * stride_vh, cols, N_K, stride_vn, HEAD_DIM, BLOCK_D, True)
+    k = load_rows(DESC_K, K + off_z * stride_kz + off_h * stride_kh, z, h, start_n, N_K, stride_kn, BLOCK_N,
+                  HEAD_DIM, BLOCK_D, True, TMA)
+    v = load_rows(DESC_V, V + off_z * stride_vz + off_h * stride_vh, z, h, start_n, N_K, stride_vn, BLOCK_N,
+                  HEAD_DIM, BLOCK_D, True, TMA)
     q_base = Q + off_z * stride_qz + off_h * stride_qh
     do_base = DO + off_z * stride_dz + off_h * stride_dh
     l_base = L + pid_bh.to(tl.int64) * N_Q
     d_base = Delta + pid_bh.to(tl.int64) * N_Q
+    if DQ_MODE == DQ_SPLIT:
+        dq_base = DQA  # None: the dQ kernel computes dQ
+    else:
+        dq_base = DQA + pid_bh.to(tl.int64) * N_Q * HEAD_DIM
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
 
     full_rows = (N_Q // BLOCK_M) * BLOCK_M
     if CAUSAL:
         diagonal_stop = tl.minimum(start_n + BLOCK_N, N_Q)
-        dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, l_base, d_base, stride_qn, stride_dn, cols,
-                                   start_n, diagonal_stop, N_Q, qk_scale,
-                                   HEAD_DIM, BLOCK_D, BLOCK_M, True, CAUSAL)
+        dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, l_base, d_base, dq_base, DESC_Q, DESC_DO, DQ_DESC,
+                                   z, h, pid_bh,
+                                   stride_qn, stride_dn, cols, start_n, diagonal_stop, N_Q, qk_scale, sm_scale,
+                                   HEAD_DIM, BLOCK_D, BLOCK_M, True, CAUSAL, TMA, DQ_MODE)
         start = start_n + BLOCK_N
     else:
         start = 0
-    dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, l_base, d_base, stride_qn, stride_dn, cols,
-                               start, full_rows, N_Q, qk_scale,
-                               HEAD_DIM, BLOCK_D, BLOCK_M, False, CAUSAL)
-    dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, l_base, d_base, stride_qn, stride_dn, cols,
-                               tl.maximum(start, full_rows), N_Q, N_Q, qk_scale,
-                               HEAD_DIM, BLOCK_D, BLOCK_M, True, CAUSAL)
+    dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, l_base, d_base, dq_base, DESC_Q, DESC_DO, DQ_DESC,
+                                   z, h, pid_bh,
+                               stride_qn, stride_dn, cols, start, full_rows, N_Q, qk_scale, sm_scale,
+                               HEAD_DIM, BLOCK_D, BLOCK_M, False, CAUSAL, TMA, DQ_MODE)
+    dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, l_base, d_base, dq_base, DESC_Q, DESC_DO, DQ_DESC,
+                                   z, h, pid_bh,
+                               stride_qn, stride_dn, cols, tl.maximum(start, full_rows), N_Q, N_Q, qk_scale,
+                               sm_scale, HEAD_DIM, BLOCK_D, BLOCK_M, True, CAUSAL, TMA, DQ_MODE)
 
     g_off = off_z * stride_gz + off_h * stride_gh
     store_tile(DK + g_off, (dk * sm_scale).to(DK.dtype.element_ty), cols, N_K, stride_gn, HEAD_DIM, BLOCK_D)
@@ -146,16 +183,16 @@ def _flash_attn_bwd_dkdv_kernel(
 
 
 @triton.jit
-def _dq_key_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, rows, start, stop, N_K,
-                  qk_scale,
+def _dq_key_tiles(dq, q, do, lse2, delta, k_base, v_base, desc_k, desc_v, z, h, stride_kn, stride_vn, rows,
+                  start, stop, N_K, qk_scale,
                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                  MASKED: tl.constexpr, CAUSAL: tl.constexpr):
+                  MASKED: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr):
     """Accumulate the dQ of one query tile over key tiles [start, stop)."""
     offs_n = tl.arange(0, BLOCK_N)
     for start_n in range(start, stop, BLOCK_N):
         cols = start_n + offs_n
-        k = load_tile(k_base, cols, N_K, stride_kn, HEAD_DIM, BLOCK_D, MASKED)
-        v = load_tile(v_base, cols, N_K, stride_vn, HEAD_DIM, BLOCK_D, MASKED)
+        k = load_rows(desc_k, k_base, z, h, start_n, N_K, stride_kn, BLOCK_N, HEAD_DIM, BLOCK_D, MASKED, TMA)
+        v = load_rows(desc_v, v_base, z, h, start_n, N_K, stride_vn, BLOCK_N, HEAD_DIM, BLOCK_D, MASKED, TMA)
         p = tl.math.exp2(tl.dot(q, tl.trans(k)) * qk_scale - lse2[:, None])
         if MASKED:
             visible = cols[None, :] < N_K
@@ -170,14 +207,14 @@ def _dq_key_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, 
 
 @triton.jit
 def _flash_attn_bwd_dq_kernel(
-    Q, K, V, DO, L, Delta, DQ,
+    Q, K, V, DO, L, Delta, DQ, DESC_Q, DESC_K, DESC_V, DESC_DO,
     stride_qz, stride_qh, stride_qn,
     stride_kz, stride_kh, stride_kn,
     stride_vz, stride_vh, stride_vn,
     stride_dz, stride_dh, stride_dn,
     stride_gz, stride_gh, stride_gn,
     H, N_Q, N_K, qk_scale, sm_scale, SEQ_BUCKET,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """dQ for one (query tile, batch·head), key tiles split as in the forward (BLOCK_M % BLOCK_N == 0)."""
@@ -186,13 +223,17 @@ def _flash_attn_bwd_dq_kernel(
     else:
         pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
-    off_z = (pid_bh // H).to(tl.int64)
-    off_h = (pid_bh % H).to(tl.int64)
+    z = pid_bh // H
+    h = pid_bh % H
+    off_z = z.to(tl.int64)
+    off_h = h.to(tl.int64)
     start_m = pid_m * BLOCK_M
     rows = start_m + tl.arange(0, BLOCK_M)
 
-    q = load_tile(Q + off_z * stride_qz + off_h * stride_qh, rows, N_Q, stride_qn, HEAD_DIM, BLOCK_D, True)
-    do = load_tile(DO + off_z * stride_dz + off_h * stride_dh, rows, N_Q, stride_dn, HEAD_DIM, BLOCK_D, True)
+    q = load_rows(DESC_Q, Q + off_z * stride_qz + off_h * stride_qh, z, h, start_m, N_Q, stride_qn, BLOCK_M,
+                  HEAD_DIM, BLOCK_D, True, TMA)
+    do = load_rows(DESC_DO, DO + off_z * stride_dz + off_h * stride_dh, z, h, start_m, N_Q, stride_dn, BLOCK_M,
+                   HEAD_DIM, BLOCK_D, True, TMA)
     lse2 = tl.load(L + pid_bh.to(tl.int64) * N_Q + rows, mask=rows < N_Q, other=0.0) * _LOG2E
     delta = tl.load(Delta + pid_bh.to(tl.int64) * N_Q + rows, mask=rows < N_Q, other=0.0)
     k_base = K + off_z * stride_kz + off_h * stride_kh
@@ -206,10 +247,10 @@ def _flash_attn_bwd_dq_kernel(
     else:
         unmasked_stop = full_keys
         stop = N_K
-    dq = _dq_key_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, rows,
-                       0, unmasked_stop, N_K, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_N, False, CAUSAL)
-    dq = _dq_key_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, rows,
-                       unmasked_stop, stop, N_K, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_N, True, CAUSAL)
+    dq = _dq_key_tiles(dq, q, do, lse2, delta, k_base, v_base, DESC_K, DESC_V, z, h, stride_kn, stride_vn, rows,
+                       0, unmasked_stop, N_K, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_N, False, CAUSAL, TMA)
+    dq = _dq_key_tiles(dq, q, do, lse2, delta, k_base, v_base, DESC_K, DESC_V, z, h, stride_kn, stride_vn, rows,
+                       unmasked_stop, stop, N_K, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_N, True, CAUSAL, TMA)
 
     g_off = off_z * stride_gz + off_h * stride_gh
     store_tile(DQ + g_off, (dq * sm_scale).to(DQ.dtype.element_ty), rows, N_Q, stride_gn, HEAD_DIM, BLOCK_D)
@@ -217,19 +258,28 @@ def _flash_attn_bwd_dq_kernel(
 
 # (BLOCK_M, BLOCK_N, warps, stages), most preferred first. The dK/dV kernel keeps a wide key tile resident
 # and streams narrow query tiles (BLOCK_N % BLOCK_M == 0); the dQ kernel is its mirror image
-# (BLOCK_M % BLOCK_N == 0). Four warps spill the d = 128 accumulators of the wide tiles; eight do not.
+# (BLOCK_M % BLOCK_N == 0). Four warps spill the d = 128 accumulators of the wide tiles; eight do not. Deeper
+# pipelines (4–5 stages) hide the streamed loads when shared memory allows it.
 _DKDV_SHAPES = [
-    (32, 128, 4, 3), (32, 128, 8, 3), (64, 128, 8, 3), (32, 64, 4, 3), (64, 64, 4, 3), (32, 64, 4, 2),
+    (32, 128, 4, 3), (32, 128, 8, 3), (64, 128, 8, 3), (32, 128, 4, 5), (32, 128, 8, 4), (64, 128, 8, 2),
+    (32, 64, 4, 3), (64, 64, 4, 3), (32, 64, 4, 2),
 ]
 _DQ_SHAPES = [
-    (128, 32, 4, 3), (128, 32, 8, 3), (128, 64, 8, 3), (64, 32, 4, 3), (64, 64, 4, 3), (64, 32, 4, 2),
+    (128, 32, 4, 3), (128, 32, 8, 3), (128, 64, 8, 3), (128, 32, 4, 5), (128, 32, 8, 4), (128, 64, 8, 2),
+    (64, 32, 4, 3), (64, 64, 4, 3), (64, 32, 4, 2),
 ]
+
 
 # Resident: K and V (dK/dV) or Q and dO (dQ); streamed: the other pair.
 _dkdv_pruner = smem_pruner(resident=("BLOCK_N", "BLOCK_N"), streamed=("BLOCK_M", "BLOCK_M"))
 _dq_pruner = smem_pruner(resident=("BLOCK_M", "BLOCK_M"), streamed=("BLOCK_N", "BLOCK_N"))
 _dkdv_tuned = triton.autotune(
     configs=configs(_DKDV_SHAPES), key=TUNING_KEY, prune_configs_by={"early_config_prune": _dkdv_pruner}
+)(_flash_attn_bwd_dkdv_kernel)
+# The fused variant adds into DQA, so every timing run of the autotuner starts from zeros.
+_dkdv_dq_tuned = triton.autotune(
+    configs=configs(_DKDV_SHAPES), key=[*TUNING_KEY, "DQ_MODE"],
+    prune_configs_by={"early_config_prune": _dkdv_pruner}, reset_to_zero=["DQA"],
 )(_flash_attn_bwd_dkdv_kernel)
 _dq_tuned = triton.autotune(
     configs=configs(_DQ_SHAPES), key=TUNING_KEY, prune_configs_by={"early_config_prune": _dq_pruner}
@@ -240,6 +290,12 @@ _DKDV_INTERPRET_BLOCKS = {"BLOCK_M": 16, "BLOCK_N": 32}
 _DQ_INTERPRET_BLOCKS = {"BLOCK_M": 32, "BLOCK_N": 16}
 
 
+def default_dq_mode(tma: bool, head_dim: int) -> str:
+    """TMA reductions where descriptors are in use and the accumulator's rows are 16-byte aligned (TMA's
+    rule), plain atomics elsewhere."""
+    return "tma" if tma and head_dim % 4 == 0 else "atomic"
+
+
 def flash_backward(
     q4: torch.Tensor,
     k4: torch.Tensor,
@@ -248,21 +304,30 @@ def flash_backward(
     lse: torch.Tensor,
     grad_out: torch.Tensor,
     causal: bool,
+    dq_mode: str | None = None,
+    tma: bool | None = None,
+    configs_by_kernel: dict[str, triton.Config] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Launch the three backward kernels on (Z, H, seq, d) views of q, k, v, o; `grad_out` has the shape of
-    the original q and `lse` is the forward's fp32 L.
+    """Launch the backward kernels on (Z, H, seq, d) views of q, k, v, o; `grad_out` has the shape of the
+    original q and `lse` is the forward's fp32 L.
 
+    `dq_mode` is one of DQ_MODES (default: `default_dq_mode`); `tma` as in `flash_forward`.
+    `configs_by_kernel` pins a config per kernel name ("dkdv", "dq") instead of autotuning, for tuning sweeps.
     Returns dQ, dK, dV as contiguous (Z, H, seq, d) tensors in the input dtype.
     """
     z, h, n_q, d = q4.shape
     n_k = k4.shape[2]
     do4 = as_4d(grad_out)
+    if tma is None:
+        tma = not INTERPRET and tma_usable(q4, k4, v4, do4)
+    mode = DQ_MODES[dq_mode or default_dq_mode(tma, d)]
+    pinned = configs_by_kernel or {}
     lse = lse.reshape(z * h, n_q)
     delta = torch.empty((z * h, n_q), dtype=torch.float32, device=q4.device)
-    dq = torch.empty((z, h, n_q, d), dtype=q4.dtype, device=q4.device)
     dk = torch.empty((z, h, n_k, d), dtype=k4.dtype, device=k4.device)
     dv = torch.empty_like(dk)
     bd = block_d(d)
+    descs = descriptors(q4, k4, v4, do4) if tma else [None] * 4
 
     _flash_attn_bwd_preprocess_kernel[(triton.cdiv(n_q, PREPROCESS_BLOCK_M), z * h)](
         o4, do4, delta, *strides3(o4), *strides3(do4), h, n_q,
@@ -270,19 +335,30 @@ def flash_backward(
     )
     common = (*strides3(q4), *strides3(k4), *strides3(v4), *strides3(do4))
     scalars = (h, n_q, n_k, LOG2E / math.sqrt(d), 1.0 / math.sqrt(d), seq_bucket(max(n_q, n_k)))
-    consts = {"HEAD_DIM": d, "BLOCK_D": bd, "CAUSAL": causal}
-    dkdv_args = (q4, k4, v4, do4, lse, delta, dk, dv, *common, *strides3(dk), *scalars)
-    dq_args = (q4, k4, v4, do4, lse, delta, dq, *common, *strides3(dq), *scalars)
-    launch(_dkdv_tuned, _dkdv_pruner, _DKDV_INTERPRET_BLOCKS,
-           lambda meta: (triton.cdiv(n_k, meta["BLOCK_N"]), z * h), dkdv_args, consts)
-    launch(_dq_tuned, _dq_pruner, _DQ_INTERPRET_BLOCKS,
-           lambda meta: (triton.cdiv(n_q, meta["BLOCK_M"]), z * h), dq_args, consts)
-    return dq, dk, dv
+    consts = {"HEAD_DIM": d, "BLOCK_D": bd, "CAUSAL": causal, "TMA": tma}
+    dkdv_grid = lambda meta: (triton.cdiv(n_k, meta["BLOCK_N"]), z * h)
+    if mode == DQ_MODES["split"]:
+        dq = torch.empty((z, h, n_q, d), dtype=q4.dtype, device=q4.device)
+        dkdv_args = (q4, k4, v4, do4, lse, delta, dk, dv, None, *descs, None, *common, *strides3(dk), *scalars)
+        dq_args = (q4, k4, v4, do4, lse, delta, dq, *descs, *common, *strides3(dq), *scalars)
+        launch(_dkdv_tuned, _dkdv_pruner, _DKDV_INTERPRET_BLOCKS, dkdv_grid, dkdv_args,
+               {**consts, "DQ_MODE": mode}, pinned.get("dkdv"))
+        launch(_dq_tuned, _dq_pruner, _DQ_INTERPRET_BLOCKS,
+               lambda meta: (triton.cdiv(n_q, meta["BLOCK_M"]), z * h), dq_args, consts, pinned.get("dq"))
+        return dq, dk, dv
+    dq_acc = torch.zeros((z * h, n_q, d), dtype=torch.float32, device=q4.device)
+    # Its block shape is a placeholder until size_descriptors sets the chosen config's.
+    dq_desc = TensorDescriptor.from_tensor(dq_acc, [1, 16, bd]) if mode == DQ_MODES["tma"] else None
+    dkdv_args = (q4, k4, v4, do4, lse, delta, dk, dv, dq_acc, *descs, dq_desc, *common, *strides3(dk), *scalars)
+    launch(_dkdv_dq_tuned, _dkdv_pruner, _DKDV_INTERPRET_BLOCKS, dkdv_grid, dkdv_args,
+           {**consts, "DQ_MODE": mode}, pinned.get("dkdv"))
+    return dq_acc.view(z, h, n_q, d).to(q4.dtype), dk, dv
 
 
 def tuned_configs() -> dict[str, dict]:
     """The autotuner's choice per tuning key so far, for each tuned kernel of this module."""
     return {
         "_flash_attn_bwd_dkdv_kernel": dict(_dkdv_tuned.cache),
+        "_flash_attn_bwd_dkdv_kernel+dq": dict(_dkdv_dq_tuned.cache),
         "_flash_attn_bwd_dq_kernel": dict(_dq_tuned.cache),
     }

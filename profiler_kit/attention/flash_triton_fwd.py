@@ -35,6 +35,11 @@ import torch
 import triton
 import triton.language as tl
 
+try:  # Triton ≥ 3.4; without it every tile moves through pointers.
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - depends on the installed Triton
+    TensorDescriptor = None
+
 # Read once, like Triton itself does when @triton.jit runs.
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 LOG2E = math.log2(math.e)
@@ -100,20 +105,29 @@ def smem_pruner(resident: tuple[str, ...], streamed: tuple[str, ...]) -> Callabl
 
 
 def launch(tuned, pruner: Callable, interpret_blocks: dict, grid: Callable[[dict], tuple], args: tuple,
-           consts: dict) -> None:
-    """Run an autotuned kernel: tuned, on its default config (autotuning off), or interpreted on fixed blocks.
+           consts: dict, config: triton.Config | None = None) -> None:
+    """Run an autotuned kernel: tuned, on one config (`config`, or with autotuning off the first that fits),
+    or interpreted on fixed blocks.
 
-    `pruner` is the kernel's `smem_pruner`; `grid` maps the block sizes of a config to the launch grid.
+    `pruner` is the kernel's `smem_pruner`; `grid` maps the block sizes of a config to the launch grid. A
+    config's pre_hook (it sizes TMA descriptors) runs whichever way the kernel is launched.
     """
     kernel = tuned.fn
+    nargs = dict(zip(kernel.arg_names, args, strict=False))
     if INTERPRET:
-        kernel[grid(interpret_blocks)](*args, **consts, **interpret_blocks)
-    elif os.environ.get(AUTOTUNE_ENV, "1") == "0":
-        config = pruner(tuned.configs, dict(zip(kernel.arg_names, args, strict=False)), **consts)[0]
-        meta = config.kwargs
-        kernel[grid(meta)](*args, **consts, **meta, num_warps=config.num_warps, num_stages=config.num_stages)
-    else:
+        config = triton.Config(interpret_blocks)
+    elif config is None and os.environ.get(AUTOTUNE_ENV, "1") != "0":
         tuned[grid](*args, **consts)
+        return
+    elif config is None:
+        config = pruner(tuned.configs, nargs, **consts)[0]
+    meta = config.kwargs
+    # Every config of a tuned kernel shares one pre_hook; a config pinned by the caller may not carry it.
+    pre_hook = tuned.configs[0].pre_hook
+    if pre_hook is not None:
+        pre_hook({**nargs, **consts, **meta})
+    options = {} if INTERPRET else {"num_warps": config.num_warps, "num_stages": config.num_stages}
+    kernel[grid(meta)](*args, **consts, **meta, **options)
 
 
 @triton.jit
@@ -150,9 +164,58 @@ def store_tile(base, tile, rows, n_rows, stride_row, HEAD_DIM: tl.constexpr, BLO
 
 
 @triton.jit
-def _fwd_key_tiles(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, rows, start, stop, N_K, qk_scale,
+def add_tile(base, tile, rows, n_rows, stride_row, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+             CHECK_ROWS: tl.constexpr):
+    """Atomically add a (len(rows), BLOCK_D) fp32 tile into the rows < n_rows and columns < HEAD_DIM at base.
+
+    Relaxed ordering: the adds only have to be complete when the kernel ends, and nothing reads them before.
+    """
+    offs_d = tl.arange(0, BLOCK_D)
+    ptrs = base + rows[:, None] * stride_row + offs_d[None, :]
+    if HEAD_DIM == BLOCK_D:
+        if CHECK_ROWS:
+            tl.atomic_add(ptrs, tile, mask=rows[:, None] < n_rows, sem="relaxed")
+        else:
+            tl.atomic_add(ptrs, tile, sem="relaxed")
+    else:
+        if CHECK_ROWS:
+            mask = (rows[:, None] < n_rows) & (offs_d[None, :] < HEAD_DIM)
+        else:
+            mask = offs_d[None, :] < HEAD_DIM
+        tl.atomic_add(ptrs, tile, mask=mask, sem="relaxed")
+
+
+@triton.jit
+def load_rows(desc, base, z, h, start, n_rows, stride_row, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr,
+              BLOCK_D: tl.constexpr, CHECK_ROWS: tl.constexpr, TMA: tl.constexpr):
+    """Rows [start, start + BLOCK) of head (z, h) as a (BLOCK, BLOCK_D) tile, zeros past n_rows and HEAD_DIM.
+
+    TMA: one bulk copy through the (Z, H, seq, d) descriptor `desc`, which fills the zeros in hardware.
+    Otherwise: pointer loads from `base`, the head's first row.
+    """
+    if TMA:
+        tile = desc.load([z, h, start, 0]).reshape(BLOCK, BLOCK_D)
+    else:
+        tile = load_tile(base, start + tl.arange(0, BLOCK), n_rows, stride_row, HEAD_DIM, BLOCK_D, CHECK_ROWS)
+    return tile
+
+
+@triton.jit
+def store_rows(desc, base, tile, z, h, start, n_rows, stride_row, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr,
+               BLOCK_D: tl.constexpr, TMA: tl.constexpr):
+    """Store a (BLOCK, BLOCK_D) tile as rows [start, start + BLOCK) of head (z, h), the counterpart of load_rows;
+    rows past n_rows and columns past HEAD_DIM are dropped."""
+    if TMA:
+        desc.store([z, h, start, 0], tile.reshape(1, 1, BLOCK, BLOCK_D))
+    else:
+        store_tile(base, tile, start + tl.arange(0, BLOCK), n_rows, stride_row, HEAD_DIM, BLOCK_D)
+
+
+@triton.jit
+def _fwd_key_tiles(acc, m_i, l_i, q, k_base, v_base, desc_k, desc_v, z, h, stride_kn, stride_vn, rows,
+                   start, stop, N_K, qk_scale,
                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                   MASKED: tl.constexpr, CAUSAL: tl.constexpr):
+                   MASKED: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr):
     """Fold key tiles [start, stop) into the running max m_i, sum l_i and accumulator (online softmax).
 
     MASKED tiles are the ragged last one and, when causal, those crossing the diagonal; others skip masks.
@@ -160,8 +223,8 @@ def _fwd_key_tiles(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, rows,
     offs_n = tl.arange(0, BLOCK_N)
     for start_n in range(start, stop, BLOCK_N):
         cols = start_n + offs_n
-        k = load_tile(k_base, cols, N_K, stride_kn, HEAD_DIM, BLOCK_D, MASKED)
-        v = load_tile(v_base, cols, N_K, stride_vn, HEAD_DIM, BLOCK_D, MASKED)
+        k = load_rows(desc_k, k_base, z, h, start_n, N_K, stride_kn, BLOCK_N, HEAD_DIM, BLOCK_D, MASKED, TMA)
+        v = load_rows(desc_v, v_base, z, h, start_n, N_K, stride_vn, BLOCK_N, HEAD_DIM, BLOCK_D, MASKED, TMA)
         qk = tl.dot(q, tl.trans(k))
         if MASKED:
             visible = cols[None, :] < N_K
@@ -180,16 +243,18 @@ def _fwd_key_tiles(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, rows,
 
 @triton.jit
 def _flash_attn_fwd_kernel(
-    Q, K, V, Out, L,
+    Q, K, V, Out, L, DESC_Q, DESC_K, DESC_V, DESC_O,
     stride_qz, stride_qh, stride_qn,
     stride_kz, stride_kh, stride_kn,
     stride_vz, stride_vh, stride_vn,
     stride_oz, stride_oh, stride_on,
     H, N_Q, N_K, qk_scale, SEQ_BUCKET,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """One program per (query tile, batch·head): O = softmax(q kᵀ/√d) v and L = logsumexp of each row.
+
+    With TMA the tiles move through the DESC_* descriptors (see `load_rows`), else through pointers.
 
     Causal: key tiles wholly above the diagonal are never visited, tiles wholly below it run unmasked and only
     the BLOCK_M / BLOCK_N tiles on the diagonal pay for the mask (needs BLOCK_M % BLOCK_N == 0). Query tiles
@@ -201,15 +266,17 @@ def _flash_attn_fwd_kernel(
     else:
         pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
-    off_z = (pid_bh // H).to(tl.int64)
-    off_h = (pid_bh % H).to(tl.int64)
+    z = pid_bh // H
+    h = pid_bh % H
+    off_z = z.to(tl.int64)
+    off_h = h.to(tl.int64)
     start_m = pid_m * BLOCK_M
     rows = start_m + tl.arange(0, BLOCK_M)
 
     q_base = Q + off_z * stride_qz + off_h * stride_qh
     k_base = K + off_z * stride_kz + off_h * stride_kh
     v_base = V + off_z * stride_vz + off_h * stride_vh
-    q = load_tile(q_base, rows, N_Q, stride_qn, HEAD_DIM, BLOCK_D, True)
+    q = load_rows(DESC_Q, q_base, z, h, start_m, N_Q, stride_qn, BLOCK_M, HEAD_DIM, BLOCK_D, True, TMA)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -222,33 +289,75 @@ def _flash_attn_fwd_kernel(
     else:
         unmasked_stop = full_keys
         stop = N_K
-    acc, m_i, l_i = _fwd_key_tiles(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, rows,
-                                   0, unmasked_stop, N_K, qk_scale,
-                                   HEAD_DIM, BLOCK_D, BLOCK_N, False, CAUSAL)
-    acc, m_i, l_i = _fwd_key_tiles(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, rows,
-                                   unmasked_stop, stop, N_K, qk_scale,
-                                   HEAD_DIM, BLOCK_D, BLOCK_N, True, CAUSAL)
+    acc, m_i, l_i = _fwd_key_tiles(acc, m_i, l_i, q, k_base, v_base, DESC_K, DESC_V, z, h, stride_kn, stride_vn,
+                                   rows, 0, unmasked_stop, N_K, qk_scale,
+                                   HEAD_DIM, BLOCK_D, BLOCK_N, False, CAUSAL, TMA)
+    acc, m_i, l_i = _fwd_key_tiles(acc, m_i, l_i, q, k_base, v_base, DESC_K, DESC_V, z, h, stride_kn, stride_vn,
+                                   rows, unmasked_stop, stop, N_K, qk_scale,
+                                   HEAD_DIM, BLOCK_D, BLOCK_N, True, CAUSAL, TMA)
 
-    out = acc / l_i[:, None]
+    out = (acc / l_i[:, None]).to(Out.dtype.element_ty)
     o_base = Out + off_z * stride_oz + off_h * stride_oh
-    store_tile(o_base, out.to(Out.dtype.element_ty), rows, N_Q, stride_on, HEAD_DIM, BLOCK_D)
+    store_rows(DESC_O, o_base, out, z, h, start_m, N_Q, stride_on, BLOCK_M, HEAD_DIM, BLOCK_D, TMA)
     lse = (m_i + tl.math.log2(l_i)) * _LN2
     tl.store(L + pid_bh.to(tl.int64) * N_Q + rows, lse, mask=rows < N_Q)
 
 
+# Each descriptor argument's block is (1, 1, rows, BLOCK_D), with rows the block size named here.
+_DESCRIPTOR_ROWS = {"DESC_Q": "BLOCK_M", "DESC_O": "BLOCK_M", "DESC_DO": "BLOCK_M", "DESC_K": "BLOCK_N",
+                    "DESC_V": "BLOCK_N"}
+
+
+def size_descriptors(nargs: dict) -> None:
+    """Give the TMA descriptors among a launch's arguments the block shape of the config about to run.
+
+    A config pre_hook: the descriptors are made once per call, before the autotuner picks block sizes.
+    """
+    for name, rows in _DESCRIPTOR_ROWS.items():
+        if nargs.get(name) is not None:
+            nargs[name].block_shape = [1, 1, nargs[rows], nargs["BLOCK_D"]]
+    if nargs.get("DQ_DESC") is not None:
+        nargs["DQ_DESC"].block_shape = [1, nargs["BLOCK_M"], nargs["BLOCK_D"]]
+
+
 def configs(shapes: list[tuple[int, int, int, int]]) -> list[triton.Config]:
     """Autotune configs from (BLOCK_M, BLOCK_N, warps, stages) tuples."""
-    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in shapes]
+    return [
+        triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s, pre_hook=size_descriptors)
+        for m, n, w, s in shapes
+    ]
+
+
+def tma_usable(*tensors: torch.Tensor) -> bool:
+    """Whether TMA descriptors can address these tensors: a GPU of compute capability 9.0+ (or the
+    interpreter), Triton's TensorDescriptor, and 16-byte aligned base pointers and strides."""
+    if TensorDescriptor is None:
+        return False
+    first = tensors[0]
+    if not INTERPRET and (first.device.type != "cuda" or torch.cuda.get_device_capability(first.device)[0] < 9):
+        return False
+    return all(
+        t.data_ptr() % 16 == 0
+        and all(size == 1 or (stride > 0 and stride * t.element_size() % 16 == 0)
+                for size, stride in zip(t.shape[:-1], t.stride()[:-1], strict=True))
+        for t in tensors
+    )
+
+
+def descriptors(*tensors: torch.Tensor) -> list:
+    """A TMA descriptor per (Z, H, seq, d) tensor; block shapes are set per launch by `size_descriptors`."""
+    return [TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, 16, 16]) for t in tensors]
 
 
 # Most preferred first (the default without autotuning). 128-row query tiles keep H100's tensor cores busy;
-# 8 warps hold 128×128 score tiles and d = 128 accumulators without spilling; the two-stage and 64-row configs
-# keep fp32 at d = 128 within shared memory.
+# 8 warps hold 128×128 score tiles and d = 128 accumulators without spilling (with 4 warps, 128-row tiles
+# run ~1.6× slower at d = 128 on the H100); the two-stage and 64-row configs keep fp32 at d = 128 within
+# shared memory.
 _FWD_SHAPES = [
-    (128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 3), (128, 128, 8, 2),
-    (64, 64, 4, 3), (128, 64, 4, 2), (64, 64, 4, 2),
+    (128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 3), (128, 128, 8, 2),
+    (64, 64, 4, 3), (128, 64, 4, 3), (128, 64, 4, 2), (64, 64, 4, 2),
 ]
-TUNING_KEY = ["HEAD_DIM", "CAUSAL", "SEQ_BUCKET"]
+TUNING_KEY = ["HEAD_DIM", "CAUSAL", "TMA", "SEQ_BUCKET"]
 
 _fwd_pruner = smem_pruner(resident=("BLOCK_M",), streamed=("BLOCK_N", "BLOCK_N"))
 _fwd_tuned = triton.autotune(
@@ -260,20 +369,29 @@ _FWD_INTERPRET_BLOCKS = {"BLOCK_M": 32, "BLOCK_N": 16}
 
 
 def flash_forward(
-    q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, causal: bool
+    q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, causal: bool, config: triton.Config | None = None,
+    tma: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Launch the forward on (Z, H, seq, d) views: (O, contiguous (Z, H, N_Q, d), and fp32 L (Z·H, N_Q))."""
+    """Launch the forward on (Z, H, seq, d) views: (O, contiguous (Z, H, N_Q, d), and fp32 L (Z·H, N_Q)).
+
+    `config` pins the block sizes, warps and stages instead of autotuning (for tuning sweeps). `tma` picks
+    descriptor (True) or pointer (False) loads; by default TMA wherever `tma_usable` allows it, except in the
+    interpreter, where tests choose.
+    """
     z, h, n_q, d = q4.shape
     n_k = k4.shape[2]
     out = torch.empty((z, h, n_q, d), dtype=q4.dtype, device=q4.device)
     lse = torch.empty((z * h, n_q), dtype=torch.float32, device=q4.device)
+    if tma is None:
+        tma = not INTERPRET and tma_usable(q4, k4, v4)
+    descs = descriptors(q4, k4, v4, out) if tma else [None] * 4
     args = (
-        q4, k4, v4, out, lse, *strides3(q4), *strides3(k4), *strides3(v4), *strides3(out),
+        q4, k4, v4, out, lse, *descs, *strides3(q4), *strides3(k4), *strides3(v4), *strides3(out),
         h, n_q, n_k, LOG2E / math.sqrt(d), seq_bucket(max(n_q, n_k)),
     )
-    consts = {"HEAD_DIM": d, "BLOCK_D": block_d(d), "CAUSAL": causal}
+    consts = {"HEAD_DIM": d, "BLOCK_D": block_d(d), "CAUSAL": causal, "TMA": tma}
     grid = lambda meta: (triton.cdiv(n_q, meta["BLOCK_M"]), z * h)
-    launch(_fwd_tuned, _fwd_pruner, _FWD_INTERPRET_BLOCKS, grid, args, consts)
+    launch(_fwd_tuned, _fwd_pruner, _FWD_INTERPRET_BLOCKS, grid, args, consts, config)
     return out, lse
 
 

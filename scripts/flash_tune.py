@@ -1,0 +1,184 @@
+"""Time every candidate config of the Triton FlashAttention-2 kernels, one by one, on the issue 6 shapes.
+
+The autotuner only keeps its winner; this sweep prints the whole table (median ms per config, and for the
+backward each dQ mode), so a change to the config lists or the kernels can be judged on data. Every
+candidate is compiled first in a pool of worker processes (Triton's on-disk cache then serves the timing
+process), which turns ~150 sequential compilations into about a minute. Each backward result is checked
+against the split (no atomics) backward on the same inputs.
+
+Usage (GPU machine): python3 scripts/flash_tune.py [--shapes leaderboard,causal4096,full8192] [--output F.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as futures
+import json
+import multiprocessing
+import sys
+import time
+
+import torch
+import triton
+
+from profiler_kit.attention.flash_triton_bwd import DQ_MODES, flash_backward
+from profiler_kit.attention.flash_triton_fwd import flash_forward
+
+# name: (Z, H, N, d, causal); bf16 throughout, as in issue 6.
+SHAPES = {
+    "leaderboard": (1, 16, 16384, 64, True),
+    "causal4096": (4, 16, 4096, 128, True),
+    "full8192": (4, 16, 8192, 128, False),
+}
+# (BLOCK_M, BLOCK_N, warps, stages)
+FWD_CANDIDATES = [
+    (128, 64, 4, 3), (128, 64, 4, 4), (128, 64, 8, 2), (128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2),
+    (128, 128, 8, 3), (128, 32, 4, 4), (64, 64, 4, 3), (64, 64, 4, 4), (64, 32, 4, 4),
+]
+DKDV_CANDIDATES = [
+    (32, 128, 4, 3), (32, 128, 8, 3), (32, 128, 8, 4), (64, 128, 8, 2), (64, 128, 8, 3), (64, 128, 8, 4),
+    (128, 128, 8, 2), (32, 64, 4, 3), (64, 64, 4, 3), (64, 64, 4, 4),
+]
+DQ_CANDIDATES = [
+    (128, 32, 4, 3), (128, 32, 8, 3), (128, 32, 8, 4), (128, 64, 4, 3), (128, 64, 4, 4), (128, 64, 8, 2),
+    (128, 64, 8, 3), (128, 64, 8, 4), (64, 32, 4, 3), (64, 64, 4, 3),
+]
+# The split backward's fixed partner while the other kernel is swept, per head dim (the best of a first sweep).
+SPLIT_PARTNERS = {64: {"dkdv": (64, 64, 4, 3), "dq": (128, 64, 4, 3)},
+                  128: {"dkdv": (64, 128, 8, 3), "dq": (128, 64, 8, 3)}}
+
+
+def config(shape: tuple[int, int, int, int]) -> triton.Config:
+    m, n, w, s = shape
+    return triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
+
+
+def inputs(name: str, seed: int = 0):
+    z, h, n, d, causal = SHAPES[name]
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v, do = (torch.randn(z, h, n, d, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(4))
+    out, lse = flash_forward(q, k, v, causal, config(FWD_CANDIDATES[3]), tma=False)
+    return q, k, v, do, out, lse, causal
+
+
+def jobs() -> list[tuple]:
+    """Every (shape, kernel, dQ mode, TMA loads, config, partner config) to compile and time."""
+    todo = []
+    for name in SHAPES:
+        partners = SPLIT_PARTNERS[SHAPES[name][3]]
+        for tma in (False, True):
+            todo += [(name, "fwd", None, tma, c, None) for c in FWD_CANDIDATES]
+            todo += [(name, "dkdv", "split", tma, c, partners["dq"]) for c in DKDV_CANDIDATES]
+            todo += [(name, "dq", "split", tma, c, partners["dkdv"]) for c in DQ_CANDIDATES]
+        for mode in ("atomic", "tma"):
+            todo += [(name, "dkdv", mode, True, c, None) for c in DKDV_CANDIDATES]
+    return todo
+
+
+def call(job, tensors):
+    """The function a job times: one forward or one whole backward with the job's configs pinned."""
+    name, kernel, mode, tma, shape, partner = job
+    q, k, v, do, out, lse, causal = tensors
+    if kernel == "fwd":
+        return lambda: flash_forward(q, k, v, causal, config(shape), tma=tma)
+    pinned = {kernel: config(shape)}
+    if partner is not None:
+        pinned["dq" if kernel == "dkdv" else "dkdv"] = config(partner)
+    return lambda: flash_backward(q, k, v, out, lse, do, causal, dq_mode=mode, tma=tma, configs_by_kernel=pinned)
+
+
+def warm(batch: list[tuple]) -> list[str | None]:
+    """Worker: compile (by running once) each job of a batch; the error text of those that fail."""
+    cache: dict[str, tuple] = {}
+    errors = []
+    for job in batch:
+        try:
+            if job[0] not in cache:
+                cache[job[0]] = inputs(job[0])
+            tensors = cache[job[0]]
+            call(job, tensors)()
+            torch.cuda.synchronize()
+            errors.append(None)
+        except Exception as exc:  # noqa: BLE001 - a failing config is a result of the sweep
+            errors.append(f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
+    return errors
+
+
+def rel_err(got, want) -> float:
+    return ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
+
+
+def flops(name: str, kernel: str) -> float:
+    z, h, n, d, causal = SHAPES[name]
+    forward = 4 * z * h * n * n * d / (2 if causal else 1)
+    return forward if kernel == "fwd" else 2.5 * forward
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--workers", type=int, default=12)
+    parser.add_argument("--output", default=None, help="write the rows as JSON here")
+    args = parser.parse_args()
+    names = args.shapes.split(",")
+    todo = [j for j in jobs() if j[0] in names]
+
+    started = time.time()
+    batches = [todo[i::args.workers] for i in range(args.workers)]
+    errors: dict[tuple, str | None] = {}
+    with futures.ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        for batch, errs in zip(batches, pool.map(warm, batches), strict=True):
+            errors.update(zip(batch, errs, strict=True))
+    print(f"compiled {len(todo)} jobs in {time.time() - started:.0f} s", file=sys.stderr)
+
+    rows = []
+    for name in names:
+        tensors = inputs(name)
+        q, k, v, do, out, lse, causal = tensors
+        partners = SPLIT_PARTNERS[SHAPES[name][3]]
+        reference = flash_backward(q, k, v, out, lse, do, causal, dq_mode="split", tma=False,
+                                   configs_by_kernel={kk: config(c) for kk, c in partners.items()})
+        fwd_reference = out
+        for job in (j for j in todo if j[0] == name):
+            row = {"shape": name, "kernel": job[1], "dq_mode": job[2], "tma": job[3], "config": list(job[4]),
+                   "partner": list(job[5]) if job[5] else None, "ms": None, "tflops": None, "max_rel_err": None,
+                   "error": errors.get(job)}
+            if row["error"] is None:
+                fn = call(job, tensors)
+                result = fn()
+                pairs = [(result[0], fwd_reference)] if job[1] == "fwd" else list(zip(result, reference, strict=True))
+                row["max_rel_err"] = max(rel_err(a, b) for a, b in pairs)
+                row["ms"] = triton.testing.do_bench(fn, warmup=25, rep=100)
+                row["tflops"] = flops(name, job[1]) / row["ms"] / 1e9
+            rows.append(row)
+            print(json.dumps(row), file=sys.stderr)
+        del tensors, reference, fwd_reference
+        torch.cuda.empty_cache()
+
+    device = torch.cuda.get_device_name()
+    print(f"# flash_tune: {device}, torch {torch.__version__}, triton {triton.__version__}, "
+          f"{time.strftime('%Y-%m-%d')}\n")
+    for name in names:
+        print(f"## {name} {SHAPES[name]} (Z, H, N, d, causal), bf16\n")
+        print("| kernel | dq_mode | loads | config (M, N, warps, stages) | partner | ms | TFLOP/s "
+              "| max rel err vs split | error |")
+        print("|---|---|---|---|---|---:|---:|---:|---|")
+        group = [r for r in rows if r["shape"] == name]
+        group.sort(key=lambda r: (r["kernel"], str(r["dq_mode"]), r["tma"], r["ms"] if r["ms"] is not None else 1e9))
+        for r in group:
+            ms = f"{r['ms']:.3f}" if r["ms"] is not None else "–"
+            tf = f"{r['tflops']:.1f}" if r["tflops"] is not None else "–"
+            err = f"{r['max_rel_err']:.1e}" if r["max_rel_err"] is not None else "–"
+            loads = "tma" if r["tma"] else "pointer"
+            print(f"| {r['kernel']} | {r['dq_mode'] or ''} | {loads} | {tuple(r['config'])} | "
+                  f"{tuple(r['partner']) if r['partner'] else ''} | {ms} | {tf} | {err} | {r['error'] or ''} |")
+        print()
+    if args.output:
+        with open(args.output, "w") as fh:
+            json.dump({"device": device, "torch": torch.__version__, "triton": triton.__version__,
+                       "date": time.strftime("%Y-%m-%d"), "modes": list(DQ_MODES), "rows": rows}, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
