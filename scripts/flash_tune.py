@@ -1,10 +1,11 @@
 """Time every candidate config of the Triton FlashAttention-2 kernels, one by one, on the issue 6 shapes.
 
-The autotuner only keeps its winner; this sweep prints the whole table (median ms per config, and for the
-backward each dQ mode), so a change to the config lists or the kernels can be judged on data. Every
-candidate is compiled first in a pool of worker processes (Triton's on-disk cache then serves the timing
-process), which turns ~150 sequential compilations into about a minute. Each backward result is checked
-against the split (no atomics) backward on the same inputs.
+The autotuner only keeps its winner; this sweep prints the whole table (median ms per config, with pointer
+and with TMA loads), so a change to the config lists or the kernels can be judged on data. Every candidate
+is compiled first in a pool of worker processes (Triton's on-disk cache then serves the timing process),
+which turns ~200 sequential compilations into about a minute. Each result is checked against the pointer
+version with the partner configs on the same inputs. A backward row times both kernels (and the D
+pre-pass): the kernel named runs the config of the row, the other its fixed partner.
 
 Usage (GPU machine): python3 scripts/flash_tune.py [--shapes leaderboard,causal4096,full8192] [--output F.json]
 """
@@ -21,8 +22,8 @@ import time
 import torch
 import triton
 
-from profiler_kit.attention.flash_triton_bwd import DQ_MODES, flash_backward
-from profiler_kit.attention.flash_triton_fwd import flash_forward
+from profiler_kit.attention.flash_triton_bwd import flash_backward
+from profiler_kit.attention.flash_triton_fwd import configs, flash_forward
 
 # name: (Z, H, N, d, causal); bf16 throughout, as in issue 6.
 SHAPES = {
@@ -30,9 +31,9 @@ SHAPES = {
     "causal4096": (4, 16, 4096, 128, True),
     "full8192": (4, 16, 8192, 128, False),
 }
-# (BLOCK_M, BLOCK_N, warps, stages)
+# (BLOCK_M, BLOCK_N, warps, stages[, warp-specialised]); the warp-specialised variants run with TMA loads only.
 FWD_CANDIDATES = [
-    (128, 64, 4, 3), (128, 64, 4, 4), (128, 64, 8, 2), (128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2),
+    (128, 64, 8, 3), (128, 64, 4, 3), (128, 64, 4, 4), (128, 64, 8, 2), (128, 64, 8, 4), (128, 128, 8, 2),
     (128, 128, 8, 3), (128, 32, 4, 4), (64, 64, 4, 3), (64, 64, 4, 4), (64, 32, 4, 4),
 ]
 DKDV_CANDIDATES = [
@@ -43,48 +44,50 @@ DQ_CANDIDATES = [
     (128, 32, 4, 3), (128, 32, 8, 3), (128, 32, 8, 4), (128, 64, 4, 3), (128, 64, 4, 4), (128, 64, 8, 2),
     (128, 64, 8, 3), (128, 64, 8, 4), (64, 32, 4, 3), (64, 64, 4, 3),
 ]
-# The split backward's fixed partner while the other kernel is swept, per head dim (the best of a first sweep).
-SPLIT_PARTNERS = {64: {"dkdv": (64, 64, 4, 3), "dq": (128, 64, 4, 3)},
-                  128: {"dkdv": (64, 128, 8, 3), "dq": (128, 64, 8, 3)}}
+WS_CANDIDATES = {
+    "fwd": [(128, 64, 8, 3, True), (128, 128, 8, 3, True), (128, 64, 8, 2, True), (128, 128, 8, 2, True)],
+    "dkdv": [(64, 128, 8, 3, True), (64, 128, 8, 2, True), (64, 64, 4, 3, True), (32, 128, 8, 3, True)],
+    "dq": [(128, 64, 8, 3, True), (128, 64, 8, 4, True), (128, 64, 4, 3, True), (128, 32, 8, 3, True)],
+}
+# The backward's fixed partner while the other kernel is swept, per head dim (the best of an earlier sweep).
+PARTNERS = {64: {"dkdv": (64, 64, 4, 3), "dq": (128, 64, 4, 3)}, 128: {"dkdv": (64, 128, 8, 3), "dq": (128, 64, 8, 3)}}
 
 
-def config(shape: tuple[int, int, int, int]) -> triton.Config:
-    m, n, w, s = shape
-    return triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
+def config(shape: tuple) -> triton.Config:
+    return configs([shape])[0]
 
 
 def inputs(name: str, seed: int = 0):
     z, h, n, d, causal = SHAPES[name]
     gen = torch.Generator(device="cuda").manual_seed(seed)
     q, k, v, do = (torch.randn(z, h, n, d, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(4))
-    out, lse = flash_forward(q, k, v, causal, config(FWD_CANDIDATES[3]), tma=False)
+    out, lse = flash_forward(q, k, v, causal, config(FWD_CANDIDATES[0]), tma=False)
     return q, k, v, do, out, lse, causal
 
 
-def jobs() -> list[tuple]:
-    """Every (shape, kernel, dQ mode, TMA loads, config, partner config) to compile and time."""
+def jobs(loads: tuple[bool, ...]) -> list[tuple]:
+    """Every (shape, kernel, TMA loads, config, partner config) to compile and time."""
     todo = []
     for name in SHAPES:
-        partners = SPLIT_PARTNERS[SHAPES[name][3]]
-        for tma in (False, True):
-            todo += [(name, "fwd", None, tma, c, None) for c in FWD_CANDIDATES]
-            todo += [(name, "dkdv", "split", tma, c, partners["dq"]) for c in DKDV_CANDIDATES]
-            todo += [(name, "dq", "split", tma, c, partners["dkdv"]) for c in DQ_CANDIDATES]
-        for mode in ("atomic", "tma"):
-            todo += [(name, "dkdv", mode, True, c, None) for c in DKDV_CANDIDATES]
+        partners = PARTNERS[SHAPES[name][3]]
+        candidates = {"fwd": FWD_CANDIDATES, "dkdv": DKDV_CANDIDATES, "dq": DQ_CANDIDATES}
+        for kernel, shapes in candidates.items():
+            partner = {"fwd": None, "dkdv": partners["dq"], "dq": partners["dkdv"]}[kernel]
+            todo += [(name, kernel, tma, c, partner) for tma in loads for c in shapes]
+            if True in loads:
+                todo += [(name, kernel, True, c, partner) for c in WS_CANDIDATES[kernel]]
     return todo
 
 
 def call(job, tensors):
     """The function a job times: one forward or one whole backward with the job's configs pinned."""
-    name, kernel, mode, tma, shape, partner = job
+    name, kernel, tma, shape, partner = job
     q, k, v, do, out, lse, causal = tensors
     if kernel == "fwd":
         return lambda: flash_forward(q, k, v, causal, config(shape), tma=tma)
-    pinned = {kernel: config(shape)}
-    if partner is not None:
-        pinned["dq" if kernel == "dkdv" else "dkdv"] = config(partner)
-    return lambda: flash_backward(q, k, v, out, lse, do, causal, dq_mode=mode, tma=tma, configs_by_kernel=pinned)
+    other = "dq" if kernel == "dkdv" else "dkdv"
+    pinned = {kernel: config(shape), other: config(partner)}
+    return lambda: flash_backward(q, k, v, out, lse, do, causal, tma=tma, configs_by_kernel=pinned)
 
 
 def warm(batch: list[tuple]) -> list[str | None]:
@@ -118,10 +121,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--workers", type=int, default=12)
+    parser.add_argument("--loads", choices=["both", "tma", "pointer"], default="both")
     parser.add_argument("--output", default=None, help="write the rows as JSON here")
     args = parser.parse_args()
     names = args.shapes.split(",")
-    todo = [j for j in jobs() if j[0] in names]
+    loads = {"both": (False, True), "tma": (True,), "pointer": (False,)}[args.loads]
+    todo = [j for j in jobs(loads) if j[0] in names]
 
     started = time.time()
     batches = [todo[i::args.workers] for i in range(args.workers)]
@@ -135,13 +140,13 @@ def main() -> int:
     for name in names:
         tensors = inputs(name)
         q, k, v, do, out, lse, causal = tensors
-        partners = SPLIT_PARTNERS[SHAPES[name][3]]
-        reference = flash_backward(q, k, v, out, lse, do, causal, dq_mode="split", tma=False,
+        partners = PARTNERS[SHAPES[name][3]]
+        reference = flash_backward(q, k, v, out, lse, do, causal, tma=False,
                                    configs_by_kernel={kk: config(c) for kk, c in partners.items()})
         fwd_reference = out
         for job in (j for j in todo if j[0] == name):
-            row = {"shape": name, "kernel": job[1], "dq_mode": job[2], "tma": job[3], "config": list(job[4]),
-                   "partner": list(job[5]) if job[5] else None, "ms": None, "tflops": None, "max_rel_err": None,
+            row = {"shape": name, "kernel": job[1], "tma": job[2], "config": list(job[3]),
+                   "partner": list(job[4]) if job[4] else None, "ms": None, "tflops": None, "max_rel_err": None,
                    "error": errors.get(job)}
             if row["error"] is None:
                 fn = call(job, tensors)
@@ -160,23 +165,23 @@ def main() -> int:
           f"{time.strftime('%Y-%m-%d')}\n")
     for name in names:
         print(f"## {name} {SHAPES[name]} (Z, H, N, d, causal), bf16\n")
-        print("| kernel | dq_mode | loads | config (M, N, warps, stages) | partner | ms | TFLOP/s "
-              "| max rel err vs split | error |")
-        print("|---|---|---|---|---|---:|---:|---:|---|")
+        print("| kernel | loads | config (M, N, warps, stages) | partner | ms | TFLOP/s | max rel err vs pointer "
+              "| error |")
+        print("|---|---|---|---|---:|---:|---:|---|")
         group = [r for r in rows if r["shape"] == name]
-        group.sort(key=lambda r: (r["kernel"], str(r["dq_mode"]), r["tma"], r["ms"] if r["ms"] is not None else 1e9))
+        group.sort(key=lambda r: (r["kernel"], r["tma"], r["ms"] if r["ms"] is not None else 1e9))
         for r in group:
             ms = f"{r['ms']:.3f}" if r["ms"] is not None else "–"
             tf = f"{r['tflops']:.1f}" if r["tflops"] is not None else "–"
             err = f"{r['max_rel_err']:.1e}" if r["max_rel_err"] is not None else "–"
             loads = "tma" if r["tma"] else "pointer"
-            print(f"| {r['kernel']} | {r['dq_mode'] or ''} | {loads} | {tuple(r['config'])} | "
+            print(f"| {r['kernel']} | {loads} | {tuple(r['config'])} | "
                   f"{tuple(r['partner']) if r['partner'] else ''} | {ms} | {tf} | {err} | {r['error'] or ''} |")
         print()
     if args.output:
         with open(args.output, "w") as fh:
             json.dump({"device": device, "torch": torch.__version__, "triton": triton.__version__,
-                       "date": time.strftime("%Y-%m-%d"), "modes": list(DQ_MODES), "rows": rows}, fh, indent=1)
+                       "date": time.strftime("%Y-%m-%d"), "rows": rows}, fh, indent=1)
     return 0
 
 

@@ -195,6 +195,64 @@ def test_h100_default_configs_in_the_interpreter(monkeypatch):
     _assert_matches_reference(FlashAttentionTriton, (2,), 130, 77, 80, False, torch.float16)
 
 
+def _run_kernels(q, k, v, grad_out, causal, tma):
+    """Forward and backward launchers called directly, with TMA descriptor or pointer loads forced."""
+    q4, k4, v4 = (as_4d(t.detach()) for t in (q, k, v))
+    out, lse = flash_triton_fwd.flash_forward(q4, k4, v4, causal, tma=tma)
+    dq, dk, dv = flash_triton_bwd.flash_backward(q4, k4, v4, out, lse, grad_out, causal, tma=tma)
+    return {"o": out.view(q.shape), "L": lse.view(q.shape[:-1]), "dq": dq.view(q.shape), "dk": dk.view(k.shape),
+            "dv": dv.view(v.shape)}
+
+
+# Ragged lengths, a padded head dim, causal with more queries than keys: what TMA's zero fill must get right.
+TMA_CASES = [
+    ((2,), 77, 77, 16, True, torch.float32),
+    ((1, 2), 130, 77, 80, False, torch.float16),
+    ((2,), 130, 77, 64, True, torch.float32),
+]
+
+
+@pytest.mark.usefixtures("one_config_per_kernel")
+@pytest.mark.parametrize("tma", [False, True], ids=["pointer", "tma"])
+@pytest.mark.parametrize("case", TMA_CASES, ids=_case_id)
+def test_tma_and_pointer_loads_match_reference(case, tma):
+    """Both load paths, forced: the interpreter runs TMA descriptors too (not just GPUs of compute capability 9+)."""
+    if not INTERPRET:
+        pytest.skip("interpreter only; on a GPU test_tma_and_pointer_loads_gpu covers both paths")
+    lead, n_q, n_k, d, causal, dtype = case
+    (q, k, v), grad_out = _inputs(lead, n_q, n_k, d, dtype)
+    got = _run_kernels(q, k, v, grad_out, causal, tma)
+    want = _reference(q, k, v, grad_out, causal)
+    for name, expected in want.items():
+        err = _rel_err(got[name], expected)
+        assert err <= TOLERANCE[DEVICE][dtype], f"{name}: relative error {err:.2e}"
+
+
+def test_tma_only_for_aligned_16_bit_tensors():
+    half = torch.randn(2, 3, 77, 64).half()
+    assert flash_triton_fwd.tma_usable(half, half) == INTERPRET  # no GPU here: only the interpreter qualifies
+    if INTERPRET:
+        assert not flash_triton_fwd.tma_usable(half.float())  # fp32 tiles keep pointer loads
+        assert not flash_triton_fwd.tma_usable(torch.randn(2, 77, 20).half())  # 40-byte rows: not 16-aligned
+        assert not flash_triton_fwd.tma_usable(torch.randn(2, 77, 72).half()[:, :, 1:65])  # base off by 2 bytes
+        assert flash_triton_fwd.tma_usable(half.transpose(1, 2).contiguous().transpose(1, 2))  # permuted views
+
+
+@pytest.mark.parametrize("dtype,d,tma,offered", [
+    (torch.bfloat16, 128, True, True),
+    (torch.bfloat16, 128, False, False),  # pointer loads: never tuned with warp specialisation
+    (torch.bfloat16, 64, True, False),
+    (torch.float32, 128, False, False),
+])
+def test_warp_specialised_configs_only_where_they_were_tuned(dtype, d, tma, offered):
+    q = torch.empty(1, 1, 16, d, dtype=dtype)
+    for tuned, pruner in ((flash_triton_bwd._dkdv_tuned, flash_triton_bwd._dkdv_pruner),
+                          (flash_triton_bwd._dq_tuned, flash_triton_bwd._dq_pruner)):
+        kept = pruner(tuned.configs, {"Q": q}, HEAD_DIM=d, TMA=tma)
+        assert any(c.kwargs["WS"] for c in kept) == offered
+        assert kept and all(c.num_warps == 8 for c in kept if c.kwargs["WS"])
+
+
 @pytest.mark.parametrize(
     "tuned,resident,streamed",
     [
@@ -259,6 +317,19 @@ def test_matches_float64_reference_gpu(impl_name, n, d, causal, dtype):
 @pytest.mark.parametrize("causal", [False, True])
 def test_different_lengths_gpu(causal):
     _assert_matches_reference(FlashAttentionTriton, (2, 4), 1000, 1537, 64, causal, torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("one_config_per_kernel")
+@pytest.mark.parametrize("tma", [False, True], ids=["pointer", "tma"])
+def test_tma_and_pointer_loads_gpu(tma):
+    if tma and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("TMA needs compute capability 9.0+")
+    (q, k, v), grad_out = _inputs((2, 4), 1000, 1537, 80, torch.bfloat16)
+    got = _run_kernels(q, k, v, grad_out, True, tma)
+    want = _reference(q, k, v, grad_out, True)
+    for name, expected in want.items():
+        assert _rel_err(got[name], expected) <= TOLERANCE["cuda"][torch.bfloat16], name
 
 
 @pytest.mark.gpu

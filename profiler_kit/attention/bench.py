@@ -267,6 +267,10 @@ def _measure_into(row: dict, cfg: AttentionConfig, device: torch.device, warmup_
         except Exception:
             row["message"] = _reasons(caught)
             raise
+    if cfg.impl == "flash-triton":
+        from profiler_kit.attention.flash_triton import describe_last_configs
+
+        row["message"] = describe_last_configs()  # the configs the autotuner picked for this shape
     for t in params:
         t.grad = None
     if device.type == "cuda":

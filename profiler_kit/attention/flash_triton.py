@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import torch
 
+from profiler_kit.attention import flash_triton_bwd, flash_triton_fwd
 from profiler_kit.attention.flash_torch import (
     AttentionInputError,
     FlashAttentionPytorch,
     check_attention_inputs,
 )
 from profiler_kit.attention.flash_triton_bwd import flash_backward
-from profiler_kit.attention.flash_triton_bwd import tuned_configs as _bwd_tuned_configs
 from profiler_kit.attention.flash_triton_fwd import INTERPRET, as_4d, flash_forward
-from profiler_kit.attention.flash_triton_fwd import tuned_configs as _fwd_tuned_configs
 
 
 def _check_triton_device(q: torch.Tensor) -> None:
@@ -71,4 +70,17 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
 
 def tuned_configs() -> dict[str, dict]:
     """Per Triton kernel, the autotuner's chosen config for each tuning key seen in this process."""
-    return {**_fwd_tuned_configs(), **_bwd_tuned_configs()}
+    return {**flash_triton_fwd.tuned_configs(), **flash_triton_bwd.tuned_configs()}
+
+
+def describe_last_configs() -> str:
+    """The configs the autotuner last ran, one line for a result row: "fwd 128x64 w8 s3; dkdv …; dq …"
+    (BLOCK_MxBLOCK_N, warps, stages, "ws" if warp-specialised). Empty when nothing went through the
+    autotuner (it was switched off)."""
+    last = {**flash_triton_fwd.last_configs(), **flash_triton_bwd.last_configs()}
+    return "; ".join(
+        f"{kernel} {c.kwargs['BLOCK_M']}x{c.kwargs['BLOCK_N']} w{c.num_warps} s{c.num_stages}"
+        + (" ws" if c.kwargs.get("WS") else "")
+        for kernel, c in last.items()
+        if c is not None
+    )

@@ -6,8 +6,10 @@ With P_ij = exp(s_ij/√d - L_i) recomputed from the saved logsumexp and D_i = �
 
 `_flash_attn_bwd_dkdv_kernel` owns one key tile and loops over the query tiles that see it;
 `_flash_attn_bwd_dq_kernel` owns one query tile and loops over the key tiles it sees. Each output tile has a
-single writer, so no atomics and no zero-initialisation are needed, and the autotuner may rerun them freely.
-P is recomputed twice (once per kernel): the price of having no atomics.
+single writer, so no atomics and no zero-initialisation are needed, the result is deterministic, and the
+autotuner may rerun them freely. P is recomputed twice (7 matmuls where FlashAttention-2 counts 5). Adding dQ
+into an fp32 buffer from the dK/dV kernel instead (atomics, or TMA bulk reductions) saves two matmuls but was
+slower on the H100 in every issue 6 shape (docs/results/attention-h100.md, step 2), so it is not kept.
 
 Ragged tails need little masking: rows past N_Q load q = dO = 0 and so add nothing to dK/dV, and keys past
 N_K load k = v = 0 and add nothing to dQ; the MASKED loops still zero P there, since exp2(-L) of a padded
@@ -28,8 +30,6 @@ from profiler_kit.attention.flash_triton_fwd import (
     INTERPRET,
     LOG2E,
     TUNING_KEY,
-    TensorDescriptor,
-    add_tile,
     as_4d,
     block_d,
     configs,
@@ -43,14 +43,6 @@ from profiler_kit.attention.flash_triton_fwd import (
     strides3,
     tma_usable,
 )
-
-# How the dK/dV kernel hands dQ on. DQ_SPLIT: not at all, a separate dQ kernel recomputes P and dP (7 matmuls
-# in all, deterministic). DQ_ATOMIC: fp32 atomic adds of each dS·K tile (5 matmuls, summation order varies).
-# DQ_TMA: the same adds as bulk TMA reductions of whole tiles (Hopper and later; not in the interpreter).
-DQ_SPLIT: tl.constexpr = tl.constexpr(0)
-DQ_ATOMIC: tl.constexpr = tl.constexpr(1)
-DQ_TMA: tl.constexpr = tl.constexpr(2)
-DQ_MODES = {"split": 0, "atomic": 1, "tma": 2}
 
 # Rows per program of the D pre-pass: it is memory-bound, so any size that fills a block will do.
 PREPROCESS_BLOCK_M = 128
@@ -76,16 +68,14 @@ def _flash_attn_bwd_preprocess_kernel(
 
 
 @triton.jit
-def _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, l_base, d_base, dq_base, desc_q, desc_do, dq_desc, z, h,
-                      pid_bh, stride_qn, stride_dn, cols, start, stop, N_Q, qk_scale, sm_scale,
+def _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, l_base, d_base, desc_q, desc_do, z, h,
+                      stride_qn, stride_dn, cols, start, stop, N_Q, qk_scale,
                       HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                      MASKED: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr, DQ_MODE: tl.constexpr):
+                      MASKED: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr):
     """Accumulate the dK, dV of one key tile over query tiles [start, stop), working on transposed tiles
-    (keys × queries) so that Pᵀ and dSᵀ come out of tl.dot directly. Unless DQ_MODE is DQ_SPLIT, also add
-    each query tile's share of dQ, dS·K/√d, into the fp32 accumulator (rows of HEAD_DIM at dq_base, or
-    through the TMA descriptor dq_desc)."""
+    (keys × queries) so that Pᵀ and dSᵀ come out of tl.dot directly."""
     offs_m = tl.arange(0, BLOCK_M)
-    for start_m in range(start, stop, BLOCK_M):
+    for start_m in tl.range(start, stop, BLOCK_M, warp_specialize=WS):
         rows = start_m + offs_m
         q = load_rows(desc_q, q_base, z, h, start_m, N_Q, stride_qn, BLOCK_M, HEAD_DIM, BLOCK_D, MASKED, TMA)
         do = load_rows(desc_do, do_base, z, h, start_m, N_Q, stride_dn, BLOCK_M, HEAD_DIM, BLOCK_D, MASKED, TMA)
@@ -103,20 +93,14 @@ def _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, l_base, d_base, dq_base, de
             p_t = tl.where(visible, p_t, 0.0)
         dv = tl.dot(p_t.to(do.dtype), do, dv)
         dp_t = tl.dot(v, tl.trans(do))
-        ds_t = (p_t * (dp_t - delta[None, :])).to(q.dtype)
-        dk = tl.dot(ds_t, q, dk)
-        if DQ_MODE == DQ_TMA:
-            dq_part = tl.dot(tl.trans(ds_t), k) * sm_scale
-            dq_desc.atomic_add([pid_bh, start_m, 0], tl.expand_dims(dq_part, 0))
-        elif DQ_MODE == DQ_ATOMIC:
-            dq_part = tl.dot(tl.trans(ds_t), k) * sm_scale
-            add_tile(dq_base, dq_part, rows, N_Q, HEAD_DIM, HEAD_DIM, BLOCK_D, MASKED)
+        ds_t = p_t * (dp_t - delta[None, :])
+        dk = tl.dot(ds_t.to(q.dtype), q, dk)
     return dk, dv
 
 
 @triton.jit
 def _flash_attn_bwd_dkdv_kernel(
-    Q, K, V, DO, L, Delta, DK, DV, DQA, DESC_Q, DESC_K, DESC_V, DESC_DO, DQ_DESC,
+    Q, K, V, DO, L, Delta, DK, DV, DESC_Q, DESC_K, DESC_V, DESC_DO,
     stride_qz, stride_qh, stride_qn,
     stride_kz, stride_kh, stride_kn,
     stride_vz, stride_vh, stride_vn,
@@ -124,13 +108,10 @@ def _flash_attn_bwd_dkdv_kernel(
     stride_gz, stride_gh, stride_gn,
     H, N_Q, N_K, qk_scale, sm_scale, SEQ_BUCKET,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr,
-    DQ_MODE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WS: tl.constexpr,
 ):
-    """dK, dV for one (key tile, batch·head), and dQ's share of it unless DQ_MODE is DQ_SPLIT. DK and DV share
-    the strides (stride_g*) of their allocation; DQA is the fp32 (Z·H, N_Q, HEAD_DIM) dQ accumulator and
-    DQ_DESC a TMA descriptor over it (DQ_TMA only). With TMA, q, k, v and dO tiles move through the DESC_*
-    descriptors (see `load_rows`).
+    """dK, dV for one (key tile, batch·head). DK and DV share the strides (stride_g*) of their allocation.
+    With TMA, q, k, v and dO tiles move through the DESC_* descriptors (see `load_rows`).
 
     Causal: queries before the key tile are skipped, the BLOCK_N / BLOCK_M query tiles on the diagonal are
     masked and the rest run unmasked (needs BLOCK_N % BLOCK_M == 0). Key tiles past N_Q store zeros.
@@ -151,31 +132,24 @@ def _flash_attn_bwd_dkdv_kernel(
     do_base = DO + off_z * stride_dz + off_h * stride_dh
     l_base = L + pid_bh.to(tl.int64) * N_Q
     d_base = Delta + pid_bh.to(tl.int64) * N_Q
-    if DQ_MODE == DQ_SPLIT:
-        dq_base = DQA  # None: the dQ kernel computes dQ
-    else:
-        dq_base = DQA + pid_bh.to(tl.int64) * N_Q * HEAD_DIM
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
 
     full_rows = (N_Q // BLOCK_M) * BLOCK_M
     if CAUSAL:
         diagonal_stop = tl.minimum(start_n + BLOCK_N, N_Q)
-        dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, l_base, d_base, dq_base, DESC_Q, DESC_DO, DQ_DESC,
-                                   z, h, pid_bh,
-                                   stride_qn, stride_dn, cols, start_n, diagonal_stop, N_Q, qk_scale, sm_scale,
-                                   HEAD_DIM, BLOCK_D, BLOCK_M, True, CAUSAL, TMA, DQ_MODE)
+        dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, l_base, d_base, DESC_Q, DESC_DO, z, h,
+                                   stride_qn, stride_dn, cols, start_n, diagonal_stop, N_Q, qk_scale,
+                                   HEAD_DIM, BLOCK_D, BLOCK_M, True, CAUSAL, TMA, WS)
         start = start_n + BLOCK_N
     else:
         start = 0
-    dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, l_base, d_base, dq_base, DESC_Q, DESC_DO, DQ_DESC,
-                                   z, h, pid_bh,
-                               stride_qn, stride_dn, cols, start, full_rows, N_Q, qk_scale, sm_scale,
-                               HEAD_DIM, BLOCK_D, BLOCK_M, False, CAUSAL, TMA, DQ_MODE)
-    dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, l_base, d_base, dq_base, DESC_Q, DESC_DO, DQ_DESC,
-                                   z, h, pid_bh,
+    dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, l_base, d_base, DESC_Q, DESC_DO, z, h,
+                               stride_qn, stride_dn, cols, start, full_rows, N_Q, qk_scale,
+                               HEAD_DIM, BLOCK_D, BLOCK_M, False, CAUSAL, TMA, WS)
+    dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, l_base, d_base, DESC_Q, DESC_DO, z, h,
                                stride_qn, stride_dn, cols, tl.maximum(start, full_rows), N_Q, N_Q, qk_scale,
-                               sm_scale, HEAD_DIM, BLOCK_D, BLOCK_M, True, CAUSAL, TMA, DQ_MODE)
+                               HEAD_DIM, BLOCK_D, BLOCK_M, True, CAUSAL, TMA, WS)
 
     g_off = off_z * stride_gz + off_h * stride_gh
     store_tile(DK + g_off, (dk * sm_scale).to(DK.dtype.element_ty), cols, N_K, stride_gn, HEAD_DIM, BLOCK_D)
@@ -186,10 +160,10 @@ def _flash_attn_bwd_dkdv_kernel(
 def _dq_key_tiles(dq, q, do, lse2, delta, k_base, v_base, desc_k, desc_v, z, h, stride_kn, stride_vn, rows,
                   start, stop, N_K, qk_scale,
                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                  MASKED: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr):
+                  MASKED: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr):
     """Accumulate the dQ of one query tile over key tiles [start, stop)."""
     offs_n = tl.arange(0, BLOCK_N)
-    for start_n in range(start, stop, BLOCK_N):
+    for start_n in tl.range(start, stop, BLOCK_N, warp_specialize=WS):
         cols = start_n + offs_n
         k = load_rows(desc_k, k_base, z, h, start_n, N_K, stride_kn, BLOCK_N, HEAD_DIM, BLOCK_D, MASKED, TMA)
         v = load_rows(desc_v, v_base, z, h, start_n, N_K, stride_vn, BLOCK_N, HEAD_DIM, BLOCK_D, MASKED, TMA)
@@ -215,7 +189,7 @@ def _flash_attn_bwd_dq_kernel(
     stride_gz, stride_gh, stride_gn,
     H, N_Q, N_K, qk_scale, sm_scale, SEQ_BUCKET,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WS: tl.constexpr,
 ):
     """dQ for one (query tile, batch·head), key tiles split as in the forward (BLOCK_M % BLOCK_N == 0)."""
     if CAUSAL:
@@ -248,27 +222,27 @@ def _flash_attn_bwd_dq_kernel(
         unmasked_stop = full_keys
         stop = N_K
     dq = _dq_key_tiles(dq, q, do, lse2, delta, k_base, v_base, DESC_K, DESC_V, z, h, stride_kn, stride_vn, rows,
-                       0, unmasked_stop, N_K, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_N, False, CAUSAL, TMA)
+                       0, unmasked_stop, N_K, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_N, False, CAUSAL, TMA, WS)
     dq = _dq_key_tiles(dq, q, do, lse2, delta, k_base, v_base, DESC_K, DESC_V, z, h, stride_kn, stride_vn, rows,
-                       unmasked_stop, stop, N_K, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_N, True, CAUSAL, TMA)
+                       unmasked_stop, stop, N_K, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_N, True, CAUSAL, TMA, WS)
 
     g_off = off_z * stride_gz + off_h * stride_gh
     store_tile(DQ + g_off, (dq * sm_scale).to(DQ.dtype.element_ty), rows, N_Q, stride_gn, HEAD_DIM, BLOCK_D)
 
 
-# (BLOCK_M, BLOCK_N, warps, stages), most preferred first. The dK/dV kernel keeps a wide key tile resident
-# and streams narrow query tiles (BLOCK_N % BLOCK_M == 0); the dQ kernel is its mirror image
-# (BLOCK_M % BLOCK_N == 0). Four warps spill the d = 128 accumulators of the wide tiles; eight do not. Deeper
-# pipelines (4–5 stages) hide the streamed loads when shared memory allows it.
+# (BLOCK_M, BLOCK_N, warps, stages[, warp-specialised]), most preferred first. The dK/dV kernel keeps a wide
+# key tile resident and streams narrow query tiles (BLOCK_N % BLOCK_M == 0); the dQ kernel is its mirror image
+# (BLOCK_M % BLOCK_N == 0). The lists hold the winners of `scripts/flash_tune.py` on the H100 (bf16, d = 64 and
+# 128; the warp-specialised ones at d = 128, see `ws_allowed`) first, then smaller tiles that keep fp32 at
+# d = 128 within shared memory. Four warps spill the d = 128 accumulators of 128-wide tiles; eight do not.
 _DKDV_SHAPES = [
-    (32, 128, 4, 3), (32, 128, 8, 3), (64, 128, 8, 3), (32, 128, 4, 5), (32, 128, 8, 4), (64, 128, 8, 2),
-    (32, 64, 4, 3), (64, 64, 4, 3), (32, 64, 4, 2),
+    (64, 128, 8, 3), (64, 128, 8, 2), (64, 128, 8, 4), (64, 128, 8, 2, True), (64, 64, 4, 3), (64, 64, 4, 4),
+    (32, 128, 8, 3), (32, 128, 4, 3), (32, 64, 4, 3), (32, 64, 4, 2),
 ]
 _DQ_SHAPES = [
-    (128, 32, 4, 3), (128, 32, 8, 3), (128, 64, 8, 3), (128, 32, 4, 5), (128, 32, 8, 4), (128, 64, 8, 2),
-    (64, 32, 4, 3), (64, 64, 4, 3), (64, 32, 4, 2),
+    (128, 64, 8, 3), (128, 64, 8, 4), (128, 64, 8, 4, True), (128, 64, 4, 3), (128, 64, 4, 4), (128, 32, 4, 3),
+    (128, 32, 8, 3), (64, 64, 4, 3), (64, 32, 4, 3), (64, 32, 4, 2),
 ]
-
 
 # Resident: K and V (dK/dV) or Q and dO (dQ); streamed: the other pair.
 _dkdv_pruner = smem_pruner(resident=("BLOCK_N", "BLOCK_N"), streamed=("BLOCK_M", "BLOCK_M"))
@@ -276,24 +250,13 @@ _dq_pruner = smem_pruner(resident=("BLOCK_M", "BLOCK_M"), streamed=("BLOCK_N", "
 _dkdv_tuned = triton.autotune(
     configs=configs(_DKDV_SHAPES), key=TUNING_KEY, prune_configs_by={"early_config_prune": _dkdv_pruner}
 )(_flash_attn_bwd_dkdv_kernel)
-# The fused variant adds into DQA, so every timing run of the autotuner starts from zeros.
-_dkdv_dq_tuned = triton.autotune(
-    configs=configs(_DKDV_SHAPES), key=[*TUNING_KEY, "DQ_MODE"],
-    prune_configs_by={"early_config_prune": _dkdv_pruner}, reset_to_zero=["DQA"],
-)(_flash_attn_bwd_dkdv_kernel)
 _dq_tuned = triton.autotune(
     configs=configs(_DQ_SHAPES), key=TUNING_KEY, prune_configs_by={"early_config_prune": _dq_pruner}
 )(_flash_attn_bwd_dq_kernel)
 
 # Interpreter tiles: small, and two streamed tiles per resident one so the causal diagonal spans two tiles.
-_DKDV_INTERPRET_BLOCKS = {"BLOCK_M": 16, "BLOCK_N": 32}
-_DQ_INTERPRET_BLOCKS = {"BLOCK_M": 32, "BLOCK_N": 16}
-
-
-def default_dq_mode(tma: bool, head_dim: int) -> str:
-    """TMA reductions where descriptors are in use and the accumulator's rows are 16-byte aligned (TMA's
-    rule), plain atomics elsewhere."""
-    return "tma" if tma and head_dim % 4 == 0 else "atomic"
+_DKDV_INTERPRET_BLOCKS = {"BLOCK_M": 16, "BLOCK_N": 32, "WS": False}
+_DQ_INTERPRET_BLOCKS = {"BLOCK_M": 32, "BLOCK_N": 16, "WS": False}
 
 
 def flash_backward(
@@ -304,26 +267,24 @@ def flash_backward(
     lse: torch.Tensor,
     grad_out: torch.Tensor,
     causal: bool,
-    dq_mode: str | None = None,
     tma: bool | None = None,
     configs_by_kernel: dict[str, triton.Config] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Launch the backward kernels on (Z, H, seq, d) views of q, k, v, o; `grad_out` has the shape of the
-    original q and `lse` is the forward's fp32 L.
+    """Launch the three backward kernels on (Z, H, seq, d) views of q, k, v, o; `grad_out` has the shape of
+    the original q and `lse` is the forward's fp32 L.
 
-    `dq_mode` is one of DQ_MODES (default: `default_dq_mode`); `tma` as in `flash_forward`.
-    `configs_by_kernel` pins a config per kernel name ("dkdv", "dq") instead of autotuning, for tuning sweeps.
-    Returns dQ, dK, dV as contiguous (Z, H, seq, d) tensors in the input dtype.
+    `tma` as in `flash_forward`. `configs_by_kernel` pins a config per kernel name ("dkdv", "dq") instead of
+    autotuning, for tuning sweeps. Returns dQ, dK, dV as contiguous (Z, H, seq, d) tensors in the input dtype.
     """
     z, h, n_q, d = q4.shape
     n_k = k4.shape[2]
     do4 = as_4d(grad_out)
     if tma is None:
         tma = not INTERPRET and tma_usable(q4, k4, v4, do4)
-    mode = DQ_MODES[dq_mode or default_dq_mode(tma, d)]
     pinned = configs_by_kernel or {}
     lse = lse.reshape(z * h, n_q)
     delta = torch.empty((z * h, n_q), dtype=torch.float32, device=q4.device)
+    dq = torch.empty((z, h, n_q, d), dtype=q4.dtype, device=q4.device)
     dk = torch.empty((z, h, n_k, d), dtype=k4.dtype, device=k4.device)
     dv = torch.empty_like(dk)
     bd = block_d(d)
@@ -336,29 +297,23 @@ def flash_backward(
     common = (*strides3(q4), *strides3(k4), *strides3(v4), *strides3(do4))
     scalars = (h, n_q, n_k, LOG2E / math.sqrt(d), 1.0 / math.sqrt(d), seq_bucket(max(n_q, n_k)))
     consts = {"HEAD_DIM": d, "BLOCK_D": bd, "CAUSAL": causal, "TMA": tma}
-    dkdv_grid = lambda meta: (triton.cdiv(n_k, meta["BLOCK_N"]), z * h)
-    if mode == DQ_MODES["split"]:
-        dq = torch.empty((z, h, n_q, d), dtype=q4.dtype, device=q4.device)
-        dkdv_args = (q4, k4, v4, do4, lse, delta, dk, dv, None, *descs, None, *common, *strides3(dk), *scalars)
-        dq_args = (q4, k4, v4, do4, lse, delta, dq, *descs, *common, *strides3(dq), *scalars)
-        launch(_dkdv_tuned, _dkdv_pruner, _DKDV_INTERPRET_BLOCKS, dkdv_grid, dkdv_args,
-               {**consts, "DQ_MODE": mode}, pinned.get("dkdv"))
-        launch(_dq_tuned, _dq_pruner, _DQ_INTERPRET_BLOCKS,
-               lambda meta: (triton.cdiv(n_q, meta["BLOCK_M"]), z * h), dq_args, consts, pinned.get("dq"))
-        return dq, dk, dv
-    dq_acc = torch.zeros((z * h, n_q, d), dtype=torch.float32, device=q4.device)
-    # Its block shape is a placeholder until size_descriptors sets the chosen config's.
-    dq_desc = TensorDescriptor.from_tensor(dq_acc, [1, 16, bd]) if mode == DQ_MODES["tma"] else None
-    dkdv_args = (q4, k4, v4, do4, lse, delta, dk, dv, dq_acc, *descs, dq_desc, *common, *strides3(dk), *scalars)
-    launch(_dkdv_dq_tuned, _dkdv_pruner, _DKDV_INTERPRET_BLOCKS, dkdv_grid, dkdv_args,
-           {**consts, "DQ_MODE": mode}, pinned.get("dkdv"))
-    return dq_acc.view(z, h, n_q, d).to(q4.dtype), dk, dv
+    dkdv_args = (q4, k4, v4, do4, lse, delta, dk, dv, *descs, *common, *strides3(dk), *scalars)
+    dq_args = (q4, k4, v4, do4, lse, delta, dq, *descs, *common, *strides3(dq), *scalars)
+    launch(_dkdv_tuned, _dkdv_pruner, _DKDV_INTERPRET_BLOCKS,
+           lambda meta: (triton.cdiv(n_k, meta["BLOCK_N"]), z * h), dkdv_args, consts, pinned.get("dkdv"))
+    launch(_dq_tuned, _dq_pruner, _DQ_INTERPRET_BLOCKS,
+           lambda meta: (triton.cdiv(n_q, meta["BLOCK_M"]), z * h), dq_args, consts, pinned.get("dq"))
+    return dq, dk, dv
 
 
 def tuned_configs() -> dict[str, dict]:
     """The autotuner's choice per tuning key so far, for each tuned kernel of this module."""
     return {
         "_flash_attn_bwd_dkdv_kernel": dict(_dkdv_tuned.cache),
-        "_flash_attn_bwd_dkdv_kernel+dq": dict(_dkdv_dq_tuned.cache),
         "_flash_attn_bwd_dq_kernel": dict(_dq_tuned.cache),
     }
+
+
+def last_configs() -> dict[str, triton.Config | None]:
+    """The config each tuned kernel of this module ran last through its autotuner (None before any)."""
+    return {"dkdv": getattr(_dkdv_tuned, "best_config", None), "dq": getattr(_dq_tuned, "best_config", None)}

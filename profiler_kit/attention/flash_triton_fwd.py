@@ -4,6 +4,12 @@ Layout. Inputs arrive as `(..., seq, d)`; `as_4d` views them as (Z, H, seq, d) w
 strides allow (the model's permuted (batch, heads, seq, d) q/k/v included) and the kernels take the Z and H
 strides separately, so folding heads into the batch costs nothing. The last dim must be contiguous.
 
+Loads. On GPUs with TMA (compute capability 9.0+) 16-bit tiles move through (Z, H, seq, d) tensor
+descriptors: one bulk copy per tile, with the zero fill of ragged rows and padded columns done by the
+hardware (`load_rows`). Best config against best config, that took the bf16 d = 128 forward on the H100 from
+0.647 to 0.591 ms (causal, N = 4096) and from 4.44 to 3.97 ms (non-causal, N = 8192); see
+docs/results/attention-h100.md. Elsewhere, and for fp32, tiles are loaded through pointers.
+
 Head dims. The tile's head dim BLOCK_D is the next power of two ≥ d; when d is not a power of two (80 for the
 2.7B preset) loads and stores are masked along d and the padded columns are zeros, which add nothing to q·k or
 p·v. Powers of two take unmasked loads.
@@ -15,11 +21,12 @@ is TF32 on Ampere and later (10-bit mantissa): expect ~1e-3 relative error again
 Softmax. Scores are kept in base-2 units: qk_scale = log2(e)/√d folds the softmax scale into exp2, so each
 score costs one FMA and one exp2. The saved logsumexp L is in natural-log units (it is part of the API).
 
-Tuning. Block sizes, warps and stages come from `triton.autotune`, keyed on the head dim, causal flag, dtypes
-(added by Triton) and a power-of-two bucket of the sequence length. Lengths are runtime arguments, so a
-new length does not recompile (beyond Triton's one variant for lengths not divisible by 16); a new bucket
-re-times the already compiled configs. The first call per head
-dim, dtype and causal flag compiles every config that fits in shared memory (tens of seconds). With
+Tuning. Block sizes, warps, stages and (backward, d = 128) warp specialisation come from `triton.autotune`,
+keyed on the head dim, causal flag, TMA use, dtypes (added by Triton) and a power-of-two bucket of the
+sequence length; `scripts/flash_tune.py` times every candidate config and chose the lists. Lengths are
+runtime arguments, so a new length does not recompile (beyond Triton's one variant for lengths not divisible
+by 16); a new bucket re-times the already compiled configs. The first call per head dim, dtype and causal
+flag compiles every config that fits in shared memory (tens of seconds). With
 PROFILER_KIT_FLASH_AUTOTUNE=0 each kernel runs the first such config of its list instead (a sound H100
 default) and compiles once. Under TRITON_INTERPRET=1 (CPU tests) a small fixed config is used: tuning there
 would only time the interpreter.
@@ -82,8 +89,16 @@ def strides3(t: torch.Tensor) -> tuple[int, int, int]:
     return t.stride(0), t.stride(1), t.stride(2)
 
 
+def ws_allowed(elem_bytes: int, head_dim: int, tma: bool) -> bool:
+    """Where warp-specialised configs are offered: the only case where they compiled and won a tuning sweep
+    (Triton 3.6, H100: 16-bit, d = 128, TMA loads, 8 warps). Elsewhere they are pruned, because a config
+    that fails to compile (the 4-warp ones did) would end the autotuner's run instead of losing to the others."""
+    return elem_bytes == 2 and head_dim == 128 and tma
+
+
 def smem_pruner(resident: tuple[str, ...], streamed: tuple[str, ...]) -> Callable:
-    """An `early_config_prune` keeping the configs whose tiles fit in SMEM_BUDGET_BYTES.
+    """An `early_config_prune` keeping the configs whose tiles fit in SMEM_BUDGET_BYTES (and warp-specialised
+    ones only where `ws_allowed`).
 
     `resident` names the block sizes of the (rows × BLOCK_D) tiles a program loads once, `streamed` those the
     pipeliner keeps `num_stages` copies of. For these kernels the estimate equals Triton's allocation for the
@@ -97,6 +112,8 @@ def smem_pruner(resident: tuple[str, ...], streamed: tuple[str, ...]) -> Callabl
 
     def prune(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
         elem, width = named_args["Q"].element_size(), block_d(kwargs["HEAD_DIM"])
+        if not ws_allowed(elem, kwargs["HEAD_DIM"], kwargs["TMA"]):
+            configs = [c for c in configs if not c.kwargs["WS"]]
         kept = [c for c in configs if smem_bytes(c, elem, width) <= SMEM_BUDGET_BYTES]
         # The autotuner refuses an empty list: fall back to the smallest config.
         return kept or [min(configs, key=lambda c: smem_bytes(c, elem, width))]
@@ -164,28 +181,6 @@ def store_tile(base, tile, rows, n_rows, stride_row, HEAD_DIM: tl.constexpr, BLO
 
 
 @triton.jit
-def add_tile(base, tile, rows, n_rows, stride_row, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-             CHECK_ROWS: tl.constexpr):
-    """Atomically add a (len(rows), BLOCK_D) fp32 tile into the rows < n_rows and columns < HEAD_DIM at base.
-
-    Relaxed ordering: the adds only have to be complete when the kernel ends, and nothing reads them before.
-    """
-    offs_d = tl.arange(0, BLOCK_D)
-    ptrs = base + rows[:, None] * stride_row + offs_d[None, :]
-    if HEAD_DIM == BLOCK_D:
-        if CHECK_ROWS:
-            tl.atomic_add(ptrs, tile, mask=rows[:, None] < n_rows, sem="relaxed")
-        else:
-            tl.atomic_add(ptrs, tile, sem="relaxed")
-    else:
-        if CHECK_ROWS:
-            mask = (rows[:, None] < n_rows) & (offs_d[None, :] < HEAD_DIM)
-        else:
-            mask = offs_d[None, :] < HEAD_DIM
-        tl.atomic_add(ptrs, tile, mask=mask, sem="relaxed")
-
-
-@triton.jit
 def load_rows(desc, base, z, h, start, n_rows, stride_row, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr,
               BLOCK_D: tl.constexpr, CHECK_ROWS: tl.constexpr, TMA: tl.constexpr):
     """Rows [start, start + BLOCK) of head (z, h) as a (BLOCK, BLOCK_D) tile, zeros past n_rows and HEAD_DIM.
@@ -215,13 +210,13 @@ def store_rows(desc, base, tile, z, h, start, n_rows, stride_row, BLOCK: tl.cons
 def _fwd_key_tiles(acc, m_i, l_i, q, k_base, v_base, desc_k, desc_v, z, h, stride_kn, stride_vn, rows,
                    start, stop, N_K, qk_scale,
                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                   MASKED: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr):
+                   MASKED: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr):
     """Fold key tiles [start, stop) into the running max m_i, sum l_i and accumulator (online softmax).
 
     MASKED tiles are the ragged last one and, when causal, those crossing the diagonal; others skip masks.
     """
     offs_n = tl.arange(0, BLOCK_N)
-    for start_n in range(start, stop, BLOCK_N):
+    for start_n in tl.range(start, stop, BLOCK_N, warp_specialize=WS):
         cols = start_n + offs_n
         k = load_rows(desc_k, k_base, z, h, start_n, N_K, stride_kn, BLOCK_N, HEAD_DIM, BLOCK_D, MASKED, TMA)
         v = load_rows(desc_v, v_base, z, h, start_n, N_K, stride_vn, BLOCK_N, HEAD_DIM, BLOCK_D, MASKED, TMA)
@@ -250,7 +245,7 @@ def _flash_attn_fwd_kernel(
     stride_oz, stride_oh, stride_on,
     H, N_Q, N_K, qk_scale, SEQ_BUCKET,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WS: tl.constexpr,
 ):
     """One program per (query tile, batch·head): O = softmax(q kᵀ/√d) v and L = logsumexp of each row.
 
@@ -291,10 +286,10 @@ def _flash_attn_fwd_kernel(
         stop = N_K
     acc, m_i, l_i = _fwd_key_tiles(acc, m_i, l_i, q, k_base, v_base, DESC_K, DESC_V, z, h, stride_kn, stride_vn,
                                    rows, 0, unmasked_stop, N_K, qk_scale,
-                                   HEAD_DIM, BLOCK_D, BLOCK_N, False, CAUSAL, TMA)
+                                   HEAD_DIM, BLOCK_D, BLOCK_N, False, CAUSAL, TMA, WS)
     acc, m_i, l_i = _fwd_key_tiles(acc, m_i, l_i, q, k_base, v_base, DESC_K, DESC_V, z, h, stride_kn, stride_vn,
                                    rows, unmasked_stop, stop, N_K, qk_scale,
-                                   HEAD_DIM, BLOCK_D, BLOCK_N, True, CAUSAL, TMA)
+                                   HEAD_DIM, BLOCK_D, BLOCK_N, True, CAUSAL, TMA, WS)
 
     out = (acc / l_i[:, None]).to(Out.dtype.element_ty)
     o_base = Out + off_z * stride_oz + off_h * stride_oh
@@ -316,22 +311,26 @@ def size_descriptors(nargs: dict) -> None:
     for name, rows in _DESCRIPTOR_ROWS.items():
         if nargs.get(name) is not None:
             nargs[name].block_shape = [1, 1, nargs[rows], nargs["BLOCK_D"]]
-    if nargs.get("DQ_DESC") is not None:
-        nargs["DQ_DESC"].block_shape = [1, nargs["BLOCK_M"], nargs["BLOCK_D"]]
 
 
-def configs(shapes: list[tuple[int, int, int, int]]) -> list[triton.Config]:
-    """Autotune configs from (BLOCK_M, BLOCK_N, warps, stages) tuples."""
+def configs(shapes: list[tuple]) -> list[triton.Config]:
+    """Autotune configs from (BLOCK_M, BLOCK_N, warps, stages[, warp-specialised]) tuples.
+
+    Warp specialisation (WS) splits a key/query loop between producer warps issuing the loads and consumer
+    warps doing the math, where Triton can partition it; off unless a tuple says so.
+    """
     return [
-        triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s, pre_hook=size_descriptors)
-        for m, n, w, s in shapes
+        triton.Config({"BLOCK_M": m, "BLOCK_N": n, "WS": bool(ws and ws[0])}, num_warps=w, num_stages=s,
+                      pre_hook=size_descriptors)
+        for m, n, w, s, *ws in shapes
     ]
 
 
 def tma_usable(*tensors: torch.Tensor) -> bool:
-    """Whether TMA descriptors can address these tensors: a GPU of compute capability 9.0+ (or the
-    interpreter), Triton's TensorDescriptor, and 16-byte aligned base pointers and strides."""
-    if TensorDescriptor is None:
+    """Whether the kernels may move these tensors' tiles by TMA: a GPU of compute capability 9.0+ (or the
+    interpreter), Triton's TensorDescriptor, 16-bit data (fp32 configs already fill shared memory without
+    TMA's buffers) and 16-byte aligned base pointers and strides."""
+    if TensorDescriptor is None or tensors[0].element_size() != 2:
         return False
     first = tensors[0]
     if not INTERPRET and (first.device.type != "cuda" or torch.cuda.get_device_capability(first.device)[0] < 9):
@@ -349,12 +348,12 @@ def descriptors(*tensors: torch.Tensor) -> list:
     return [TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, 16, 16]) for t in tensors]
 
 
-# Most preferred first (the default without autotuning). 128-row query tiles keep H100's tensor cores busy;
-# 8 warps hold 128×128 score tiles and d = 128 accumulators without spilling (with 4 warps, 128-row tiles
-# run ~1.6× slower at d = 128 on the H100); the two-stage and 64-row configs keep fp32 at d = 128 within
-# shared memory.
+# Most preferred first (the default without autotuning). The first four won `scripts/flash_tune.py` on the
+# H100 (bf16, d = 64 and 128): 128-row query tiles keep the tensor cores busy, and 8 warps hold 128×128 score
+# tiles and d = 128 accumulators without spilling (4 warps on 128-row tiles ran ~1.6× slower at d = 128).
+# The two-stage and 64-row configs keep fp32 at d = 128 within shared memory.
 _FWD_SHAPES = [
-    (128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 3), (128, 128, 8, 2),
+    (128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2),
     (64, 64, 4, 3), (128, 64, 4, 3), (128, 64, 4, 2), (64, 64, 4, 2),
 ]
 TUNING_KEY = ["HEAD_DIM", "CAUSAL", "TMA", "SEQ_BUCKET"]
@@ -365,7 +364,7 @@ _fwd_tuned = triton.autotune(
 )(_flash_attn_fwd_kernel)
 
 # Interpreter tiles: small (fast on CPU) yet with BLOCK_M = 2·BLOCK_N, so the causal diagonal spans two tiles.
-_FWD_INTERPRET_BLOCKS = {"BLOCK_M": 32, "BLOCK_N": 16}
+_FWD_INTERPRET_BLOCKS = {"BLOCK_M": 32, "BLOCK_N": 16, "WS": False}
 
 
 def flash_forward(
@@ -398,3 +397,8 @@ def flash_forward(
 def tuned_configs() -> dict[str, dict]:
     """The autotuner's choice per tuning key so far, for each tuned kernel of this module."""
     return {"_flash_attn_fwd_kernel": dict(_fwd_tuned.cache)}
+
+
+def last_configs() -> dict[str, triton.Config | None]:
+    """The config each tuned kernel of this module ran last through its autotuner (None before any)."""
+    return {"fwd": getattr(_fwd_tuned, "best_config", None)}
