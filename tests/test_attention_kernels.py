@@ -236,6 +236,7 @@ def test_tma_only_for_aligned_16_bit_tensors():
         assert not flash_triton_fwd.tma_usable(torch.randn(2, 77, 20).half())  # 40-byte rows: not 16-aligned
         assert not flash_triton_fwd.tma_usable(torch.randn(2, 77, 72).half()[:, :, 1:65])  # base off by 2 bytes
         assert flash_triton_fwd.tma_usable(half.transpose(1, 2).contiguous().transpose(1, 2))  # permuted views
+        assert not flash_triton_fwd.tma_usable(torch.randn(1, 64).half().expand(3, 77, 64))  # broadcast: stride 0
 
 
 @pytest.mark.parametrize("dtype,d,tma,offered", [

@@ -336,9 +336,7 @@ def tma_usable(*tensors: torch.Tensor) -> bool:
     if not INTERPRET and (first.device.type != "cuda" or torch.cuda.get_device_capability(first.device)[0] < 9):
         return False
     return all(
-        t.data_ptr() % 16 == 0
-        and all(size == 1 or (stride > 0 and stride * t.element_size() % 16 == 0)
-                for size, stride in zip(t.shape[:-1], t.stride()[:-1], strict=True))
+        t.data_ptr() % 16 == 0 and all(stride > 0 and stride * t.element_size() % 16 == 0 for stride in t.stride()[:-1])
         for t in tensors
     )
 
