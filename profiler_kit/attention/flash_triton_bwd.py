@@ -37,6 +37,8 @@ from profiler_kit.attention.flash_triton_fwd import (
     launch,
     load_rows,
     load_tile,
+    program_head,
+    query_tile_index,
     seq_bucket,
     smem_pruner,
     store_tile,
@@ -57,9 +59,7 @@ def _flash_attn_bwd_preprocess_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
 ):
     """Delta_i = Σ_d dO_id · O_id in fp32, one program per (query tile, batch·head)."""
-    pid_bh = tl.program_id(1)
-    off_z = (pid_bh // H).to(tl.int64)
-    off_h = (pid_bh % H).to(tl.int64)
+    pid_bh, _, _, off_z, off_h = program_head(H)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     o = load_tile(Out + off_z * stride_oz + off_h * stride_oh, rows, N_Q, stride_on, HEAD_DIM, BLOCK_D, True)
     do = load_tile(DO + off_z * stride_dz + off_h * stride_dh, rows, N_Q, stride_dn, HEAD_DIM, BLOCK_D, True)
@@ -116,11 +116,7 @@ def _flash_attn_bwd_dkdv_kernel(
     Causal: queries before the key tile are skipped, the BLOCK_N / BLOCK_M query tiles on the diagonal are
     masked and the rest run unmasked (needs BLOCK_N % BLOCK_M == 0). Key tiles past N_Q store zeros.
     """
-    pid_bh = tl.program_id(1)
-    z = pid_bh // H
-    h = pid_bh % H
-    off_z = z.to(tl.int64)
-    off_h = h.to(tl.int64)
+    pid_bh, z, h, off_z, off_h = program_head(H)
     start_n = tl.program_id(0) * BLOCK_N
     cols = start_n + tl.arange(0, BLOCK_N)
 
@@ -192,16 +188,8 @@ def _flash_attn_bwd_dq_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WS: tl.constexpr,
 ):
     """dQ for one (query tile, batch·head), key tiles split as in the forward (BLOCK_M % BLOCK_N == 0)."""
-    if CAUSAL:
-        pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
-    else:
-        pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    z = pid_bh // H
-    h = pid_bh % H
-    off_z = z.to(tl.int64)
-    off_h = h.to(tl.int64)
-    start_m = pid_m * BLOCK_M
+    pid_bh, z, h, off_z, off_h = program_head(H)
+    start_m = query_tile_index(CAUSAL) * BLOCK_M
     rows = start_m + tl.arange(0, BLOCK_M)
 
     q = load_rows(DESC_Q, Q + off_z * stride_qz + off_h * stride_qh, z, h, start_m, N_Q, stride_qn, BLOCK_M,

@@ -148,6 +148,26 @@ def launch(tuned, pruner: Callable, interpret_blocks: dict, grid: Callable[[dict
 
 
 @triton.jit
+def program_head(H):
+    """This program's batch·head index (grid axis 1) and its (z, h): int32 for descriptor offsets, int64 for
+    pointer offsets, which can pass 2³¹ elements."""
+    pid_bh = tl.program_id(1)
+    z = pid_bh // H
+    h = pid_bh % H
+    return pid_bh, z, h, z.to(tl.int64), h.to(tl.int64)
+
+
+@triton.jit
+def query_tile_index(CAUSAL: tl.constexpr):
+    """Grid axis 0 as a query tile index, last-first when causal so that the longest programs start first."""
+    if CAUSAL:
+        pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    else:
+        pid_m = tl.program_id(0)
+    return pid_m
+
+
+@triton.jit
 def load_tile(base, rows, n_rows, stride_row, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
               CHECK_ROWS: tl.constexpr):
     """Load a (len(rows), BLOCK_D) tile; out-of-range rows and padded head-dim columns read as zeros.
@@ -256,16 +276,8 @@ def _flash_attn_fwd_kernel(
     are taken last-first when causal so that the longest programs start first. SEQ_BUCKET is never read: it
     only keys the autotuner.
     """
-    if CAUSAL:
-        pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
-    else:
-        pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    z = pid_bh // H
-    h = pid_bh % H
-    off_z = z.to(tl.int64)
-    off_h = h.to(tl.int64)
-    start_m = pid_m * BLOCK_M
+    pid_bh, z, h, off_z, off_h = program_head(H)
+    start_m = query_tile_index(CAUSAL) * BLOCK_M
     rows = start_m + tl.arange(0, BLOCK_M)
 
     q_base = Q + off_z * stride_qz + off_h * stride_qh
