@@ -34,6 +34,7 @@ from profiler_kit.attention.flash_triton_fwd import (
     block_d,
     configs,
     descriptors,
+    key_ranges,
     launch,
     load_rows,
     load_tile,
@@ -202,13 +203,7 @@ def _flash_attn_bwd_dq_kernel(
     v_base = V + off_z * stride_vz + off_h * stride_vh
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
-    full_keys = (N_K // BLOCK_N) * BLOCK_N
-    if CAUSAL:
-        unmasked_stop = tl.minimum(start_m, full_keys)
-        stop = tl.minimum(start_m + BLOCK_M, N_K)
-    else:
-        unmasked_stop = full_keys
-        stop = N_K
+    unmasked_stop, stop = key_ranges(start_m, N_K, BLOCK_M, BLOCK_N, CAUSAL)
     dq = _dq_key_tiles(dq, q, do, lse2, delta, k_base, v_base, DESC_K, DESC_V, z, h, stride_kn, stride_vn, rows,
                        0, unmasked_stop, N_K, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_N, False, CAUSAL, TMA, WS)
     dq = _dq_key_tiles(dq, q, do, lse2, delta, k_base, v_base, DESC_K, DESC_V, z, h, stride_kn, stride_vn, rows,

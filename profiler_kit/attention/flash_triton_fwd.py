@@ -168,6 +168,21 @@ def query_tile_index(CAUSAL: tl.constexpr):
 
 
 @triton.jit
+def key_ranges(start_m, N_K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    """How a query tile starting at row start_m walks the keys: tiles [0, unmasked_stop) need no mask, tiles
+    [unmasked_stop, stop) do (the ragged last one and, when causal, those crossing the diagonal), keys past
+    stop are not visited. Returns (unmasked_stop, stop)."""
+    full_keys = (N_K // BLOCK_N) * BLOCK_N
+    if CAUSAL:
+        unmasked_stop = tl.minimum(start_m, full_keys)
+        stop = tl.minimum(start_m + BLOCK_M, N_K)
+    else:
+        unmasked_stop = full_keys
+        stop = N_K
+    return unmasked_stop, stop
+
+
+@triton.jit
 def load_tile(base, rows, n_rows, stride_row, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
               CHECK_ROWS: tl.constexpr):
     """Load a (len(rows), BLOCK_D) tile; out-of-range rows and padded head-dim columns read as zeros.
@@ -289,13 +304,7 @@ def _flash_attn_fwd_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
-    full_keys = (N_K // BLOCK_N) * BLOCK_N
-    if CAUSAL:
-        unmasked_stop = tl.minimum(start_m, full_keys)
-        stop = tl.minimum(start_m + BLOCK_M, N_K)
-    else:
-        unmasked_stop = full_keys
-        stop = N_K
+    unmasked_stop, stop = key_ranges(start_m, N_K, BLOCK_M, BLOCK_N, CAUSAL)
     acc, m_i, l_i = _fwd_key_tiles(acc, m_i, l_i, q, k_base, v_base, DESC_K, DESC_V, z, h, stride_kn, stride_vn,
                                    rows, 0, unmasked_stop, N_K, qk_scale,
                                    HEAD_DIM, BLOCK_D, BLOCK_N, False, CAUSAL, TMA, WS)
