@@ -34,6 +34,7 @@ would only time the interpreter.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Callable
@@ -130,12 +131,12 @@ def launch(tuned, pruner: Callable, interpret_blocks: dict, grid: Callable[[dict
     config's pre_hook (it sizes TMA descriptors) runs whichever way the kernel is launched.
     """
     kernel = tuned.fn
+    if config is None and not INTERPRET and os.environ.get(AUTOTUNE_ENV, "1") != "0":
+        tuned[grid](*args, **consts)  # the common path: nothing more to do per call
+        return
     nargs = dict(zip(kernel.arg_names, args, strict=False))
     if INTERPRET:
         config = triton.Config(interpret_blocks)
-    elif config is None and os.environ.get(AUTOTUNE_ENV, "1") != "0":
-        tuned[grid](*args, **consts)
-        return
     elif config is None:
         config = pruner(tuned.configs, nargs, **consts)[0]
     meta = config.kwargs
@@ -347,14 +348,18 @@ def configs(shapes: list[tuple]) -> list[triton.Config]:
     ]
 
 
+@functools.cache
+def _has_tma(device: torch.device) -> bool:
+    """Compute capability 9.0+ (asked once per device: this sits on every attention call's path)."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+
+
 def tma_usable(*tensors: torch.Tensor) -> bool:
     """Whether the kernels may move these tensors' tiles by TMA: a GPU of compute capability 9.0+ (or the
     interpreter), Triton's TensorDescriptor, 16-bit data (fp32 configs already fill shared memory without
     TMA's buffers) and 16-byte aligned base pointers and strides."""
-    if TensorDescriptor is None or tensors[0].element_size() != 2:
-        return False
     first = tensors[0]
-    if not INTERPRET and (first.device.type != "cuda" or torch.cuda.get_device_capability(first.device)[0] < 9):
+    if TensorDescriptor is None or first.element_size() != 2 or not (INTERPRET or _has_tma(first.device)):
         return False
     return all(
         t.data_ptr() % 16 == 0 and all(stride > 0 and stride * t.element_size() % 16 == 0 for stride in t.stride()[:-1])
