@@ -23,7 +23,8 @@ import torch
 import triton
 
 from profiler_kit.attention.flash_triton_bwd import flash_backward
-from profiler_kit.attention.flash_triton_fwd import configs, flash_forward
+from profiler_kit.attention.flash_triton_fwd import flash_forward
+from profiler_kit.attention.flash_triton_launch import configs
 
 # name: (Z, H, N, d, causal); bf16 throughout, as in issue 6.
 SHAPES = {

@@ -22,10 +22,12 @@ from profiler_kit.attention import (
     flash_attention,
     flash_triton_bwd,
     flash_triton_fwd,
+    flash_triton_launch,
     naive_attention,
     tuned_configs,
 )
-from profiler_kit.attention.flash_triton_fwd import AUTOTUNE_ENV, INTERPRET, as_4d
+from profiler_kit.attention.flash_triton_fwd import as_4d
+from profiler_kit.attention.flash_triton_launch import AUTOTUNE_ENV, INTERPRET
 from profiler_kit.errors import ProfilerKitError
 
 HAS_CUDA = torch.cuda.is_available()
@@ -189,7 +191,7 @@ def test_h100_default_configs_in_the_interpreter(monkeypatch):
     """The launch path used without autotuning, on the large GPU tiles (128×64 forward, 32×128 dK/dV...)."""
     if not INTERPRET:
         pytest.skip("interpreter only")
-    monkeypatch.setattr(flash_triton_fwd, "INTERPRET", False)
+    monkeypatch.setattr(flash_triton_launch, "INTERPRET", False)
     monkeypatch.setenv(AUTOTUNE_ENV, "0")
     _assert_matches_reference(FlashAttentionTriton, (2,), 200, 200, 64, True, torch.float32)
     _assert_matches_reference(FlashAttentionTriton, (2,), 130, 77, 80, False, torch.float16)
@@ -230,13 +232,13 @@ def test_tma_and_pointer_loads_match_reference(case, tma):
 
 def test_tma_only_for_aligned_16_bit_tensors():
     half = torch.randn(2, 3, 77, 64).half()
-    assert flash_triton_fwd.tma_usable(half, half) == INTERPRET  # no GPU here: only the interpreter qualifies
+    assert flash_triton_launch.tma_usable(half, half) == INTERPRET  # no GPU here: only the interpreter qualifies
     if INTERPRET:
-        assert not flash_triton_fwd.tma_usable(half.float())  # fp32 tiles keep pointer loads
-        assert not flash_triton_fwd.tma_usable(torch.randn(2, 77, 20).half())  # 40-byte rows: not 16-aligned
-        assert not flash_triton_fwd.tma_usable(torch.randn(2, 77, 72).half()[:, :, 1:65])  # base off by 2 bytes
-        assert flash_triton_fwd.tma_usable(half.transpose(1, 2).contiguous().transpose(1, 2))  # permuted views
-        assert not flash_triton_fwd.tma_usable(torch.randn(1, 64).half().expand(3, 77, 64))  # broadcast: stride 0
+        assert not flash_triton_launch.tma_usable(half.float())  # fp32 tiles keep pointer loads
+        assert not flash_triton_launch.tma_usable(torch.randn(2, 77, 20).half())  # 40-byte rows: not 16-aligned
+        assert not flash_triton_launch.tma_usable(torch.randn(2, 77, 72).half()[:, :, 1:65])  # base off by 2 bytes
+        assert flash_triton_launch.tma_usable(half.transpose(1, 2).contiguous().transpose(1, 2))  # permuted views
+        assert not flash_triton_launch.tma_usable(torch.randn(1, 64).half().expand(3, 77, 64))  # broadcast: stride 0
 
 
 @pytest.mark.parametrize("dtype,d,tma,offered", [
@@ -247,25 +249,24 @@ def test_tma_only_for_aligned_16_bit_tensors():
 ])
 def test_warp_specialised_configs_only_where_they_were_tuned(dtype, d, tma, offered):
     q = torch.empty(1, 1, 16, d, dtype=dtype)
-    for tuned, pruner in ((flash_triton_bwd._dkdv_tuned, flash_triton_bwd._dkdv_pruner),
-                          (flash_triton_bwd._dq_tuned, flash_triton_bwd._dq_pruner)):
-        kept = pruner(tuned.configs, {"Q": q}, HEAD_DIM=d, TMA=tma)
+    for kernel in (flash_triton_bwd._dkdv, flash_triton_bwd._dq):
+        kept = kernel.pruner(kernel.configs, {"Q": q}, HEAD_DIM=d, TMA=tma)
         assert any(c.kwargs["WS"] for c in kept) == offered
         assert kept and all(c.num_warps == 8 for c in kept if c.kwargs["WS"])
 
 
 @pytest.mark.parametrize(
-    "tuned,resident,streamed",
+    "kernel,resident,streamed",
     [
-        (flash_triton_fwd._fwd_tuned, "BLOCK_M", "BLOCK_N"),
-        (flash_triton_bwd._dkdv_tuned, "BLOCK_N", "BLOCK_M"),
-        (flash_triton_bwd._dq_tuned, "BLOCK_M", "BLOCK_N"),
+        (flash_triton_fwd._fwd, "BLOCK_M", "BLOCK_N"),
+        (flash_triton_bwd._dkdv, "BLOCK_N", "BLOCK_M"),
+        (flash_triton_bwd._dq, "BLOCK_M", "BLOCK_N"),
     ],
     ids=["fwd", "dkdv", "dq"],
 )
-def test_autotune_configs_split_the_causal_diagonal_evenly(tuned, resident, streamed):
+def test_autotune_configs_split_the_causal_diagonal_evenly(kernel, resident, streamed):
     """Each kernel walks the diagonal of its resident tile in whole streamed tiles."""
-    for config in tuned.configs:
+    for config in kernel.configs:
         assert config.kwargs[resident] % config.kwargs[streamed] == 0, config
 
 
@@ -341,3 +342,36 @@ def test_autotuned_kernels_gpu(monkeypatch):
     chosen = tuned_configs()
     for kernel in ("_flash_attn_fwd_kernel", "_flash_attn_bwd_dkdv_kernel", "_flash_attn_bwd_dq_kernel"):
         assert chosen[kernel], f"{kernel} was not autotuned"
+
+
+@pytest.mark.gpu
+def test_direct_launches_match_dispatched_ones_gpu(monkeypatch):
+    """After the first call, calls with the same signature launch the compiled kernels directly: they must
+    compute bit for bit what Triton's own dispatch computes, and an input Triton would specialise differently
+    (a view one element in, no longer 16-byte aligned) must get a launch of its own."""
+    monkeypatch.delenv(AUTOTUNE_ENV, raising=False)
+    (q, k, v), grad_out = _inputs((2, 4), 1000, 1000, 64, torch.float16)
+    kernels = (flash_triton_fwd._fwd, flash_triton_bwd._preprocess, flash_triton_bwd._dkdv, flash_triton_bwd._dq)
+
+    def run(q, k, v):
+        out = FlashAttentionTriton.apply(q, k, v, True)
+        return (out, *torch.autograd.grad(out, (q, k, v), grad_out))
+
+    monkeypatch.setenv(flash_triton_launch.DIRECT_ENV, "0")
+    dispatched = run(q, k, v)
+    monkeypatch.delenv(flash_triton_launch.DIRECT_ENV)
+    run(q, k, v)  # resolves the launches
+    plans = [len(kernel._plans) for kernel in kernels]
+    direct = run(q, k, v)
+    assert [len(kernel._plans) for kernel in kernels] == plans and all(plans)
+    for got, want in zip(direct, dispatched, strict=True):
+        assert torch.equal(got, want)
+
+    buffer = torch.randn(q.numel() + 1, dtype=q.dtype, device=q.device)
+    unaligned = buffer[1:].view(q.shape).requires_grad_()
+    run(unaligned, k, v)
+    assert [len(kernel._plans) for kernel in kernels] == [n + 1 for n in plans]
+    want = _reference(unaligned, k, v, grad_out, True)
+    got = dict(zip(("o", "dq", "dk", "dv"), run(unaligned, k, v), strict=True))
+    for name, value in got.items():
+        assert _rel_err(value, want[name]) <= TOLERANCE["cuda"][torch.float16], name

@@ -1,7 +1,8 @@
 """FlashAttention-2 in Triton as an autograd Function, and `flash_attention`, the public entry point.
 
-Layers: the @triton.jit kernels and their launchers live in `flash_triton_fwd` / `flash_triton_bwd`; this
-module checks the inputs, folds the leading dims and wires forward and backward together.
+Layers: the @triton.jit kernels and their launchers live in `flash_triton_fwd` / `flash_triton_bwd`, the launch
+plumbing both share in `flash_triton_launch`; this module checks the inputs, folds the leading dims and wires
+forward and backward together.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from profiler_kit.attention.flash_torch import (
     check_attention_inputs,
 )
 from profiler_kit.attention.flash_triton_bwd import flash_backward
-from profiler_kit.attention.flash_triton_fwd import INTERPRET, as_4d, flash_forward
+from profiler_kit.attention.flash_triton_fwd import as_4d, flash_forward
+from profiler_kit.attention.flash_triton_launch import INTERPRET
 
 
 def _check_triton_device(q: torch.Tensor) -> None:

@@ -27,23 +27,24 @@ import triton.language as tl
 
 from profiler_kit.attention.flash_triton_fwd import (
     _LOG2E,
-    INTERPRET,
     LOG2E,
-    TUNING_KEY,
     as_4d,
-    block_d,
-    configs,
-    descriptors,
     key_ranges,
-    launch,
     load_rows,
     load_tile,
     program_head,
     query_tile_index,
     seq_bucket,
-    smem_pruner,
     store_tile,
     strides3,
+)
+from profiler_kit.attention.flash_triton_launch import (
+    INTERPRET,
+    Kernel,
+    block_d,
+    descriptors,
+    smem_pruner,
+    tensor_signature,
     tma_usable,
 )
 
@@ -227,19 +228,15 @@ _DQ_SHAPES = [
     (128, 32, 8, 3), (64, 64, 4, 3), (64, 32, 4, 3), (64, 32, 4, 2),
 ]
 
-# Resident: K and V (dK/dV) or Q and dO (dQ); streamed: the other pair.
-_dkdv_pruner = smem_pruner(resident=("BLOCK_N", "BLOCK_N"), streamed=("BLOCK_M", "BLOCK_M"))
-_dq_pruner = smem_pruner(resident=("BLOCK_M", "BLOCK_M"), streamed=("BLOCK_N", "BLOCK_N"))
-_dkdv_tuned = triton.autotune(
-    configs=configs(_DKDV_SHAPES), key=TUNING_KEY, prune_configs_by={"early_config_prune": _dkdv_pruner}
-)(_flash_attn_bwd_dkdv_kernel)
-_dq_tuned = triton.autotune(
-    configs=configs(_DQ_SHAPES), key=TUNING_KEY, prune_configs_by={"early_config_prune": _dq_pruner}
-)(_flash_attn_bwd_dq_kernel)
-
-# Interpreter tiles: small, and two streamed tiles per resident one so the causal diagonal spans two tiles.
-_DKDV_INTERPRET_BLOCKS = {"BLOCK_M": 16, "BLOCK_N": 32, "WS": False}
-_DQ_INTERPRET_BLOCKS = {"BLOCK_M": 32, "BLOCK_N": 16, "WS": False}
+# Resident: K and V (dK/dV) or Q and dO (dQ); streamed: the other pair. Interpreter tiles: small, and two
+# streamed tiles per resident one so the causal diagonal spans two tiles.
+_preprocess = Kernel(_flash_attn_bwd_preprocess_kernel)
+_dkdv = Kernel(_flash_attn_bwd_dkdv_kernel, _DKDV_SHAPES,
+               smem_pruner(resident=("BLOCK_N", "BLOCK_N"), streamed=("BLOCK_M", "BLOCK_M")),
+               interpret_blocks={"BLOCK_M": 16, "BLOCK_N": 32, "WS": False})
+_dq = Kernel(_flash_attn_bwd_dq_kernel, _DQ_SHAPES,
+             smem_pruner(resident=("BLOCK_M", "BLOCK_M"), streamed=("BLOCK_N", "BLOCK_N")),
+             interpret_blocks={"BLOCK_M": 32, "BLOCK_N": 16, "WS": False})
 
 
 def flash_backward(
@@ -273,30 +270,25 @@ def flash_backward(
     bd = block_d(d)
     descs = descriptors(q4, k4, v4, do4) if tma else [None] * 4
 
-    _flash_attn_bwd_preprocess_kernel[(triton.cdiv(n_q, PREPROCESS_BLOCK_M), z * h)](
-        o4, do4, delta, *strides3(o4), *strides3(do4), h, n_q,
-        HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=PREPROCESS_BLOCK_M,
-    )
+    signature = (causal, tma, *map(tensor_signature, (q4, k4, v4, o4, do4, lse)))
+    _preprocess(lambda meta: (triton.cdiv(n_q, PREPROCESS_BLOCK_M), z * h),
+                (o4, do4, delta, *strides3(o4), *strides3(do4), h, n_q),
+                {"HEAD_DIM": d, "BLOCK_D": bd, "BLOCK_M": PREPROCESS_BLOCK_M}, signature)
     common = (*strides3(q4), *strides3(k4), *strides3(v4), *strides3(do4))
     scalars = (h, n_q, n_k, LOG2E / math.sqrt(d), 1.0 / math.sqrt(d), seq_bucket(max(n_q, n_k)))
     consts = {"HEAD_DIM": d, "BLOCK_D": bd, "CAUSAL": causal, "TMA": tma}
     dkdv_args = (q4, k4, v4, do4, lse, delta, dk, dv, *descs, *common, *strides3(dk), *scalars)
     dq_args = (q4, k4, v4, do4, lse, delta, dq, *descs, *common, *strides3(dq), *scalars)
-    launch(_dkdv_tuned, _dkdv_pruner, _DKDV_INTERPRET_BLOCKS,
-           lambda meta: (triton.cdiv(n_k, meta["BLOCK_N"]), z * h), dkdv_args, consts, pinned.get("dkdv"))
-    launch(_dq_tuned, _dq_pruner, _DQ_INTERPRET_BLOCKS,
-           lambda meta: (triton.cdiv(n_q, meta["BLOCK_M"]), z * h), dq_args, consts, pinned.get("dq"))
+    _dkdv(lambda meta: (triton.cdiv(n_k, meta["BLOCK_N"]), z * h), dkdv_args, consts, signature, pinned.get("dkdv"))
+    _dq(lambda meta: (triton.cdiv(n_q, meta["BLOCK_M"]), z * h), dq_args, consts, signature, pinned.get("dq"))
     return dq, dk, dv
 
 
 def tuned_configs() -> dict[str, dict]:
     """The autotuner's choice per tuning key so far, for each tuned kernel of this module."""
-    return {
-        "_flash_attn_bwd_dkdv_kernel": dict(_dkdv_tuned.cache),
-        "_flash_attn_bwd_dq_kernel": dict(_dq_tuned.cache),
-    }
+    return {"_flash_attn_bwd_dkdv_kernel": _dkdv.tuning_cache(), "_flash_attn_bwd_dq_kernel": _dq.tuning_cache()}
 
 
 def last_configs() -> dict[str, triton.Config | None]:
-    """The config each tuned kernel of this module ran last through its autotuner (None before any)."""
-    return {"dkdv": getattr(_dkdv_tuned, "best_config", None), "dq": getattr(_dq_tuned, "best_config", None)}
+    """The config each tuned kernel of this module ran last, autotuned or planned (None before any)."""
+    return {"dkdv": _dkdv.last_config, "dq": _dq.last_config}

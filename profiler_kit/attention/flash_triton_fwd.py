@@ -29,27 +29,28 @@ by 16); a new bucket re-times the already compiled configs. The first call per h
 flag compiles every config that fits in shared memory (tens of seconds). With
 PROFILER_KIT_FLASH_AUTOTUNE=0 each kernel runs the first such config of its list instead (a sound H100
 default) and compiles once. Under TRITON_INTERPRET=1 (CPU tests) a small fixed config is used: tuning there
-would only time the interpreter.
+would only time the interpreter. Once a call's shapes have been through the autotuner, later calls with the
+same shapes, strides and alignment launch the chosen compiled kernel directly (`flash_triton_launch`).
 """
 
 from __future__ import annotations
 
-import functools
 import math
-import os
-from collections.abc import Callable
 
 import torch
 import triton
 import triton.language as tl
 
-try:  # Triton ≥ 3.4; without it every tile moves through pointers.
-    from triton.tools.tensor_descriptor import TensorDescriptor
-except ImportError:  # pragma: no cover - depends on the installed Triton
-    TensorDescriptor = None
+from profiler_kit.attention.flash_triton_launch import (
+    INTERPRET,
+    Kernel,
+    block_d,
+    descriptors,
+    smem_pruner,
+    tensor_signature,
+    tma_usable,
+)
 
-# Read once, like Triton itself does when @triton.jit runs.
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 LOG2E = math.log2(math.e)
 # ln(2) turns a base-2 logsumexp into a natural one inside kernels.
 _LN2: tl.constexpr = tl.constexpr(math.log(2.0))
@@ -59,19 +60,11 @@ _LOG2E: tl.constexpr = tl.constexpr(LOG2E)
 # lengths past the cap reuse the cap's tuning.
 SEQ_BUCKET_MIN = 1024
 SEQ_BUCKET_MAX = 16384
-# Shared memory one block may use on H100 (227 KiB); configs estimated above it are not compiled at all.
-SMEM_BUDGET_BYTES = 227 * 1024
-AUTOTUNE_ENV = "PROFILER_KIT_FLASH_AUTOTUNE"
 
 
 def seq_bucket(n: int) -> int:
     """The autotune bucket of a sequence length: a power of two in [SEQ_BUCKET_MIN, SEQ_BUCKET_MAX]."""
     return min(triton.next_power_of_2(max(n, SEQ_BUCKET_MIN)), SEQ_BUCKET_MAX)
-
-
-def block_d(head_dim: int) -> int:
-    """The tile's head dim: the next power of two ≥ d (tl.arange and tl.dot need powers of two ≥ 16)."""
-    return max(triton.next_power_of_2(head_dim), 16)
 
 
 def as_4d(t: torch.Tensor) -> torch.Tensor:
@@ -82,70 +75,14 @@ def as_4d(t: torch.Tensor) -> torch.Tensor:
         return t[None, None]
     if t.dim() == 3:
         return t[:, None]
+    if t.dim() == 4:
+        return t  # a reshape would make the same view again, at a few µs of host time per tensor
     return t.reshape(-1, *t.shape[-3:])
 
 
 def strides3(t: torch.Tensor) -> tuple[int, int, int]:
     """The Z, H and seq strides of a (Z, H, seq, d) tensor (the d stride is 1)."""
     return t.stride(0), t.stride(1), t.stride(2)
-
-
-def ws_allowed(elem_bytes: int, head_dim: int, tma: bool) -> bool:
-    """Where warp-specialised configs are offered: the only case where they compiled and won a tuning sweep
-    (Triton 3.6, H100: 16-bit, d = 128, TMA loads, 8 warps). Elsewhere they are pruned, because a config
-    that fails to compile (the 4-warp ones did) would end the autotuner's run instead of losing to the others."""
-    return elem_bytes == 2 and head_dim == 128 and tma
-
-
-def smem_pruner(resident: tuple[str, ...], streamed: tuple[str, ...]) -> Callable:
-    """An `early_config_prune` keeping the configs whose tiles fit in SMEM_BUDGET_BYTES (and warp-specialised
-    ones only where `ws_allowed`).
-
-    `resident` names the block sizes of the (rows × BLOCK_D) tiles a program loads once, `streamed` those the
-    pipeliner keeps `num_stages` copies of. For these kernels the estimate equals Triton's allocation for the
-    forward and over-counts the backward a little; Triton rejects (OutOfResources) whatever slips through.
-    """
-
-    def smem_bytes(config: triton.Config, elem: int, width: int) -> int:
-        once = sum(config.kwargs[r] for r in resident)
-        pipelined = config.num_stages * sum(config.kwargs[r] for r in streamed)
-        return (once + pipelined) * width * elem
-
-    def prune(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
-        elem, width = named_args["Q"].element_size(), block_d(kwargs["HEAD_DIM"])
-        if not ws_allowed(elem, kwargs["HEAD_DIM"], kwargs["TMA"]):
-            configs = [c for c in configs if not c.kwargs["WS"]]
-        kept = [c for c in configs if smem_bytes(c, elem, width) <= SMEM_BUDGET_BYTES]
-        # The autotuner refuses an empty list: fall back to the smallest config.
-        return kept or [min(configs, key=lambda c: smem_bytes(c, elem, width))]
-
-    return prune
-
-
-def launch(tuned, pruner: Callable, interpret_blocks: dict, grid: Callable[[dict], tuple], args: tuple,
-           consts: dict, config: triton.Config | None = None) -> None:
-    """Run an autotuned kernel: tuned, on one config (`config`, or with autotuning off the first that fits),
-    or interpreted on fixed blocks.
-
-    `pruner` is the kernel's `smem_pruner`; `grid` maps the block sizes of a config to the launch grid. A
-    config's pre_hook (it sizes TMA descriptors) runs whichever way the kernel is launched.
-    """
-    kernel = tuned.fn
-    if config is None and not INTERPRET and os.environ.get(AUTOTUNE_ENV, "1") != "0":
-        tuned[grid](*args, **consts)  # the common path: nothing more to do per call
-        return
-    nargs = dict(zip(kernel.arg_names, args, strict=False))
-    if INTERPRET:
-        config = triton.Config(interpret_blocks)
-    elif config is None:
-        config = pruner(tuned.configs, nargs, **consts)[0]
-    meta = config.kwargs
-    # Every config of a tuned kernel shares one pre_hook; a config pinned by the caller may not carry it.
-    pre_hook = tuned.configs[0].pre_hook
-    if pre_hook is not None:
-        pre_hook({**nargs, **consts, **meta})
-    options = {} if INTERPRET else {"num_warps": config.num_warps, "num_stages": config.num_stages}
-    kernel[grid(meta)](*args, **consts, **meta, **options)
 
 
 @triton.jit
@@ -320,58 +257,6 @@ def _flash_attn_fwd_kernel(
     tl.store(L + pid_bh.to(tl.int64) * N_Q + rows, lse, mask=rows < N_Q)
 
 
-# Each descriptor argument's block is (1, 1, rows, BLOCK_D), with rows the block size named here.
-_DESCRIPTOR_ROWS = {"DESC_Q": "BLOCK_M", "DESC_O": "BLOCK_M", "DESC_DO": "BLOCK_M", "DESC_K": "BLOCK_N",
-                    "DESC_V": "BLOCK_N"}
-
-
-def size_descriptors(nargs: dict) -> None:
-    """Give the TMA descriptors among a launch's arguments the block shape of the config about to run.
-
-    A config pre_hook: the descriptors are made once per call, before the autotuner picks block sizes.
-    """
-    for name, rows in _DESCRIPTOR_ROWS.items():
-        if nargs.get(name) is not None:
-            nargs[name].block_shape = [1, 1, nargs[rows], nargs["BLOCK_D"]]
-
-
-def configs(shapes: list[tuple]) -> list[triton.Config]:
-    """Autotune configs from (BLOCK_M, BLOCK_N, warps, stages[, warp-specialised]) tuples.
-
-    Warp specialisation (WS) splits a key/query loop between producer warps issuing the loads and consumer
-    warps doing the math, where Triton can partition it; off unless a tuple says so.
-    """
-    return [
-        triton.Config({"BLOCK_M": m, "BLOCK_N": n, "WS": bool(ws and ws[0])}, num_warps=w, num_stages=s,
-                      pre_hook=size_descriptors)
-        for m, n, w, s, *ws in shapes
-    ]
-
-
-@functools.cache
-def _has_tma(device: torch.device) -> bool:
-    """Compute capability 9.0+ (asked once per device: this sits on every attention call's path)."""
-    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
-
-
-def tma_usable(*tensors: torch.Tensor) -> bool:
-    """Whether the kernels may move these tensors' tiles by TMA: a GPU of compute capability 9.0+ (or the
-    interpreter), Triton's TensorDescriptor, 16-bit data (fp32 configs already fill shared memory without
-    TMA's buffers) and 16-byte aligned base pointers and strides."""
-    first = tensors[0]
-    if TensorDescriptor is None or first.element_size() != 2 or not (INTERPRET or _has_tma(first.device)):
-        return False
-    return all(
-        t.data_ptr() % 16 == 0 and all(stride > 0 and stride * t.element_size() % 16 == 0 for stride in t.stride()[:-1])
-        for t in tensors
-    )
-
-
-def descriptors(*tensors: torch.Tensor) -> list:
-    """A TMA descriptor per (Z, H, seq, d) tensor; block shapes are set per launch by `size_descriptors`."""
-    return [TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, 16, 16]) for t in tensors]
-
-
 # Most preferred first (the default without autotuning). The first four won `scripts/flash_tune.py` on the
 # H100 (bf16, d = 64 and 128): 128-row query tiles keep the tensor cores busy, and 8 warps hold 128×128 score
 # tiles and d = 128 accumulators without spilling (4 warps on 128-row tiles ran ~1.6× slower at d = 128).
@@ -380,15 +265,10 @@ _FWD_SHAPES = [
     (128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2),
     (64, 64, 4, 3), (128, 64, 4, 3), (128, 64, 4, 2), (64, 64, 4, 2),
 ]
-TUNING_KEY = ["HEAD_DIM", "CAUSAL", "TMA", "SEQ_BUCKET"]
-
-_fwd_pruner = smem_pruner(resident=("BLOCK_M",), streamed=("BLOCK_N", "BLOCK_N"))
-_fwd_tuned = triton.autotune(
-    configs=configs(_FWD_SHAPES), key=TUNING_KEY, prune_configs_by={"early_config_prune": _fwd_pruner}
-)(_flash_attn_fwd_kernel)
-
 # Interpreter tiles: small (fast on CPU) yet with BLOCK_M = 2·BLOCK_N, so the causal diagonal spans two tiles.
-_FWD_INTERPRET_BLOCKS = {"BLOCK_M": 32, "BLOCK_N": 16, "WS": False}
+_fwd = Kernel(_flash_attn_fwd_kernel, _FWD_SHAPES,
+              smem_pruner(resident=("BLOCK_M",), streamed=("BLOCK_N", "BLOCK_N")),
+              interpret_blocks={"BLOCK_M": 32, "BLOCK_N": 16, "WS": False})
 
 
 def flash_forward(
@@ -414,15 +294,15 @@ def flash_forward(
     )
     consts = {"HEAD_DIM": d, "BLOCK_D": block_d(d), "CAUSAL": causal, "TMA": tma}
     grid = lambda meta: (triton.cdiv(n_q, meta["BLOCK_M"]), z * h)
-    launch(_fwd_tuned, _fwd_pruner, _FWD_INTERPRET_BLOCKS, grid, args, consts, config)
+    _fwd(grid, args, consts, (causal, tma, *map(tensor_signature, (q4, k4, v4))), config)
     return out, lse
 
 
 def tuned_configs() -> dict[str, dict]:
     """The autotuner's choice per tuning key so far, for each tuned kernel of this module."""
-    return {"_flash_attn_fwd_kernel": dict(_fwd_tuned.cache)}
+    return {"_flash_attn_fwd_kernel": _fwd.tuning_cache()}
 
 
 def last_configs() -> dict[str, triton.Config | None]:
-    """The config each tuned kernel of this module ran last through its autotuner (None before any)."""
-    return {"fwd": getattr(_fwd_tuned, "best_config", None)}
+    """The config each tuned kernel of this module ran last, autotuned or planned (None before any)."""
+    return {"fwd": _fwd.last_config}

@@ -1,0 +1,102 @@
+"""The launch plumbing of the Triton attention kernels: which calls reuse a resolved launch, and what they pass.
+
+Triton's compiled kernels need a GPU, so here a stand-in kernel records what it is given; the GPU tests in
+test_attention_kernels.py run the real direct launches against the autotuned ones.
+"""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from profiler_kit.attention import flash_triton_launch
+from profiler_kit.attention.flash_triton_launch import DIRECT_ENV, Kernel, tensor_signature
+
+
+class _Compiled:
+    """Stands in for triton.compiler.CompiledKernel: records each launch its launcher receives."""
+
+    function = "function-handle"
+    packed_metadata = "packed-metadata"
+
+    def __init__(self) -> None:
+        self.launches: list[tuple] = []
+
+    def launch_metadata(self, grid, stream, *args):
+        return None
+
+    def run(self, grid_x, grid_y, grid_z, stream, function, packed, metadata, enter_hook, exit_hook, *args):
+        assert (stream, function, packed) == ("stream-7", "function-handle", "packed-metadata")
+        self.launches.append(((grid_x, grid_y, grid_z), args))
+
+
+class _JitFunction:
+    """Stands in for a @triton.jit function with two runtime and two constexpr parameters."""
+
+    arg_names = ["X", "N", "SCALE", "BLOCK"]
+
+    def __init__(self) -> None:
+        self.compiled = _Compiled()
+        self.launched: list[tuple] = []
+
+    def __getitem__(self, grid):
+        def run(*args, **kwargs):
+            self.launched.append((grid, args, kwargs))
+            return self.compiled
+
+        return run
+
+
+@pytest.fixture
+def kernel(monkeypatch):
+    monkeypatch.setattr(flash_triton_launch, "INTERPRET", False)
+    device = types.SimpleNamespace(get_current_device=lambda: 0, get_current_stream=lambda index: "stream-7")
+    monkeypatch.setattr(flash_triton_launch, "driver", types.SimpleNamespace(active=device))
+    monkeypatch.delenv(DIRECT_ENV, raising=False)
+    return Kernel(_JitFunction())
+
+
+def _call(kernel: Kernel, n: int, signature) -> None:
+    kernel(lambda meta: (n // 4, 3), ("x-ptr", n), {"SCALE": 2, "BLOCK": 4}, signature)
+
+
+def test_second_call_with_a_signature_goes_straight_to_the_compiled_kernel(kernel):
+    _call(kernel, 40, "sig-a")
+    assert len(kernel.fn.launched) == 1 and kernel.fn.compiled.launches == []
+    _call(kernel, 40, "sig-a")
+    assert len(kernel.fn.launched) == 1, "the second call went through Triton's dispatch again"
+    # Runtime arguments, then the constexprs in the kernel's parameter order; the grid padded to 3 dims.
+    assert kernel.fn.compiled.launches == [((10, 3, 1), ("x-ptr", 40, 2, 4))]
+
+
+def test_each_signature_resolves_its_own_launch(kernel):
+    _call(kernel, 40, "sig-a")
+    _call(kernel, 80, "sig-b")  # e.g. another length: another grid, perhaps another specialisation
+    assert len(kernel.fn.launched) == 2
+    _call(kernel, 80, "sig-b")
+    assert kernel.fn.compiled.launches == [((20, 3, 1), ("x-ptr", 80, 2, 4))]
+
+
+def test_no_signature_or_direct_launch_off_always_dispatches_through_triton(kernel, monkeypatch):
+    _call(kernel, 40, None)
+    _call(kernel, 40, None)
+    monkeypatch.setenv(DIRECT_ENV, "0")
+    _call(kernel, 40, "sig-a")
+    _call(kernel, 40, "sig-a")
+    assert len(kernel.fn.launched) == 4 and kernel.fn.compiled.launches == []
+
+
+def test_tensor_signature_sees_what_triton_specialises_on():
+    base = torch.zeros(2 * 64 * 32 + 1, dtype=torch.float16)
+    aligned = base[: 2 * 64 * 32].view(2, 64, 32)
+    assert tensor_signature(aligned) == tensor_signature(torch.ones(2, 64, 32, dtype=torch.float16))
+    others = [
+        base[1:].view(2, 64, 32),  # the same shape one element in: no longer 16-byte aligned
+        aligned.float(),
+        aligned.transpose(0, 1),
+        aligned[:, :48],  # a shorter sequence with the same strides
+    ]
+    for other in others:
+        assert tensor_signature(other) != tensor_signature(aligned)
