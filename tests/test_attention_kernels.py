@@ -375,3 +375,37 @@ def test_direct_launches_match_dispatched_ones_gpu(monkeypatch):
     got = dict(zip(("o", "dq", "dk", "dv"), run(unaligned, k, v), strict=True))
     for name, value in got.items():
         assert _rel_err(value, want[name]) <= TOLERANCE["cuda"][torch.float16], name
+
+
+@pytest.mark.gpu
+def test_forward_backward_replays_from_a_cuda_graph_gpu(monkeypatch):
+    """Captured once (after an eager warm-up), forward+backward on the default path (autotuned, then direct
+    launches) replays on new values of the same tensors and computes what eager calls compute: the launches
+    hold no host state that a replay would miss."""
+    monkeypatch.delenv(AUTOTUNE_ENV, raising=False)
+    (q, k, v), grad_out = _inputs((2, 4), 1000, 1000, 64, torch.float16)
+
+    def step():
+        for t in (q, k, v):
+            t.grad = None
+        FlashAttentionTriton.apply(q, k, v, True).backward(grad_out)
+
+    step()  # compiles outside the capture
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    grads = [t.grad for t in (q, k, v)]  # the graph's outputs, rewritten by each replay
+
+    (q2, k2, v2), grad_out2 = _inputs((2, 4), 1000, 1000, 64, torch.float16, seed=1)
+    with torch.no_grad():
+        for static, new in ((q, q2), (k, k2), (v, v2), (grad_out, grad_out2)):
+            static.copy_(new)
+    graph.replay()
+    want = _reference(q2, k2, v2, grad_out2, True)
+    for name, got in zip(("dq", "dk", "dv"), grads, strict=True):
+        assert _rel_err(got, want[name]) <= TOLERANCE["cuda"][torch.float16], name
