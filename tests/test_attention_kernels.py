@@ -230,6 +230,16 @@ def test_tma_and_pointer_loads_match_reference(case, tma):
         assert err <= TOLERANCE[DEVICE][dtype], f"{name}: relative error {err:.2e}"
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_head_first_grids_match_reference(monkeypatch, causal):
+    """The (Z·H, tiles) launch order: every kernel must still find its tile and head on the swapped axes."""
+    if not INTERPRET:
+        pytest.skip("interpreter only; on a GPU the autotuner runs head-first configs against the reference")
+    for kernel in (flash_triton_fwd._fwd, flash_triton_bwd._dkdv, flash_triton_bwd._dq):
+        monkeypatch.setitem(kernel.interpret_blocks, "HEAD_FIRST", True)
+    _assert_matches_reference(FlashAttentionTriton, (2, 3), 77, 130, 32, causal, torch.float32)
+
+
 def test_tma_only_for_aligned_16_bit_tensors():
     half = torch.randn(2, 3, 77, 64).half()
     assert flash_triton_launch.tma_usable(half, half) == INTERPRET  # no GPU here: only the interpreter qualifies

@@ -37,12 +37,14 @@ from profiler_kit.attention.flash_triton_fwd import (
     seq_bucket,
     store_tile,
     strides3,
+    tile_program,
 )
 from profiler_kit.attention.flash_triton_launch import (
     INTERPRET,
     Kernel,
     block_d,
     descriptors,
+    grid_2d,
     smem_pruner,
     tensor_signature,
     tma_usable,
@@ -61,7 +63,7 @@ def _flash_attn_bwd_preprocess_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
 ):
     """Delta_i = Σ_d dO_id · O_id in fp32, one program per (query tile, batch·head)."""
-    pid_bh, _, _, off_z, off_h = program_head(H)
+    pid_bh, _, _, off_z, off_h = program_head(H, False)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     o = load_tile(Out + off_z * stride_oz + off_h * stride_oh, rows, N_Q, stride_on, HEAD_DIM, BLOCK_D, True)
     do = load_tile(DO + off_z * stride_dz + off_h * stride_dh, rows, N_Q, stride_dn, HEAD_DIM, BLOCK_D, True)
@@ -110,7 +112,7 @@ def _flash_attn_bwd_dkdv_kernel(
     stride_gz, stride_gh, stride_gn,
     H, N_Q, N_K, qk_scale, sm_scale, SEQ_BUCKET,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WS: tl.constexpr, HEAD_FIRST: tl.constexpr,
 ):
     """dK, dV for one (key tile, batch·head). DK and DV share the strides (stride_g*) of their allocation.
     With TMA, q, k, v and dO tiles move through the DESC_* descriptors (see `load_rows`).
@@ -118,8 +120,8 @@ def _flash_attn_bwd_dkdv_kernel(
     Causal: queries before the key tile are skipped, the BLOCK_N / BLOCK_M query tiles on the diagonal are
     masked and the rest run unmasked (needs BLOCK_N % BLOCK_M == 0). Key tiles past N_Q store zeros.
     """
-    pid_bh, z, h, off_z, off_h = program_head(H)
-    start_n = tl.program_id(0) * BLOCK_N
+    pid_bh, z, h, off_z, off_h = program_head(H, HEAD_FIRST)
+    start_n = tile_program(HEAD_FIRST)[0] * BLOCK_N
     cols = start_n + tl.arange(0, BLOCK_N)
 
     k = load_rows(DESC_K, K + off_z * stride_kz + off_h * stride_kh, z, h, start_n, N_K, stride_kn, BLOCK_N,
@@ -187,11 +189,11 @@ def _flash_attn_bwd_dq_kernel(
     stride_gz, stride_gh, stride_gn,
     H, N_Q, N_K, qk_scale, sm_scale, SEQ_BUCKET,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WS: tl.constexpr, HEAD_FIRST: tl.constexpr,
 ):
     """dQ for one (query tile, batch·head), key tiles split as in the forward (BLOCK_M % BLOCK_N == 0)."""
-    pid_bh, z, h, off_z, off_h = program_head(H)
-    start_m = query_tile_index(CAUSAL) * BLOCK_M
+    pid_bh, z, h, off_z, off_h = program_head(H, HEAD_FIRST)
+    start_m = query_tile_index(CAUSAL, HEAD_FIRST) * BLOCK_M
     rows = start_m + tl.arange(0, BLOCK_M)
 
     q = load_rows(DESC_Q, Q + off_z * stride_qz + off_h * stride_qh, z, h, start_m, N_Q, stride_qn, BLOCK_M,
@@ -214,18 +216,19 @@ def _flash_attn_bwd_dq_kernel(
     store_tile(DQ + g_off, (dq * sm_scale).to(DQ.dtype.element_ty), rows, N_Q, stride_gn, HEAD_DIM, BLOCK_D)
 
 
-# (BLOCK_M, BLOCK_N, warps, stages[, warp-specialised]), most preferred first. The dK/dV kernel keeps a wide
-# key tile resident and streams narrow query tiles (BLOCK_N % BLOCK_M == 0); the dQ kernel is its mirror image
-# (BLOCK_M % BLOCK_N == 0). The lists hold the winners of `scripts/flash_tune.py` on the H100 (bf16, d = 64 and
-# 128; the warp-specialised ones at d = 128, see `ws_allowed`) first, then smaller tiles that keep fp32 at
-# d = 128 within shared memory. Four warps spill the d = 128 accumulators of 128-wide tiles; eight do not.
+# (BLOCK_M, BLOCK_N, warps, stages[, warp-specialised[, head-first]]), most preferred first. The dK/dV kernel
+# keeps a wide key tile resident and streams narrow query tiles (BLOCK_N % BLOCK_M == 0); the dQ kernel is its
+# mirror image (BLOCK_M % BLOCK_N == 0). The lists hold the winners of `scripts/flash_tune.py` on the H100
+# (bf16, d = 64 and 128; the warp-specialised ones at d = 128, see `ws_allowed`; the head-first dQ config on
+# the causal d = 64 leaderboard shape, see `configs`) first, then smaller tiles that keep fp32 at d = 128
+# within shared memory. Four warps spill the d = 128 accumulators of 128-wide tiles; eight do not.
 _DKDV_SHAPES = [
     (64, 128, 8, 3), (64, 128, 8, 2), (64, 128, 8, 4), (64, 128, 8, 2, True), (64, 64, 4, 3), (64, 64, 4, 4),
     (32, 128, 8, 3), (32, 128, 4, 3), (32, 64, 4, 3), (32, 64, 4, 2),
 ]
 _DQ_SHAPES = [
-    (128, 64, 8, 3), (128, 64, 8, 4), (128, 64, 8, 4, True), (128, 64, 4, 3), (128, 64, 4, 4), (128, 32, 4, 3),
-    (128, 32, 8, 3), (64, 64, 4, 3), (64, 32, 4, 3), (64, 32, 4, 2),
+    (128, 64, 8, 3), (128, 64, 8, 4), (128, 64, 8, 4, True), (128, 64, 4, 3), (128, 64, 4, 3, False, True),
+    (128, 64, 4, 4), (128, 32, 4, 3), (128, 32, 8, 3), (64, 64, 4, 3), (64, 32, 4, 3), (64, 32, 4, 2),
 ]
 
 # Resident: K and V (dK/dV) or Q and dO (dQ); streamed: the other pair. Interpreter tiles: small, and two
@@ -233,10 +236,10 @@ _DQ_SHAPES = [
 _preprocess = Kernel(_flash_attn_bwd_preprocess_kernel)
 _dkdv = Kernel(_flash_attn_bwd_dkdv_kernel, _DKDV_SHAPES,
                smem_pruner(resident=("BLOCK_N", "BLOCK_N"), streamed=("BLOCK_M", "BLOCK_M")),
-               interpret_blocks={"BLOCK_M": 16, "BLOCK_N": 32, "WS": False})
+               interpret_blocks={"BLOCK_M": 16, "BLOCK_N": 32, "WS": False, "HEAD_FIRST": False})
 _dq = Kernel(_flash_attn_bwd_dq_kernel, _DQ_SHAPES,
              smem_pruner(resident=("BLOCK_M", "BLOCK_M"), streamed=("BLOCK_N", "BLOCK_N")),
-             interpret_blocks={"BLOCK_M": 32, "BLOCK_N": 16, "WS": False})
+             interpret_blocks={"BLOCK_M": 32, "BLOCK_N": 16, "WS": False, "HEAD_FIRST": False})
 
 
 def flash_backward(
@@ -279,8 +282,10 @@ def flash_backward(
     consts = {"HEAD_DIM": d, "BLOCK_D": bd, "CAUSAL": causal, "TMA": tma}
     dkdv_args = (q4, k4, v4, do4, lse, delta, dk, dv, *descs, *common, *strides3(dk), *scalars)
     dq_args = (q4, k4, v4, do4, lse, delta, dq, *descs, *common, *strides3(dq), *scalars)
-    _dkdv(lambda meta: (triton.cdiv(n_k, meta["BLOCK_N"]), z * h), dkdv_args, consts, signature, pinned.get("dkdv"))
-    _dq(lambda meta: (triton.cdiv(n_q, meta["BLOCK_M"]), z * h), dq_args, consts, signature, pinned.get("dq"))
+    _dkdv(lambda meta: grid_2d(triton.cdiv(n_k, meta["BLOCK_N"]), z * h, meta), dkdv_args, consts, signature,
+          pinned.get("dkdv"))
+    _dq(lambda meta: grid_2d(triton.cdiv(n_q, meta["BLOCK_M"]), z * h, meta), dq_args, consts, signature,
+        pinned.get("dq"))
     return dq, dk, dv
 
 

@@ -46,6 +46,7 @@ from profiler_kit.attention.flash_triton_launch import (
     Kernel,
     block_d,
     descriptors,
+    grid_2d,
     smem_pruner,
     tensor_signature,
     tma_usable,
@@ -86,23 +87,39 @@ def strides3(t: torch.Tensor) -> tuple[int, int, int]:
 
 
 @triton.jit
-def program_head(H):
-    """This program's batch·head index (grid axis 1) and its (z, h): int32 for descriptor offsets, int64 for
-    pointer offsets, which can pass 2³¹ elements."""
-    pid_bh = tl.program_id(1)
+def tile_program(HEAD_FIRST: tl.constexpr):
+    """(index, count) of this program along the grid axis that numbers a kernel's tiles: axis 0 of a
+    (tiles, Z·H) grid, or axis 1 of a (Z·H, tiles) grid (HEAD_FIRST). The GPU starts blocks in the order of
+    their linear index, axis 0 fastest, so HEAD_FIRST starts tile 0 of every head before tile 1 of any."""
+    if HEAD_FIRST:
+        pid = tl.program_id(1)
+        count = tl.num_programs(1)
+    else:
+        pid = tl.program_id(0)
+        count = tl.num_programs(0)
+    return pid, count
+
+
+@triton.jit
+def program_head(H, HEAD_FIRST: tl.constexpr):
+    """This program's batch·head index (the grid axis `tile_program` does not use) and its (z, h): int32 for
+    descriptor offsets, int64 for pointer offsets, which can pass 2³¹ elements."""
+    if HEAD_FIRST:
+        pid_bh = tl.program_id(0)
+    else:
+        pid_bh = tl.program_id(1)
     z = pid_bh // H
     h = pid_bh % H
     return pid_bh, z, h, z.to(tl.int64), h.to(tl.int64)
 
 
 @triton.jit
-def query_tile_index(CAUSAL: tl.constexpr):
-    """Grid axis 0 as a query tile index, last-first when causal so that the longest programs start first."""
+def query_tile_index(CAUSAL: tl.constexpr, HEAD_FIRST: tl.constexpr):
+    """The query tile a program owns, last-first when causal so that the longest programs start first."""
+    pid, count = tile_program(HEAD_FIRST)
     if CAUSAL:
-        pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
-    else:
-        pid_m = tl.program_id(0)
-    return pid_m
+        pid = count - 1 - pid
+    return pid
 
 
 @triton.jit
@@ -218,7 +235,7 @@ def _flash_attn_fwd_kernel(
     stride_oz, stride_oh, stride_on,
     H, N_Q, N_K, qk_scale, SEQ_BUCKET,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WS: tl.constexpr, HEAD_FIRST: tl.constexpr,
 ):
     """One program per (query tile, batch·head): O = softmax(q kᵀ/√d) v and L = logsumexp of each row.
 
@@ -229,8 +246,8 @@ def _flash_attn_fwd_kernel(
     are taken last-first when causal so that the longest programs start first. SEQ_BUCKET is never read: it
     only keys the autotuner.
     """
-    pid_bh, z, h, off_z, off_h = program_head(H)
-    start_m = query_tile_index(CAUSAL) * BLOCK_M
+    pid_bh, z, h, off_z, off_h = program_head(H, HEAD_FIRST)
+    start_m = query_tile_index(CAUSAL, HEAD_FIRST) * BLOCK_M
     rows = start_m + tl.arange(0, BLOCK_M)
 
     q_base = Q + off_z * stride_qz + off_h * stride_qh
@@ -260,15 +277,17 @@ def _flash_attn_fwd_kernel(
 # Most preferred first (the default without autotuning). The first four won `scripts/flash_tune.py` on the
 # H100 (bf16, d = 64 and 128): 128-row query tiles keep the tensor cores busy, and 8 warps hold 128×128 score
 # tiles and d = 128 accumulators without spilling (4 warps on 128-row tiles ran ~1.6× slower at d = 128).
-# The two-stage and 64-row configs keep fp32 at d = 128 within shared memory.
+# The two-stage and 64-row configs keep fp32 at d = 128 within shared memory. The head-first one (a (Z·H,
+# tiles) grid) won by 5% on the causal d = 64 leaderboard shape and lost by 8–24% on the d = 128 ones, whose
+# 64 heads no longer share the L2 (step 9 of docs/results/attention-h100.md): the autotuner picks per key.
 _FWD_SHAPES = [
-    (128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2),
+    (128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2), (128, 64, 8, 3, False, True),
     (64, 64, 4, 3), (128, 64, 4, 3), (128, 64, 4, 2), (64, 64, 4, 2),
 ]
 # Interpreter tiles: small (fast on CPU) yet with BLOCK_M = 2·BLOCK_N, so the causal diagonal spans two tiles.
 _fwd = Kernel(_flash_attn_fwd_kernel, _FWD_SHAPES,
               smem_pruner(resident=("BLOCK_M",), streamed=("BLOCK_N", "BLOCK_N")),
-              interpret_blocks={"BLOCK_M": 32, "BLOCK_N": 16, "WS": False})
+              interpret_blocks={"BLOCK_M": 32, "BLOCK_N": 16, "WS": False, "HEAD_FIRST": False})
 
 
 def flash_forward(
@@ -293,7 +312,7 @@ def flash_forward(
         h, n_q, n_k, LOG2E / math.sqrt(d), seq_bucket(max(n_q, n_k)),
     )
     consts = {"HEAD_DIM": d, "BLOCK_D": block_d(d), "CAUSAL": causal, "TMA": tma}
-    grid = lambda meta: (triton.cdiv(n_q, meta["BLOCK_M"]), z * h)
+    grid = lambda meta: grid_2d(triton.cdiv(n_q, meta["BLOCK_M"]), z * h, meta)
     _fwd(grid, args, consts, (causal, tma, *map(tensor_signature, (q4, k4, v4))), config)
     return out, lse
 

@@ -105,16 +105,24 @@ def size_descriptors(nargs: dict) -> None:
 
 
 def configs(shapes: list[tuple]) -> list[triton.Config]:
-    """Autotune configs from (BLOCK_M, BLOCK_N, warps, stages[, warp-specialised]) tuples.
+    """Autotune configs from (BLOCK_M, BLOCK_N, warps, stages[, warp-specialised[, head-first]]) tuples.
 
     Warp specialisation (WS) splits a key/query loop between producer warps issuing the loads and consumer
-    warps doing the math, where Triton can partition it; off unless a tuple says so.
+    warps doing the math, where Triton can partition it. Head-first (HEAD_FIRST) launches a (Z·H, tiles)
+    grid instead of (tiles, Z·H), so that the longest causal tiles of all heads start before any shorter
+    one (see `tile_program`). Both are off unless a tuple says so.
     """
     return [
-        triton.Config({"BLOCK_M": m, "BLOCK_N": n, "WS": bool(ws and ws[0])}, num_warps=w, num_stages=s,
-                      pre_hook=size_descriptors)
-        for m, n, w, s, *ws in shapes
+        triton.Config({"BLOCK_M": m, "BLOCK_N": n, "WS": bool(flags[:1] and flags[0]),
+                       "HEAD_FIRST": bool(flags[1:2] and flags[1])},
+                      num_warps=w, num_stages=s, pre_hook=size_descriptors)
+        for m, n, w, s, *flags in shapes
     ]
+
+
+def grid_2d(tiles: int, heads: int, meta: dict) -> tuple[int, int]:
+    """The launch grid of a kernel with `tiles` tiles per batch·head, in the order the config asks for."""
+    return (heads, tiles) if meta.get("HEAD_FIRST") else (tiles, heads)
 
 
 @functools.cache
