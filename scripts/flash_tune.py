@@ -7,7 +7,8 @@ which turns ~200 sequential compilations into about a minute. Each result is che
 version with the partner configs on the same inputs. A backward row times both kernels (and the D
 pre-pass): the kernel named runs the config of the row, the other its fixed partner.
 
-Usage (GPU machine): python3 scripts/flash_tune.py [--shapes leaderboard,causal4096,full8192] [--output F.json]
+Usage (GPU machine): python3 scripts/flash_tune.py [--shapes leaderboard,causal4096,full8192] [--loads tma]
+    [--orders both] [--output F.json]   (--orders both: every config on both grid orders)
 """
 
 from __future__ import annotations
@@ -66,17 +67,26 @@ def inputs(name: str, seed: int = 0):
     return q, k, v, do, out, lse, causal
 
 
-def jobs(loads: tuple[bool, ...]) -> list[tuple]:
-    """Every (shape, kernel, TMA loads, config, partner config) to compile and time."""
+def head_first(shape: tuple) -> tuple:
+    """The same config on a (Z·H, tiles) grid."""
+    m, n, w, stages, *flags = shape
+    return (m, n, w, stages, bool(flags and flags[0]), True)
+
+
+def jobs(loads: tuple[bool, ...], orders: tuple[bool, ...] = (False,)) -> list[tuple]:
+    """Every (shape, kernel, TMA loads, config, partner config) to compile and time; with True in `orders`,
+    each config also on a head-first grid."""
     todo = []
     for name in SHAPES:
         partners = PARTNERS[SHAPES[name][3]]
         candidates = {"fwd": FWD_CANDIDATES, "dkdv": DKDV_CANDIDATES, "dq": DQ_CANDIDATES}
         for kernel, shapes in candidates.items():
             partner = {"fwd": None, "dkdv": partners["dq"], "dq": partners["dkdv"]}[kernel]
-            todo += [(name, kernel, tma, c, partner) for tma in loads for c in shapes]
-            if True in loads:
-                todo += [(name, kernel, True, c, partner) for c in WS_CANDIDATES[kernel]]
+            shapes = [*shapes, *(WS_CANDIDATES[kernel] if True in loads else [])]
+            for c in shapes:
+                for order in orders:
+                    todo += [(name, kernel, tma, head_first(c) if order else c, partner) for tma in loads
+                             if tma or len(c) < 5]  # warp-specialised configs run with TMA loads only
     return todo
 
 
@@ -123,11 +133,14 @@ def main() -> int:
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--workers", type=int, default=12)
     parser.add_argument("--loads", choices=["both", "tma", "pointer"], default="both")
+    parser.add_argument("--orders", choices=["both", "tile", "head"], default="tile",
+                        help="grid order: (tiles, Z·H) as before, head-first (Z·H, tiles), or both")
     parser.add_argument("--output", default=None, help="write the rows as JSON here")
     args = parser.parse_args()
     names = args.shapes.split(",")
     loads = {"both": (False, True), "tma": (True,), "pointer": (False,)}[args.loads]
-    todo = [j for j in jobs(loads) if j[0] in names]
+    orders = {"both": (False, True), "tile": (False,), "head": (True,)}[args.orders]
+    todo = [j for j in jobs(loads, orders) if j[0] in names]
 
     started = time.time()
     batches = [todo[i::args.workers] for i in range(args.workers)]
@@ -166,8 +179,8 @@ def main() -> int:
           f"{time.strftime('%Y-%m-%d')}\n")
     for name in names:
         print(f"## {name} {SHAPES[name]} (Z, H, N, d, causal), bf16\n")
-        print("| kernel | loads | config (M, N, warps, stages) | partner | ms | TFLOP/s | max rel err vs pointer "
-              "| error |")
+        print("| kernel | loads | config (M, N, warps, stages[, ws, head-first]) | partner | ms | TFLOP/s "
+              "| max rel err vs pointer | error |")
         print("|---|---|---|---|---:|---:|---:|---|")
         group = [r for r in rows if r["shape"] == name]
         group.sort(key=lambda r: (r["kernel"], r["tma"], r["ms"] if r["ms"] is not None else 1e9))
