@@ -279,7 +279,7 @@ def _flash_attn_fwd_kernel(
 # tiles and d = 128 accumulators without spilling (4 warps on 128-row tiles ran ~1.6× slower at d = 128).
 # The two-stage and 64-row configs keep fp32 at d = 128 within shared memory. The head-first one (a (Z·H,
 # tiles) grid) won by 5% on the causal d = 64 leaderboard shape and lost by 8–24% on the d = 128 ones, whose
-# 64 heads no longer share the L2 (step 9 of docs/results/attention-h100.md): the autotuner picks per key.
+# 64 heads no longer share the L2 (docs/results/attention-h100.md, step 9): the autotuner picks per key.
 _FWD_SHAPES = [
     (128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2), (128, 64, 8, 3, False, True),
     (64, 64, 4, 3), (128, 64, 4, 3), (128, 64, 4, 2), (64, 64, 4, 2),
