@@ -19,9 +19,7 @@ score can overflow. Padded head-dim columns are zeros throughout. Layout, precis
 
 from __future__ import annotations
 
-import functools
 import math
-import os
 
 import torch
 import triton
@@ -54,14 +52,6 @@ from profiler_kit.attention.flash_triton_launch import (
 
 # Rows per program of the D pre-pass: it is memory-bound, so any size that fills a block will do.
 PREPROCESS_BLOCK_M = 128
-# "0" runs the dK/dV and dQ kernels one after the other on the caller's stream instead of side by side.
-STREAMS_ENV = "PROFILER_KIT_FLASH_STREAMS"
-
-
-@functools.cache
-def _side_stream(device: torch.device) -> torch.cuda.Stream:
-    """One extra stream per device for the dQ kernel (a stream per call would cost more than it saves)."""
-    return torch.cuda.Stream(device)
 
 
 @triton.jit
@@ -292,23 +282,10 @@ def flash_backward(
     consts = {"HEAD_DIM": d, "BLOCK_D": bd, "CAUSAL": causal, "TMA": tma}
     dkdv_args = (q4, k4, v4, do4, lse, delta, dk, dv, *descs, *common, *strides3(dk), *scalars)
     dq_args = (q4, k4, v4, do4, lse, delta, dq, *descs, *common, *strides3(dq), *scalars)
-    launch_dq = lambda: _dq(lambda meta: grid_2d(triton.cdiv(n_q, meta["BLOCK_M"]), z * h, meta), dq_args, consts,
-                            signature, pinned.get("dq"))
-    # dK/dV and dQ only share inputs, so they may run side by side: each fills the SMs the other's causal tail
-    # leaves idle. The caller's stream waits for the dQ stream before anything it runs next.
-    side_by_side = q4.is_cuda and not INTERPRET and os.environ.get(STREAMS_ENV, "1") != "0"
-    main = torch.cuda.current_stream(q4.device) if side_by_side else None
-    if side_by_side:
-        side = _side_stream(q4.device)
-        side.wait_stream(main)  # the D pre-pass is done
     _dkdv(lambda meta: grid_2d(triton.cdiv(n_k, meta["BLOCK_N"]), z * h, meta), dkdv_args, consts, signature,
           pinned.get("dkdv"))
-    if side_by_side:
-        with torch.cuda.stream(side):
-            launch_dq()
-        main.wait_stream(side)
-    else:
-        launch_dq()
+    _dq(lambda meta: grid_2d(triton.cdiv(n_q, meta["BLOCK_M"]), z * h, meta), dq_args, consts, signature,
+        pinned.get("dq"))
     return dq, dk, dv
 
 
