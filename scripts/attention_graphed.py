@@ -20,21 +20,15 @@ import sys
 import pandas as pd
 import torch
 
-from profiler_kit.attention.bench import DTYPES, AttentionConfig, bench_ms, make_impl, sweep_configs
+from profiler_kit.attention.bench import (
+    DTYPES,
+    AttentionConfig,
+    bench_ms,
+    capture_graph,
+    make_impl,
+    sweep_configs,
+)
 from profiler_kit.render import emit_tables
-
-
-def graphed(body) -> torch.cuda.CUDAGraph:
-    """`body` captured into a CUDA graph, after the side-stream warm-up PyTorch's capture needs."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        body()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        body()
-    return graph
 
 
 def measure(cfg: AttentionConfig, warmup_ms: float, rep_ms: float) -> dict:
@@ -53,8 +47,8 @@ def measure(cfg: AttentionConfig, warmup_ms: float, rep_ms: float) -> dict:
             t.grad = None
         fn(*leaves).backward(grad_out)
 
-    both = graphed(forward_backward)
-    forward = graphed(lambda: fn(*leaves))
+    both = capture_graph(forward_backward)
+    forward = capture_graph(lambda: fn(*leaves))
     both.replay()
     torch.cuda.synchronize()
     error = max(((t.grad.double() - e).abs().max() / e.abs().max()).item() for t, e in zip(leaves, eager, strict=True))

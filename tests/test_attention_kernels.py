@@ -26,6 +26,7 @@ from profiler_kit.attention import (
     naive_attention,
     tuned_configs,
 )
+from profiler_kit.attention.bench import capture_graph
 from profiler_kit.attention.flash_triton_fwd import as_4d
 from profiler_kit.attention.flash_triton_launch import AUTOTUNE_ENV, INTERPRET
 from profiler_kit.errors import ProfilerKitError
@@ -401,14 +402,7 @@ def test_forward_backward_replays_from_a_cuda_graph_gpu(monkeypatch):
         FlashAttentionTriton.apply(q, k, v, True).backward(grad_out)
 
     step()  # compiles outside the capture
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    graph = capture_graph(step)
     grads = [t.grad for t in (q, k, v)]  # the graph's outputs, rewritten by each replay
 
     (q2, k2, v2), grad_out2 = _inputs((2, 4), 1000, 1000, 64, torch.float16, seed=1)

@@ -198,6 +198,20 @@ def _clock_bench(fn: Callable[[], object], warmup_ms: float, rep_ms: float,
     return Timing(*quantiles.tolist())
 
 
+def capture_graph(body: Callable[[], object]) -> torch.cuda.CUDAGraph:
+    """`body` captured into a CUDA graph (replay it to rerun its kernels on the same tensors), after the
+    warm-up on a side stream that PyTorch's capture needs. Compile and autotune before: no capture can time."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        body()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        body()
+    return graph
+
+
 def bench_ms(fn: Callable[[], object], device: torch.device, warmup_ms: float, rep_ms: float,
              grad_to_none: list[torch.Tensor] | None = None) -> Timing:
     """Median, 20th and 80th percentile of `fn`'s time in ms (do_bench on CUDA, the host clock elsewhere)."""
