@@ -4,7 +4,7 @@
 path (docs/results/attention-h100.md, steps 5–7). Here every config's forward, and its forward+backward, is
 captured once into a CUDA graph after an eager warm-up (which also autotunes), and do_bench times the graph's
 replay: one launch, whatever the implementation does on the host. The graphed gradients are checked against
-the eager ones (max error relative to the largest eager gradient). Rows stream to --output as .jsonl; a
+the eager ones (max error relative to the largest eager gradient). Rows stream to --output (.jsonl, .csv, .md); a
 failing config becomes a row with its error and the sweep goes on.
 
 Usage (GPU machine): python3 scripts/attention_graphed.py [--impl flash-triton,sdpa-flash] [--batch 8]
@@ -14,21 +14,28 @@ Usage (GPU machine): python3 scripts/attention_graphed.py [--impl flash-triton,s
 from __future__ import annotations
 
 import argparse
-import json
 import sys
+from pathlib import Path
 
 import pandas as pd
 import torch
 
 from profiler_kit.attention.bench import (
     DTYPES,
+    KEY_COLUMNS,
     AttentionConfig,
     bench_ms,
     capture_graph,
+    failure_fields,
     make_impl,
     sweep_configs,
 )
 from profiler_kit.render import emit_tables
+from profiler_kit.results_io import RowWriter
+
+# What a row holds (a failed config has no timings), in the order of a .csv or .md --output.
+COLUMNS = (*KEY_COLUMNS, "device", "status", "fwd_ms", "fwd_p20_ms", "fwd_p80_ms", "fwd_bwd_ms", "fwd_bwd_p20_ms",
+           "fwd_bwd_p80_ms", "graph_rel_err", "message")
 
 
 def measure(cfg: AttentionConfig, warmup_ms: float, rep_ms: float) -> dict:
@@ -70,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-causal", dest="causal", action="store_false")
     parser.add_argument("--warmup", type=float, default=25.0, help="do_bench warm-up, ms")
     parser.add_argument("--rep", type=float, default=100.0, help="do_bench measured time, ms")
-    parser.add_argument("--output", help="append one .jsonl row per config as it finishes")
+    parser.add_argument("--output", help="append one row per config as it finishes (.jsonl, .csv or .md)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("error: CUDA graphs need a CUDA device", file=sys.stderr)
@@ -78,19 +85,18 @@ def main(argv: list[str] | None = None) -> int:
 
     configs = sweep_configs(args.impl.split(","), args.dtype.split(","), [int(d) for d in args.d.split(",")],
                             [int(n) for n in args.seq.split(",")], args.batch, args.heads, args.causal, "cuda")
+    writer = RowWriter(Path(args.output), COLUMNS) if args.output else None
     rows = []
     for cfg in configs:
         row = {**cfg.as_dict(), "device": torch.cuda.get_device_name(), "status": "ok", "message": ""}
         try:
             row.update(measure(cfg, args.warmup, args.rep))
         except Exception as exc:  # one config must not end the sweep
-            row.update(status="oom" if isinstance(exc, torch.cuda.OutOfMemoryError) else "error",
-                       message=f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}")
+            row.update(failure_fields(exc))
         torch.cuda.empty_cache()
         print(f"{cfg.impl} {cfg.dtype} seq={cfg.seq} d={cfg.d}: {row['status']} {row['message']}", file=sys.stderr)
-        if args.output:
-            with open(args.output, "a") as fh:
-                fh.write(json.dumps(row) + "\n")
+        if writer:
+            writer.append(row)
         rows.append(row)
 
     results = pd.DataFrame(rows)

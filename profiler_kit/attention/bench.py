@@ -242,6 +242,14 @@ def _is_oom(exc: BaseException) -> bool:
     return isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc).lower()
 
 
+def failure_fields(exc: BaseException, reasons: str = "") -> dict:
+    """The status ("oom" or "error") and message of a config that raised `exc`; `reasons` (torch's warnings)
+    are appended in brackets."""
+    first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    suffix = f" ({reasons})" if reasons else ""
+    return {"status": "oom" if _is_oom(exc) else "error", "message": f"{type(exc).__name__}: {first_line}{suffix}"}
+
+
 def _measure_memory(fn: AttentionFn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     grad_out: torch.Tensor, device: torch.device) -> dict:
     synchronize(device)
@@ -314,10 +322,7 @@ def run_config(cfg: AttentionConfig, warmup_ms: float, rep_ms: float) -> dict:
         _measure_into(row, cfg, device, warmup_ms, rep_ms)
         row["status"] = "ok"
     except Exception as exc:  # one config must never end the sweep: record it and go on
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        reasons = f" ({row['message']})" if row["message"] else ""
-        row.update(status="oom" if _is_oom(exc) else "error",
-                   message=f"{type(exc).__name__}: {first_line}{reasons}")
+        row.update(failure_fields(exc, row["message"]))
     finally:
         release(None)  # the failed frame's tensors are gone once the exception is: give their memory back
     return row
