@@ -8,7 +8,9 @@ version with the partner configs on the same inputs. A backward row times both k
 pre-pass): the kernel named runs the config of the row, the other its fixed partner.
 
 Usage (GPU machine): python3 scripts/flash_tune.py [--shapes leaderboard,causal4096,full8192] [--loads tma]
-    [--orders both] [--output F.json]   (--orders both: every config on both grid orders)
+    [--orders both] [--overlap both] [--output F.json]
+    (--orders both: every config on both grid orders; --overlap both: every config with and without the
+    "overlap" flag, see `flash_triton_launch.configs`)
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ SHAPES = {
     "causal4096": (4, 16, 4096, 128, True),
     "full8192": (4, 16, 8192, 128, False),
 }
-# (BLOCK_M, BLOCK_N, warps, stages[, warp-specialised]); the warp-specialised variants run with TMA loads only.
+# (BLOCK_M, BLOCK_N, warps, stages, *flags) as in `flash_triton_launch.configs`; the warp-specialised ("ws")
+# variants run with TMA loads only.
 FWD_CANDIDATES = [
     (128, 64, 8, 3), (128, 64, 4, 3), (128, 64, 4, 4), (128, 64, 8, 2), (128, 64, 8, 4), (128, 128, 8, 2),
     (128, 128, 8, 3), (128, 32, 4, 4), (64, 64, 4, 3), (64, 64, 4, 4), (64, 32, 4, 4),
@@ -47,9 +50,9 @@ DQ_CANDIDATES = [
     (128, 64, 8, 3), (128, 64, 8, 4), (64, 32, 4, 3), (64, 64, 4, 3),
 ]
 WS_CANDIDATES = {
-    "fwd": [(128, 64, 8, 3, True), (128, 128, 8, 3, True), (128, 64, 8, 2, True), (128, 128, 8, 2, True)],
-    "dkdv": [(64, 128, 8, 3, True), (64, 128, 8, 2, True), (64, 64, 4, 3, True), (32, 128, 8, 3, True)],
-    "dq": [(128, 64, 8, 3, True), (128, 64, 8, 4, True), (128, 64, 4, 3, True), (128, 32, 8, 3, True)],
+    "fwd": [(128, 64, 8, 3, "ws"), (128, 128, 8, 3, "ws"), (128, 64, 8, 2, "ws"), (128, 128, 8, 2, "ws")],
+    "dkdv": [(64, 128, 8, 3, "ws"), (64, 128, 8, 2, "ws"), (64, 64, 4, 3, "ws"), (32, 128, 8, 3, "ws")],
+    "dq": [(128, 64, 8, 3, "ws"), (128, 64, 8, 4, "ws"), (128, 64, 4, 3, "ws"), (128, 32, 8, 3, "ws")],
 }
 # The backward's fixed partner while the other kernel is swept, per head dim (the best of an earlier sweep).
 PARTNERS = {64: {"dkdv": (64, 64, 4, 3), "dq": (128, 64, 4, 3)}, 128: {"dkdv": (64, 128, 8, 3), "dq": (128, 64, 8, 3)}}
@@ -67,15 +70,15 @@ def inputs(name: str, seed: int = 0):
     return q, k, v, do, out, lse, causal
 
 
-def head_first(shape: tuple) -> tuple:
-    """The same config on a (Z·H, tiles) grid."""
-    m, n, w, stages, *flags = shape
-    return (m, n, w, stages, bool(flags and flags[0]), True)
+def with_flags(shape: tuple, head_first: bool, overlap: bool) -> tuple:
+    """The same config, on a (Z·H, tiles) grid and/or with the "overlap" flag where asked."""
+    return (*shape, *(["head_first"] if head_first else []), *(["overlap"] if overlap else []))
 
 
-def jobs(loads: tuple[bool, ...], orders: tuple[bool, ...] = (False,)) -> list[tuple]:
-    """Every (shape, kernel, TMA loads, config, partner config) to compile and time; with True in `orders`,
-    each config also on a head-first grid."""
+def jobs(loads: tuple[bool, ...], orders: tuple[bool, ...] = (False,),
+         overlaps: tuple[bool, ...] = (False,)) -> list[tuple]:
+    """Every (shape, kernel, TMA loads, config, partner config) to compile and time; with True in `orders`
+    each config also on a head-first grid, with True in `overlaps` also with the "overlap" flag."""
     todo = []
     for name in SHAPES:
         partners = PARTNERS[SHAPES[name][3]]
@@ -85,8 +88,9 @@ def jobs(loads: tuple[bool, ...], orders: tuple[bool, ...] = (False,)) -> list[t
             shapes = [*shapes, *(WS_CANDIDATES[kernel] if True in loads else [])]
             for c in shapes:
                 for order in orders:
-                    todo += [(name, kernel, tma, head_first(c) if order else c, partner) for tma in loads
-                             if tma or len(c) < 5]  # warp-specialised configs run with TMA loads only
+                    for overlap in overlaps:
+                        todo += [(name, kernel, tma, with_flags(c, order, overlap), partner) for tma in loads
+                                 if tma or "ws" not in c]  # warp-specialised configs run with TMA loads only
     return todo
 
 
@@ -135,12 +139,15 @@ def main() -> int:
     parser.add_argument("--loads", choices=["both", "tma", "pointer"], default="both")
     parser.add_argument("--orders", choices=["both", "tile", "head"], default="tile",
                         help="grid order: (tiles, Z·H) as before, head-first (Z·H, tiles), or both")
+    parser.add_argument("--overlap", choices=["both", "off", "on"], default="off",
+                        help="the \"overlap\" config flag: off as before, on, or every config both ways")
     parser.add_argument("--output", default=None, help="write the rows as JSON here")
     args = parser.parse_args()
     names = args.shapes.split(",")
     loads = {"both": (False, True), "tma": (True,), "pointer": (False,)}[args.loads]
     orders = {"both": (False, True), "tile": (False,), "head": (True,)}[args.orders]
-    todo = [j for j in jobs(loads, orders) if j[0] in names]
+    overlaps = {"both": (False, True), "off": (False,), "on": (True,)}[args.overlap]
+    todo = [j for j in jobs(loads, orders, overlaps) if j[0] in names]
 
     started = time.time()
     batches = [todo[i::args.workers] for i in range(args.workers)]
@@ -179,7 +186,7 @@ def main() -> int:
           f"{time.strftime('%Y-%m-%d')}\n")
     for name in names:
         print(f"## {name} {SHAPES[name]} (Z, H, N, d, causal), bf16\n")
-        print("| kernel | loads | config (M, N, warps, stages[, ws, head-first]) | partner | ms | TFLOP/s "
+        print("| kernel | loads | config (M, N, warps, stages, *flags) | partner | ms | TFLOP/s "
               "| max rel err vs pointer | error |")
         print("|---|---|---|---|---:|---:|---:|---|")
         group = [r for r in rows if r["shape"] == name]

@@ -100,3 +100,12 @@ def test_tensor_signature_sees_what_triton_specialises_on():
     ]
     for other in others:
         assert tensor_signature(other) != tensor_signature(aligned)
+
+
+def test_config_tuples_name_their_flags():
+    plain, flagged = flash_triton_launch.configs([(128, 64, 8, 3), (64, 64, 4, 4, "head_first", "overlap")])
+    assert plain.kwargs == {"BLOCK_M": 128, "BLOCK_N": 64, "WS": False, "HEAD_FIRST": False, "OVERLAP": False}
+    assert (plain.num_warps, plain.num_stages) == (8, 3)
+    assert flagged.kwargs == {"BLOCK_M": 64, "BLOCK_N": 64, "WS": False, "HEAD_FIRST": True, "OVERLAP": True}
+    with pytest.raises(ValueError, match="unknown config flags"):
+        flash_triton_launch.configs([(64, 64, 4, 4, True)])  # the old positional booleans are refused

@@ -17,7 +17,7 @@ from profiler_kit.attention.flash_torch import (
 )
 from profiler_kit.attention.flash_triton_bwd import flash_backward
 from profiler_kit.attention.flash_triton_fwd import as_4d, flash_forward
-from profiler_kit.attention.flash_triton_launch import INTERPRET
+from profiler_kit.attention.flash_triton_launch import CONFIG_FLAGS, INTERPRET
 
 
 def _check_triton_device(q: torch.Tensor) -> None:
@@ -77,12 +77,12 @@ def tuned_configs() -> dict[str, dict]:
 
 def describe_last_configs() -> str:
     """The configs the autotuner last ran, one line for a result row: "fwd 128x64 w8 s3; dkdv …; dq …"
-    (BLOCK_MxBLOCK_N, warps, stages, "ws" if warp-specialised, "head-first" for a (Z·H, tiles) grid).
+    (BLOCK_MxBLOCK_N, warps, stages, then the config's flags: "ws", "head-first", "overlap").
     Empty when nothing went through the autotuner (it was switched off)."""
     last = {**flash_triton_fwd.last_configs(), **flash_triton_bwd.last_configs()}
     return "; ".join(
         f"{kernel} {c.kwargs['BLOCK_M']}x{c.kwargs['BLOCK_N']} w{c.num_warps} s{c.num_stages}"
-        + (" ws" if c.kwargs.get("WS") else "") + (" head-first" if c.kwargs.get("HEAD_FIRST") else "")
+        + "".join(f" {flag.replace('_', '-')}" for flag, const in CONFIG_FLAGS.items() if c.kwargs.get(const))
         for kernel, c in last.items()
         if c is not None
     )

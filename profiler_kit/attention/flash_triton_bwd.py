@@ -75,9 +75,10 @@ def _flash_attn_bwd_preprocess_kernel(
 def _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, l_base, d_base, desc_q, desc_do, z, h,
                       stride_qn, stride_dn, cols, start, stop, N_Q, qk_scale,
                       HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                      MASKED: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr):
+                      MASKED: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr,
+                      OVERLAP: tl.constexpr):
     """Accumulate the dK, dV of one key tile over query tiles [start, stop), working on transposed tiles
-    (keys × queries) so that Pᵀ and dSᵀ come out of tl.dot directly."""
+    (keys × queries) so that Pᵀ and dSᵀ come out of tl.dot directly. OVERLAP: see `_flash_attn_bwd_dkdv_kernel`."""
     offs_m = tl.arange(0, BLOCK_M)
     for start_m in tl.range(start, stop, BLOCK_M, warp_specialize=WS):
         rows = start_m + offs_m
@@ -89,14 +90,18 @@ def _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, l_base, d_base, desc_q, des
         else:
             lse2 = tl.load(l_base + rows) * _LOG2E
             delta = tl.load(d_base + rows)
-        p_t = tl.math.exp2(tl.dot(k, tl.trans(q)) * qk_scale - lse2[None, :])
+        qk_t = tl.dot(k, tl.trans(q))
+        if OVERLAP:
+            dp_t = tl.dot(v, tl.trans(do))
+        p_t = tl.math.exp2(qk_t * qk_scale - lse2[None, :])
         if MASKED:
             visible = rows[None, :] < N_Q
             if CAUSAL:
                 visible = visible & (cols[:, None] <= rows[None, :])
             p_t = tl.where(visible, p_t, 0.0)
         dv = tl.dot(p_t.to(do.dtype), do, dv)
-        dp_t = tl.dot(v, tl.trans(do))
+        if not OVERLAP:
+            dp_t = tl.dot(v, tl.trans(do))
         ds_t = p_t * (dp_t - delta[None, :])
         dk = tl.dot(ds_t.to(q.dtype), q, dk)
     return dk, dv
@@ -113,12 +118,17 @@ def _flash_attn_bwd_dkdv_kernel(
     H, N_Q, N_K, qk_scale, sm_scale, SEQ_BUCKET,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WS: tl.constexpr, HEAD_FIRST: tl.constexpr,
+    OVERLAP: tl.constexpr,
 ):
     """dK, dV for one (key tile, batch·head). DK and DV share the strides (stride_g*) of their allocation.
     With TMA, q, k, v and dO tiles move through the DESC_* descriptors (see `load_rows`).
 
     Causal: queries before the key tile are skipped, the BLOCK_N / BLOCK_M query tiles on the diagonal are
     masked and the rest run unmasked (needs BLOCK_N % BLOCK_M == 0). Key tiles past N_Q store zeros.
+
+    OVERLAP issues dPᵀ = V dOᵀ before the exp2 of Pᵀ rather than after dV's matmul. Triton waits for a
+    matmul's result only where it is first used, so the tensor cores then compute dPᵀ while the exp2 runs,
+    and dV's matmul while dSᵀ is formed; the cost is dPᵀ's registers, live across the exp2.
     """
     pid_bh, z, h, off_z, off_h = program_head(H, HEAD_FIRST)
     start_n = tile_program(HEAD_FIRST)[0] * BLOCK_N
@@ -140,16 +150,16 @@ def _flash_attn_bwd_dkdv_kernel(
         diagonal_stop = tl.minimum(start_n + BLOCK_N, N_Q)
         dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, l_base, d_base, DESC_Q, DESC_DO, z, h,
                                    stride_qn, stride_dn, cols, start_n, diagonal_stop, N_Q, qk_scale,
-                                   HEAD_DIM, BLOCK_D, BLOCK_M, True, CAUSAL, TMA, WS)
+                                   HEAD_DIM, BLOCK_D, BLOCK_M, True, CAUSAL, TMA, WS, OVERLAP)
         start = start_n + BLOCK_N
     else:
         start = 0
     dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, l_base, d_base, DESC_Q, DESC_DO, z, h,
                                stride_qn, stride_dn, cols, start, full_rows, N_Q, qk_scale,
-                               HEAD_DIM, BLOCK_D, BLOCK_M, False, CAUSAL, TMA, WS)
+                               HEAD_DIM, BLOCK_D, BLOCK_M, False, CAUSAL, TMA, WS, OVERLAP)
     dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, l_base, d_base, DESC_Q, DESC_DO, z, h,
                                stride_qn, stride_dn, cols, tl.maximum(start, full_rows), N_Q, N_Q, qk_scale,
-                               HEAD_DIM, BLOCK_D, BLOCK_M, True, CAUSAL, TMA, WS)
+                               HEAD_DIM, BLOCK_D, BLOCK_M, True, CAUSAL, TMA, WS, OVERLAP)
 
     g_off = off_z * stride_gz + off_h * stride_gh
     store_tile(DK + g_off, (dk * sm_scale).to(DK.dtype.element_ty), cols, N_K, stride_gn, HEAD_DIM, BLOCK_D)
@@ -160,20 +170,26 @@ def _flash_attn_bwd_dkdv_kernel(
 def _dq_key_tiles(dq, q, do, lse2, delta, k_base, v_base, desc_k, desc_v, z, h, stride_kn, stride_vn, rows,
                   start, stop, N_K, qk_scale,
                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                  MASKED: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr):
-    """Accumulate the dQ of one query tile over key tiles [start, stop)."""
+                  MASKED: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr,
+                  OVERLAP: tl.constexpr):
+    """Accumulate the dQ of one query tile over key tiles [start, stop); OVERLAP issues dP = dO Vᵀ before
+    the exp2 of P (see `_flash_attn_bwd_dkdv_kernel`)."""
     offs_n = tl.arange(0, BLOCK_N)
     for start_n in tl.range(start, stop, BLOCK_N, warp_specialize=WS):
         cols = start_n + offs_n
         k = load_rows(desc_k, k_base, z, h, start_n, N_K, stride_kn, BLOCK_N, HEAD_DIM, BLOCK_D, MASKED, TMA)
         v = load_rows(desc_v, v_base, z, h, start_n, N_K, stride_vn, BLOCK_N, HEAD_DIM, BLOCK_D, MASKED, TMA)
-        p = tl.math.exp2(tl.dot(q, tl.trans(k)) * qk_scale - lse2[:, None])
+        qk = tl.dot(q, tl.trans(k))
+        if OVERLAP:
+            dp = tl.dot(do, tl.trans(v))
+        p = tl.math.exp2(qk * qk_scale - lse2[:, None])
         if MASKED:
             visible = cols[None, :] < N_K
             if CAUSAL:
                 visible = visible & (cols[None, :] <= rows[:, None])
             p = tl.where(visible, p, 0.0)
-        dp = tl.dot(do, tl.trans(v))
+        if not OVERLAP:
+            dp = tl.dot(do, tl.trans(v))
         ds = p * (dp - delta[:, None])
         dq = tl.dot(ds.to(k.dtype), k, dq)
     return dq
@@ -190,6 +206,7 @@ def _flash_attn_bwd_dq_kernel(
     H, N_Q, N_K, qk_scale, sm_scale, SEQ_BUCKET,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WS: tl.constexpr, HEAD_FIRST: tl.constexpr,
+    OVERLAP: tl.constexpr,
 ):
     """dQ for one (query tile, batch·head), key tiles split as in the forward (BLOCK_M % BLOCK_N == 0)."""
     pid_bh, z, h, off_z, off_h = program_head(H, HEAD_FIRST)
@@ -208,26 +225,26 @@ def _flash_attn_bwd_dq_kernel(
 
     unmasked_stop, stop = key_ranges(start_m, N_K, BLOCK_M, BLOCK_N, CAUSAL)
     dq = _dq_key_tiles(dq, q, do, lse2, delta, k_base, v_base, DESC_K, DESC_V, z, h, stride_kn, stride_vn, rows,
-                       0, unmasked_stop, N_K, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_N, False, CAUSAL, TMA, WS)
+                       0, unmasked_stop, N_K, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_N, False, CAUSAL, TMA, WS, OVERLAP)
     dq = _dq_key_tiles(dq, q, do, lse2, delta, k_base, v_base, DESC_K, DESC_V, z, h, stride_kn, stride_vn, rows,
-                       unmasked_stop, stop, N_K, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_N, True, CAUSAL, TMA, WS)
+                       unmasked_stop, stop, N_K, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_N, True, CAUSAL, TMA, WS, OVERLAP)
 
     g_off = off_z * stride_gz + off_h * stride_gh
     store_tile(DQ + g_off, (dq * sm_scale).to(DQ.dtype.element_ty), rows, N_Q, stride_gn, HEAD_DIM, BLOCK_D)
 
 
-# (BLOCK_M, BLOCK_N, warps, stages[, warp-specialised[, head-first]]), most preferred first. The dK/dV kernel
+# (BLOCK_M, BLOCK_N, warps, stages, *flags), most preferred first (flags: see `configs`). The dK/dV kernel
 # keeps a wide key tile resident and streams narrow query tiles (BLOCK_N % BLOCK_M == 0); the dQ kernel is its
 # mirror image (BLOCK_M % BLOCK_N == 0). The lists hold the winners of `scripts/flash_tune.py` on the H100
 # (bf16, d = 64 and 128; the warp-specialised ones at d = 128, see `ws_allowed`; the head-first dQ config on
 # the causal d = 64 leaderboard shape, see `configs`) first, then smaller tiles that keep fp32 at d = 128
 # within shared memory. Four warps spill the d = 128 accumulators of 128-wide tiles; eight do not.
 _DKDV_SHAPES = [
-    (64, 128, 8, 3), (64, 128, 8, 2), (64, 128, 8, 4), (64, 128, 8, 2, True), (64, 64, 4, 3), (64, 64, 4, 4),
+    (64, 128, 8, 3), (64, 128, 8, 2), (64, 128, 8, 4), (64, 128, 8, 2, "ws"), (64, 64, 4, 3), (64, 64, 4, 4),
     (32, 128, 8, 3), (32, 128, 4, 3), (32, 64, 4, 3), (32, 64, 4, 2),
 ]
 _DQ_SHAPES = [
-    (128, 64, 8, 3), (128, 64, 8, 4), (128, 64, 8, 4, True), (128, 64, 4, 3), (128, 64, 4, 3, False, True),
+    (128, 64, 8, 3), (128, 64, 8, 4), (128, 64, 8, 4, "ws"), (128, 64, 4, 3), (128, 64, 4, 3, "head_first"),
     (128, 64, 4, 4), (128, 32, 4, 3), (128, 32, 8, 3), (64, 64, 4, 3), (64, 32, 4, 3), (64, 32, 4, 2),
 ]
 
@@ -236,10 +253,10 @@ _DQ_SHAPES = [
 _preprocess = Kernel(_flash_attn_bwd_preprocess_kernel)
 _dkdv = Kernel(_flash_attn_bwd_dkdv_kernel, _DKDV_SHAPES,
                smem_pruner(resident=("BLOCK_N", "BLOCK_N"), streamed=("BLOCK_M", "BLOCK_M")),
-               interpret_blocks={"BLOCK_M": 16, "BLOCK_N": 32, "WS": False, "HEAD_FIRST": False})
+               interpret_blocks={"BLOCK_M": 16, "BLOCK_N": 32, "WS": False, "HEAD_FIRST": False, "OVERLAP": False})
 _dq = Kernel(_flash_attn_bwd_dq_kernel, _DQ_SHAPES,
              smem_pruner(resident=("BLOCK_M", "BLOCK_M"), streamed=("BLOCK_N", "BLOCK_N")),
-             interpret_blocks={"BLOCK_M": 32, "BLOCK_N": 16, "WS": False, "HEAD_FIRST": False})
+             interpret_blocks={"BLOCK_M": 32, "BLOCK_N": 16, "WS": False, "HEAD_FIRST": False, "OVERLAP": False})
 
 
 def flash_backward(

@@ -104,20 +104,29 @@ def size_descriptors(nargs: dict) -> None:
             nargs[name].block_shape = [1, 1, nargs[rows], nargs["BLOCK_D"]]
 
 
-def configs(shapes: list[tuple]) -> list[triton.Config]:
-    """Autotune configs from (BLOCK_M, BLOCK_N, warps, stages[, warp-specialised[, head-first]]) tuples.
+# The config flags a shape tuple may name, and the constexpr each one sets (all off unless named).
+CONFIG_FLAGS = {"ws": "WS", "head_first": "HEAD_FIRST", "overlap": "OVERLAP"}
 
-    Warp specialisation (WS) splits a key/query loop between producer warps issuing the loads and consumer
-    warps doing the math, where Triton can partition it. Head-first (HEAD_FIRST) launches a (Z·H, tiles)
-    grid instead of (tiles, Z·H), so that the longest causal tiles of all heads start before any shorter
-    one (see `tile_program`). Both are off unless a tuple says so.
+
+def configs(shapes: list[tuple]) -> list[triton.Config]:
+    """Autotune configs from (BLOCK_M, BLOCK_N, warps, stages, *flags) tuples; flags are names of
+    `CONFIG_FLAGS`.
+
+    "ws" (warp specialisation) splits a key/query loop between producer warps issuing the loads and consumer
+    warps doing the math, where Triton can partition it. "head_first" launches a (Z·H, tiles) grid instead
+    of (tiles, Z·H), so that the longest causal tiles of all heads start before any shorter one (see
+    `tile_program`). "overlap" issues a matmul that does not depend on the exp2 before it, so that the
+    tensor cores work while the exp2 runs (each kernel's OVERLAP says which matmul).
     """
-    return [
-        triton.Config({"BLOCK_M": m, "BLOCK_N": n, "WS": bool(flags[:1] and flags[0]),
-                       "HEAD_FIRST": bool(flags[1:2] and flags[1])},
-                      num_warps=w, num_stages=s, pre_hook=size_descriptors)
-        for m, n, w, s, *flags in shapes
-    ]
+    out = []
+    for m, n, w, s, *flags in shapes:
+        unknown = set(flags) - set(CONFIG_FLAGS)
+        if unknown:
+            raise ValueError(f"unknown config flags {sorted(unknown)}; known: {sorted(CONFIG_FLAGS)}")
+        switches = {const: name in flags for name, const in CONFIG_FLAGS.items()}
+        out.append(triton.Config({"BLOCK_M": m, "BLOCK_N": n, **switches}, num_warps=w, num_stages=s,
+                                 pre_hook=size_descriptors))
+    return out
 
 
 def grid_2d(tiles: int, heads: int, meta: dict) -> tuple[int, int]:
