@@ -8,7 +8,7 @@ version with the partner configs on the same inputs. A backward row times both k
 pre-pass): the kernel named runs the config of the row, the other its fixed partner.
 
 Usage (GPU machine): python3 scripts/flash_tune.py [--shapes leaderboard,causal4096,full8192] [--loads tma]
-    [--orders both] [--overlap both] [--output F.json]
+    [--orders both] [--overlap both] [--kernels dkdv] [--output F.json]
     (--orders both: every config on both grid orders; --overlap both: every config with and without the
     "overlap" flag, see `flash_triton_launch.configs`)
 """
@@ -25,10 +25,15 @@ import time
 import torch
 import triton
 
-from profiler_kit.attention.flash_triton_bwd import flash_backward
-from profiler_kit.attention.flash_triton_fwd import flash_forward
+from profiler_kit.attention.flash_triton_bwd import (
+    _flash_attn_bwd_dkdv_kernel,
+    _flash_attn_bwd_dq_kernel,
+    flash_backward,
+)
+from profiler_kit.attention.flash_triton_fwd import _flash_attn_fwd_kernel, flash_forward
 from profiler_kit.attention.flash_triton_launch import configs
 
+KERNELS = {"fwd": _flash_attn_fwd_kernel, "dkdv": _flash_attn_bwd_dkdv_kernel, "dq": _flash_attn_bwd_dq_kernel}
 # name: (Z, H, N, d, causal); bf16 throughout, as in issue 6.
 SHAPES = {
     "leaderboard": (1, 16, 16384, 64, True),
@@ -58,15 +63,15 @@ WS_CANDIDATES = {
 PARTNERS = {64: {"dkdv": (64, 64, 4, 3), "dq": (128, 64, 4, 3)}, 128: {"dkdv": (64, 128, 8, 3), "dq": (128, 64, 8, 3)}}
 
 
-def config(shape: tuple) -> triton.Config:
-    return configs([shape])[0]
+def config(shape: tuple, kernel: str) -> triton.Config:
+    return configs([shape], KERNELS[kernel].arg_names)[0]
 
 
 def inputs(name: str, seed: int = 0):
     z, h, n, d, causal = SHAPES[name]
     gen = torch.Generator(device="cuda").manual_seed(seed)
     q, k, v, do = (torch.randn(z, h, n, d, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(4))
-    out, lse = flash_forward(q, k, v, causal, config(FWD_CANDIDATES[0]), tma=False)
+    out, lse = flash_forward(q, k, v, causal, config(FWD_CANDIDATES[0], "fwd"), tma=False)
     return q, k, v, do, out, lse, causal
 
 
@@ -78,7 +83,8 @@ def with_flags(shape: tuple, head_first: bool, overlap: bool) -> tuple:
 def jobs(loads: tuple[bool, ...], orders: tuple[bool, ...] = (False,),
          overlaps: tuple[bool, ...] = (False,)) -> list[tuple]:
     """Every (shape, kernel, TMA loads, config, partner config) to compile and time; with True in `orders`
-    each config also on a head-first grid, with True in `overlaps` also with the "overlap" flag."""
+    each config also on a head-first grid, with True in `overlaps` also with the "overlap" flag (for the
+    kernels that have it)."""
     todo = []
     for name in SHAPES:
         partners = PARTNERS[SHAPES[name][3]]
@@ -88,7 +94,7 @@ def jobs(loads: tuple[bool, ...], orders: tuple[bool, ...] = (False,),
             shapes = [*shapes, *(WS_CANDIDATES[kernel] if True in loads else [])]
             for c in shapes:
                 for order in orders:
-                    for overlap in overlaps:
+                    for overlap in overlaps if "OVERLAP" in KERNELS[kernel].arg_names else (False,):
                         todo += [(name, kernel, tma, with_flags(c, order, overlap), partner) for tma in loads
                                  if tma or "ws" not in c]  # warp-specialised configs run with TMA loads only
     return todo
@@ -99,9 +105,9 @@ def call(job, tensors):
     name, kernel, tma, shape, partner = job
     q, k, v, do, out, lse, causal = tensors
     if kernel == "fwd":
-        return lambda: flash_forward(q, k, v, causal, config(shape), tma=tma)
+        return lambda: flash_forward(q, k, v, causal, config(shape, kernel), tma=tma)
     other = "dq" if kernel == "dkdv" else "dkdv"
-    pinned = {kernel: config(shape), other: config(partner)}
+    pinned = {kernel: config(shape, kernel), other: config(partner, other)}
     return lambda: flash_backward(q, k, v, out, lse, do, causal, tma=tma, configs_by_kernel=pinned)
 
 
@@ -135,6 +141,7 @@ def flops(name: str, kernel: str) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--kernels", default=",".join(KERNELS), help="which kernels' configs to sweep")
     parser.add_argument("--workers", type=int, default=12)
     parser.add_argument("--loads", choices=["both", "tma", "pointer"], default="both")
     parser.add_argument("--orders", choices=["both", "tile", "head"], default="tile",
@@ -147,7 +154,8 @@ def main() -> int:
     loads = {"both": (False, True), "tma": (True,), "pointer": (False,)}[args.loads]
     orders = {"both": (False, True), "tile": (False,), "head": (True,)}[args.orders]
     overlaps = {"both": (False, True), "off": (False,), "on": (True,)}[args.overlap]
-    todo = [j for j in jobs(loads, orders, overlaps) if j[0] in names]
+    kernels = args.kernels.split(",")
+    todo = [j for j in jobs(loads, orders, overlaps) if j[0] in names and j[1] in kernels]
 
     started = time.time()
     batches = [todo[i::args.workers] for i in range(args.workers)]
@@ -163,7 +171,7 @@ def main() -> int:
         q, k, v, do, out, lse, causal = tensors
         partners = PARTNERS[SHAPES[name][3]]
         reference = flash_backward(q, k, v, out, lse, do, causal, tma=False,
-                                   configs_by_kernel={kk: config(c) for kk, c in partners.items()})
+                                   configs_by_kernel={kk: config(c, kk) for kk, c in partners.items()})
         fwd_reference = out
         for job in (j for j in todo if j[0] == name):
             row = {"shape": name, "kernel": job[1], "tma": job[2], "config": list(job[3]),

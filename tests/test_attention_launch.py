@@ -103,9 +103,15 @@ def test_tensor_signature_sees_what_triton_specialises_on():
 
 
 def test_config_tuples_name_their_flags():
-    plain, flagged = flash_triton_launch.configs([(128, 64, 8, 3), (64, 64, 4, 4, "head_first", "overlap")])
+    params = ["Q", "BLOCK_M", "BLOCK_N", "WS", "HEAD_FIRST", "OVERLAP"]
+    plain, flagged = flash_triton_launch.configs([(128, 64, 8, 3), (64, 64, 4, 4, "head_first", "overlap")], params)
     assert plain.kwargs == {"BLOCK_M": 128, "BLOCK_N": 64, "WS": False, "HEAD_FIRST": False, "OVERLAP": False}
     assert (plain.num_warps, plain.num_stages) == (8, 3)
     assert flagged.kwargs == {"BLOCK_M": 64, "BLOCK_N": 64, "WS": False, "HEAD_FIRST": True, "OVERLAP": True}
-    with pytest.raises(ValueError, match="unknown config flags"):
-        flash_triton_launch.configs([(64, 64, 4, 4, True)])  # the old positional booleans are refused
+    # A kernel without OVERLAP gets no such constexpr, and may not be offered the flag.
+    assert flash_triton_launch.configs([(128, 64, 8, 3)], params[:-1])[0].kwargs == {
+        "BLOCK_M": 128, "BLOCK_N": 64, "WS": False, "HEAD_FIRST": False}
+    with pytest.raises(ValueError, match="not offered"):
+        flash_triton_launch.configs([(128, 64, 8, 3, "overlap")], params[:-1])
+    with pytest.raises(ValueError, match="not offered"):
+        flash_triton_launch.configs([(64, 64, 4, 4, True)], params)  # the old positional booleans are refused

@@ -56,19 +56,23 @@ PREPROCESS_BLOCK_M = 128
 
 @triton.jit
 def _flash_attn_bwd_preprocess_kernel(
-    Out, DO, Delta,
+    Out, DO, L, Delta, LSE2,
     stride_oz, stride_oh, stride_on,
     stride_dz, stride_dh, stride_dn,
     H, N_Q,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
 ):
-    """Delta_i = Σ_d dO_id · O_id in fp32, one program per (query tile, batch·head)."""
+    """Delta_i = Σ_d dO_id · O_id and LSE2_i = L_i · log2(e) in fp32, one program per (query tile,
+    batch·head). LSE2 is L in the exp2 domain: the dK/dV kernel would otherwise rescale each query tile's L
+    once per key tile."""
     pid_bh, _, _, off_z, off_h = program_head(H, False)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     o = load_tile(Out + off_z * stride_oz + off_h * stride_oh, rows, N_Q, stride_on, HEAD_DIM, BLOCK_D, True)
     do = load_tile(DO + off_z * stride_dz + off_h * stride_dh, rows, N_Q, stride_dn, HEAD_DIM, BLOCK_D, True)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
-    tl.store(Delta + pid_bh.to(tl.int64) * N_Q + rows, delta, mask=rows < N_Q)
+    offsets = pid_bh.to(tl.int64) * N_Q + rows
+    tl.store(Delta + offsets, delta, mask=rows < N_Q)
+    tl.store(LSE2 + offsets, tl.load(L + offsets, mask=rows < N_Q) * _LOG2E, mask=rows < N_Q)
 
 
 @triton.jit
@@ -85,10 +89,10 @@ def _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, l_base, d_base, desc_q, des
         q = load_rows(desc_q, q_base, z, h, start_m, N_Q, stride_qn, BLOCK_M, HEAD_DIM, BLOCK_D, MASKED, TMA)
         do = load_rows(desc_do, do_base, z, h, start_m, N_Q, stride_dn, BLOCK_M, HEAD_DIM, BLOCK_D, MASKED, TMA)
         if MASKED:
-            lse2 = tl.load(l_base + rows, mask=rows < N_Q, other=0.0) * _LOG2E
+            lse2 = tl.load(l_base + rows, mask=rows < N_Q, other=0.0)
             delta = tl.load(d_base + rows, mask=rows < N_Q, other=0.0)
         else:
-            lse2 = tl.load(l_base + rows) * _LOG2E
+            lse2 = tl.load(l_base + rows)
             delta = tl.load(d_base + rows)
         qk_t = tl.dot(k, tl.trans(q))
         if OVERLAP:
@@ -109,7 +113,7 @@ def _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, l_base, d_base, desc_q, des
 
 @triton.jit
 def _flash_attn_bwd_dkdv_kernel(
-    Q, K, V, DO, L, Delta, DK, DV, DESC_Q, DESC_K, DESC_V, DESC_DO,
+    Q, K, V, DO, LSE2, Delta, DK, DV, DESC_Q, DESC_K, DESC_V, DESC_DO,
     stride_qz, stride_qh, stride_qn,
     stride_kz, stride_kh, stride_kn,
     stride_vz, stride_vh, stride_vn,
@@ -140,7 +144,7 @@ def _flash_attn_bwd_dkdv_kernel(
                   HEAD_DIM, BLOCK_D, True, TMA)
     q_base = Q + off_z * stride_qz + off_h * stride_qh
     do_base = DO + off_z * stride_dz + off_h * stride_dh
-    l_base = L + pid_bh.to(tl.int64) * N_Q
+    l_base = LSE2 + pid_bh.to(tl.int64) * N_Q
     d_base = Delta + pid_bh.to(tl.int64) * N_Q
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
@@ -170,26 +174,20 @@ def _flash_attn_bwd_dkdv_kernel(
 def _dq_key_tiles(dq, q, do, lse2, delta, k_base, v_base, desc_k, desc_v, z, h, stride_kn, stride_vn, rows,
                   start, stop, N_K, qk_scale,
                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                  MASKED: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr,
-                  OVERLAP: tl.constexpr):
-    """Accumulate the dQ of one query tile over key tiles [start, stop); OVERLAP issues dP = dO Vᵀ before
-    the exp2 of P (see `_flash_attn_bwd_dkdv_kernel`)."""
+                  MASKED: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr):
+    """Accumulate the dQ of one query tile over key tiles [start, stop)."""
     offs_n = tl.arange(0, BLOCK_N)
     for start_n in tl.range(start, stop, BLOCK_N, warp_specialize=WS):
         cols = start_n + offs_n
         k = load_rows(desc_k, k_base, z, h, start_n, N_K, stride_kn, BLOCK_N, HEAD_DIM, BLOCK_D, MASKED, TMA)
         v = load_rows(desc_v, v_base, z, h, start_n, N_K, stride_vn, BLOCK_N, HEAD_DIM, BLOCK_D, MASKED, TMA)
-        qk = tl.dot(q, tl.trans(k))
-        if OVERLAP:
-            dp = tl.dot(do, tl.trans(v))
-        p = tl.math.exp2(qk * qk_scale - lse2[:, None])
+        p = tl.math.exp2(tl.dot(q, tl.trans(k)) * qk_scale - lse2[:, None])
         if MASKED:
             visible = cols[None, :] < N_K
             if CAUSAL:
                 visible = visible & (cols[None, :] <= rows[:, None])
             p = tl.where(visible, p, 0.0)
-        if not OVERLAP:
-            dp = tl.dot(do, tl.trans(v))
+        dp = tl.dot(do, tl.trans(v))
         ds = p * (dp - delta[:, None])
         dq = tl.dot(ds.to(k.dtype), k, dq)
     return dq
@@ -197,7 +195,7 @@ def _dq_key_tiles(dq, q, do, lse2, delta, k_base, v_base, desc_k, desc_v, z, h, 
 
 @triton.jit
 def _flash_attn_bwd_dq_kernel(
-    Q, K, V, DO, L, Delta, DQ, DESC_Q, DESC_K, DESC_V, DESC_DO,
+    Q, K, V, DO, LSE2, Delta, DQ, DESC_Q, DESC_K, DESC_V, DESC_DO,
     stride_qz, stride_qh, stride_qn,
     stride_kz, stride_kh, stride_kn,
     stride_vz, stride_vh, stride_vn,
@@ -206,7 +204,6 @@ def _flash_attn_bwd_dq_kernel(
     H, N_Q, N_K, qk_scale, sm_scale, SEQ_BUCKET,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WS: tl.constexpr, HEAD_FIRST: tl.constexpr,
-    OVERLAP: tl.constexpr,
 ):
     """dQ for one (query tile, batch·head), key tiles split as in the forward (BLOCK_M % BLOCK_N == 0)."""
     pid_bh, z, h, off_z, off_h = program_head(H, HEAD_FIRST)
@@ -217,7 +214,7 @@ def _flash_attn_bwd_dq_kernel(
                   HEAD_DIM, BLOCK_D, True, TMA)
     do = load_rows(DESC_DO, DO + off_z * stride_dz + off_h * stride_dh, z, h, start_m, N_Q, stride_dn, BLOCK_M,
                    HEAD_DIM, BLOCK_D, True, TMA)
-    lse2 = tl.load(L + pid_bh.to(tl.int64) * N_Q + rows, mask=rows < N_Q, other=0.0) * _LOG2E
+    lse2 = tl.load(LSE2 + pid_bh.to(tl.int64) * N_Q + rows, mask=rows < N_Q, other=0.0)
     delta = tl.load(Delta + pid_bh.to(tl.int64) * N_Q + rows, mask=rows < N_Q, other=0.0)
     k_base = K + off_z * stride_kz + off_h * stride_kh
     v_base = V + off_z * stride_vz + off_h * stride_vh
@@ -225,9 +222,9 @@ def _flash_attn_bwd_dq_kernel(
 
     unmasked_stop, stop = key_ranges(start_m, N_K, BLOCK_M, BLOCK_N, CAUSAL)
     dq = _dq_key_tiles(dq, q, do, lse2, delta, k_base, v_base, DESC_K, DESC_V, z, h, stride_kn, stride_vn, rows,
-                       0, unmasked_stop, N_K, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_N, False, CAUSAL, TMA, WS, OVERLAP)
+                       0, unmasked_stop, N_K, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_N, False, CAUSAL, TMA, WS)
     dq = _dq_key_tiles(dq, q, do, lse2, delta, k_base, v_base, DESC_K, DESC_V, z, h, stride_kn, stride_vn, rows,
-                       unmasked_stop, stop, N_K, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_N, True, CAUSAL, TMA, WS, OVERLAP)
+                       unmasked_stop, stop, N_K, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_N, True, CAUSAL, TMA, WS)
 
     g_off = off_z * stride_gz + off_h * stride_gh
     store_tile(DQ + g_off, (dq * sm_scale).to(DQ.dtype.element_ty), rows, N_Q, stride_gn, HEAD_DIM, BLOCK_D)
@@ -238,9 +235,12 @@ def _flash_attn_bwd_dq_kernel(
 # mirror image (BLOCK_M % BLOCK_N == 0). The lists hold the winners of `scripts/flash_tune.py` on the H100
 # (bf16, d = 64 and 128; the warp-specialised ones at d = 128, see `ws_allowed`; the head-first dQ config on
 # the causal d = 64 leaderboard shape, see `configs`) first, then smaller tiles that keep fp32 at d = 128
-# within shared memory. Four warps spill the d = 128 accumulators of 128-wide tiles; eight do not.
+# within shared memory. Four warps spill the d = 128 accumulators of 128-wide tiles; eight do not. The
+# "overlap" dK/dV configs won on all three issue 6 shapes, by 1.5–3% (docs/results/attention-h100.md, step 11).
 _DKDV_SHAPES = [
-    (64, 128, 8, 3), (64, 128, 8, 2), (64, 128, 8, 4), (64, 128, 8, 2, "ws"), (64, 64, 4, 3), (64, 64, 4, 4),
+    (64, 128, 8, 3, "overlap"), (64, 128, 8, 2, "overlap"), (64, 128, 8, 3, "ws", "overlap"),
+    (64, 64, 4, 3, "overlap"), (64, 64, 4, 4, "overlap"), (32, 128, 4, 3, "head_first", "overlap"),
+    (64, 128, 8, 3), (64, 128, 8, 2), (64, 128, 8, 4), (64, 64, 4, 4),
     (32, 128, 8, 3), (32, 128, 4, 3), (32, 64, 4, 3), (32, 64, 4, 2),
 ]
 _DQ_SHAPES = [
@@ -256,7 +256,7 @@ _dkdv = Kernel(_flash_attn_bwd_dkdv_kernel, _DKDV_SHAPES,
                interpret_blocks={"BLOCK_M": 16, "BLOCK_N": 32, "WS": False, "HEAD_FIRST": False, "OVERLAP": False})
 _dq = Kernel(_flash_attn_bwd_dq_kernel, _DQ_SHAPES,
              smem_pruner(resident=("BLOCK_M", "BLOCK_M"), streamed=("BLOCK_N", "BLOCK_N")),
-             interpret_blocks={"BLOCK_M": 32, "BLOCK_N": 16, "WS": False, "HEAD_FIRST": False, "OVERLAP": False})
+             interpret_blocks={"BLOCK_M": 32, "BLOCK_N": 16, "WS": False, "HEAD_FIRST": False})
 
 
 def flash_backward(
@@ -284,6 +284,7 @@ def flash_backward(
     pinned = configs_by_kernel or {}
     lse = lse.reshape(z * h, n_q)
     delta = torch.empty((z * h, n_q), dtype=torch.float32, device=q4.device)
+    lse2 = torch.empty_like(delta)
     dq = torch.empty((z, h, n_q, d), dtype=q4.dtype, device=q4.device)
     dk = torch.empty((z, h, n_k, d), dtype=k4.dtype, device=k4.device)
     dv = torch.empty_like(dk)
@@ -292,13 +293,13 @@ def flash_backward(
 
     signature = (causal, tma, *map(tensor_signature, (q4, k4, v4, o4, do4, lse)))
     _preprocess(lambda meta: (triton.cdiv(n_q, PREPROCESS_BLOCK_M), z * h),
-                (o4, do4, delta, *strides3(o4), *strides3(do4), h, n_q),
+                (o4, do4, lse, delta, lse2, *strides3(o4), *strides3(do4), h, n_q),
                 {"HEAD_DIM": d, "BLOCK_D": bd, "BLOCK_M": PREPROCESS_BLOCK_M}, signature)
     common = (*strides3(q4), *strides3(k4), *strides3(v4), *strides3(do4))
     scalars = (h, n_q, n_k, LOG2E / math.sqrt(d), 1.0 / math.sqrt(d), seq_bucket(max(n_q, n_k)))
     consts = {"HEAD_DIM": d, "BLOCK_D": bd, "CAUSAL": causal, "TMA": tma}
-    dkdv_args = (q4, k4, v4, do4, lse, delta, dk, dv, *descs, *common, *strides3(dk), *scalars)
-    dq_args = (q4, k4, v4, do4, lse, delta, dq, *descs, *common, *strides3(dq), *scalars)
+    dkdv_args = (q4, k4, v4, do4, lse2, delta, dk, dv, *descs, *common, *strides3(dk), *scalars)
+    dq_args = (q4, k4, v4, do4, lse2, delta, dq, *descs, *common, *strides3(dq), *scalars)
     _dkdv(lambda meta: grid_2d(triton.cdiv(n_k, meta["BLOCK_N"]), z * h, meta), dkdv_args, consts, signature,
           pinned.get("dkdv"))
     _dq(lambda meta: grid_2d(triton.cdiv(n_q, meta["BLOCK_M"]), z * h, meta), dq_args, consts, signature,

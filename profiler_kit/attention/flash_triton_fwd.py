@@ -197,30 +197,20 @@ def store_rows(desc, base, tile, z, h, start, n_rows, stride_row, BLOCK: tl.cons
 
 
 @triton.jit
-def _fwd_key_tiles(acc, m_i, l_i, qk_ahead, q, k_base, v_base, desc_k, desc_v, z, h, stride_kn, stride_vn, rows,
+def _fwd_key_tiles(acc, m_i, l_i, q, k_base, v_base, desc_k, desc_v, z, h, stride_kn, stride_vn, rows,
                    start, stop, N_K, qk_scale,
                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                   MASKED: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr,
-                   OVERLAP: tl.constexpr):
+                   MASKED: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr):
     """Fold key tiles [start, stop) into the running max m_i, sum l_i and accumulator (online softmax).
 
     MASKED tiles are the ragged last one and, when causal, those crossing the diagonal; others skip masks.
-    OVERLAP: `qk_ahead` holds q·kᵀ of the tile at `start`, and each step issues the next tile's before its
-    own softmax (see `_flash_attn_fwd_kernel`); the last step's, for the tile at `stop`, is returned.
     """
     offs_n = tl.arange(0, BLOCK_N)
     for start_n in tl.range(start, stop, BLOCK_N, warp_specialize=WS):
         cols = start_n + offs_n
-        if OVERLAP:
-            qk = qk_ahead
-            # The tile after the last may lie past N_K: rows are checked (TMA fills them with zeros anyway).
-            k = load_rows(desc_k, k_base, z, h, start_n + BLOCK_N, N_K, stride_kn, BLOCK_N, HEAD_DIM, BLOCK_D,
-                          True, TMA)
-            qk_ahead = tl.dot(q, tl.trans(k))
-        else:
-            k = load_rows(desc_k, k_base, z, h, start_n, N_K, stride_kn, BLOCK_N, HEAD_DIM, BLOCK_D, MASKED, TMA)
-            qk = tl.dot(q, tl.trans(k))
+        k = load_rows(desc_k, k_base, z, h, start_n, N_K, stride_kn, BLOCK_N, HEAD_DIM, BLOCK_D, MASKED, TMA)
         v = load_rows(desc_v, v_base, z, h, start_n, N_K, stride_vn, BLOCK_N, HEAD_DIM, BLOCK_D, MASKED, TMA)
+        qk = tl.dot(q, tl.trans(k))
         if MASKED:
             visible = cols[None, :] < N_K
             if CAUSAL:
@@ -233,7 +223,7 @@ def _fwd_key_tiles(acc, m_i, l_i, qk_ahead, q, k_base, v_base, desc_k, desc_v, z
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
         m_i = m_new
-    return acc, m_i, l_i, qk_ahead
+    return acc, m_i, l_i
 
 
 @triton.jit
@@ -246,7 +236,6 @@ def _flash_attn_fwd_kernel(
     H, N_Q, N_K, qk_scale, SEQ_BUCKET,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WS: tl.constexpr, HEAD_FIRST: tl.constexpr,
-    OVERLAP: tl.constexpr,
 ):
     """One program per (query tile, batch·head): O = softmax(q kᵀ/√d) v and L = logsumexp of each row.
 
@@ -256,11 +245,6 @@ def _flash_attn_fwd_kernel(
     the BLOCK_M / BLOCK_N tiles on the diagonal pay for the mask (needs BLOCK_M % BLOCK_N == 0). Query tiles
     are taken last-first when causal so that the longest programs start first. SEQ_BUCKET is never read: it
     only keys the autotuner.
-
-    OVERLAP pipelines the key loop by one tile: q·kᵀ of tile j+1 is issued before the softmax of tile j.
-    Triton waits for a matmul's result only where it is first used, so the tensor cores compute the next
-    scores while the exp2 of these runs. The cost: one score tile more in registers, and one q·kᵀ past the
-    last tile, which is thrown away.
     """
     pid_bh, z, h, off_z, off_h = program_head(H, HEAD_FIRST)
     start_m = query_tile_index(CAUSAL, HEAD_FIRST) * BLOCK_M
@@ -276,17 +260,12 @@ def _flash_attn_fwd_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
     unmasked_stop, stop = key_ranges(start_m, N_K, BLOCK_M, BLOCK_N, CAUSAL)
-    if OVERLAP:  # the scores of key tile 0; each loop then hands the next tile's on
-        k = load_rows(DESC_K, k_base, z, h, 0, N_K, stride_kn, BLOCK_N, HEAD_DIM, BLOCK_D, True, TMA)
-        qk_ahead = tl.dot(q, tl.trans(k))
-    else:
-        qk_ahead = 0.0
-    acc, m_i, l_i, qk_ahead = _fwd_key_tiles(acc, m_i, l_i, qk_ahead, q, k_base, v_base, DESC_K, DESC_V, z, h,
-                                             stride_kn, stride_vn, rows, 0, unmasked_stop, N_K, qk_scale,
-                                             HEAD_DIM, BLOCK_D, BLOCK_N, False, CAUSAL, TMA, WS, OVERLAP)
-    acc, m_i, l_i, qk_ahead = _fwd_key_tiles(acc, m_i, l_i, qk_ahead, q, k_base, v_base, DESC_K, DESC_V, z, h,
-                                             stride_kn, stride_vn, rows, unmasked_stop, stop, N_K, qk_scale,
-                                             HEAD_DIM, BLOCK_D, BLOCK_N, True, CAUSAL, TMA, WS, OVERLAP)
+    acc, m_i, l_i = _fwd_key_tiles(acc, m_i, l_i, q, k_base, v_base, DESC_K, DESC_V, z, h, stride_kn, stride_vn,
+                                   rows, 0, unmasked_stop, N_K, qk_scale,
+                                   HEAD_DIM, BLOCK_D, BLOCK_N, False, CAUSAL, TMA, WS)
+    acc, m_i, l_i = _fwd_key_tiles(acc, m_i, l_i, q, k_base, v_base, DESC_K, DESC_V, z, h, stride_kn, stride_vn,
+                                   rows, unmasked_stop, stop, N_K, qk_scale,
+                                   HEAD_DIM, BLOCK_D, BLOCK_N, True, CAUSAL, TMA, WS)
 
     out = (acc / l_i[:, None]).to(Out.dtype.element_ty)
     o_base = Out + off_z * stride_oz + off_h * stride_oh
@@ -308,7 +287,7 @@ _FWD_SHAPES = [
 # Interpreter tiles: small (fast on CPU) yet with BLOCK_M = 2·BLOCK_N, so the causal diagonal spans two tiles.
 _fwd = Kernel(_flash_attn_fwd_kernel, _FWD_SHAPES,
               smem_pruner(resident=("BLOCK_M",), streamed=("BLOCK_N", "BLOCK_N")),
-              interpret_blocks={"BLOCK_M": 32, "BLOCK_N": 16, "WS": False, "HEAD_FIRST": False, "OVERLAP": False})
+              interpret_blocks={"BLOCK_M": 32, "BLOCK_N": 16, "WS": False, "HEAD_FIRST": False})
 
 
 def flash_forward(

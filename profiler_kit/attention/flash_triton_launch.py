@@ -108,22 +108,24 @@ def size_descriptors(nargs: dict) -> None:
 CONFIG_FLAGS = {"ws": "WS", "head_first": "HEAD_FIRST", "overlap": "OVERLAP"}
 
 
-def configs(shapes: list[tuple]) -> list[triton.Config]:
-    """Autotune configs from (BLOCK_M, BLOCK_N, warps, stages, *flags) tuples; flags are names of
-    `CONFIG_FLAGS`.
+def configs(shapes: list[tuple], params: list[str]) -> list[triton.Config]:
+    """Autotune configs from (BLOCK_M, BLOCK_N, warps, stages, *flags) tuples for a kernel with parameters
+    `params`; flags are names of `CONFIG_FLAGS` whose constexpr the kernel declares, and each such constexpr
+    the kernel declares is set (off unless named).
 
     "ws" (warp specialisation) splits a key/query loop between producer warps issuing the loads and consumer
     warps doing the math, where Triton can partition it. "head_first" launches a (Z·H, tiles) grid instead
     of (tiles, Z·H), so that the longest causal tiles of all heads start before any shorter one (see
     `tile_program`). "overlap" issues a matmul that does not depend on the exp2 before it, so that the
-    tensor cores work while the exp2 runs (each kernel's OVERLAP says which matmul).
+    tensor cores work while the exp2 runs (the dK/dV kernel's OVERLAP says which matmul).
     """
+    known = {name: const for name, const in CONFIG_FLAGS.items() if const in params}
     out = []
     for m, n, w, s, *flags in shapes:
-        unknown = set(flags) - set(CONFIG_FLAGS)
+        unknown = set(flags) - set(known)
         if unknown:
-            raise ValueError(f"unknown config flags {sorted(unknown)}; known: {sorted(CONFIG_FLAGS)}")
-        switches = {const: name in flags for name, const in CONFIG_FLAGS.items()}
+            raise ValueError(f"config flags {sorted(unknown, key=str)} not offered here; known: {sorted(known)}")
+        switches = {const: name in flags for name, const in known.items()}
         out.append(triton.Config({"BLOCK_M": m, "BLOCK_N": n, **switches}, num_warps=w, num_stages=s,
                                  pre_hook=size_descriptors))
     return out
@@ -197,7 +199,7 @@ class Kernel:
         self.interpret_blocks = interpret_blocks or {}
         self.tuned = None
         if shapes:
-            self.tuned = triton.autotune(configs=configs(shapes), key=TUNING_KEY,
+            self.tuned = triton.autotune(configs=configs(shapes, fn.arg_names), key=TUNING_KEY,
                                          prune_configs_by={"early_config_prune": pruner})(fn)
         self.last_config: triton.Config | None = None
         self._plans: dict[Hashable, _Plan] = {}
