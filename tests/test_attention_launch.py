@@ -115,3 +115,5 @@ def test_config_tuples_name_their_flags():
         flash_triton_launch.configs([(128, 64, 8, 3, "overlap")], params[:-1])
     with pytest.raises(ValueError, match="not offered"):
         flash_triton_launch.configs([(64, 64, 4, 4, True)], params)  # the old positional booleans are refused
+    capped = flash_triton_launch.configs([(64, 64, 4, 3, "overlap", "maxnreg=168")], params)[0]
+    assert (capped.maxnreg, capped.kwargs["OVERLAP"], plain.maxnreg) == (168, True, None)

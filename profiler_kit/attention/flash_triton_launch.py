@@ -111,7 +111,8 @@ CONFIG_FLAGS = {"ws": "WS", "head_first": "HEAD_FIRST", "overlap": "OVERLAP"}
 def configs(shapes: list[tuple], params: list[str]) -> list[triton.Config]:
     """Autotune configs from (BLOCK_M, BLOCK_N, warps, stages, *flags) tuples for a kernel with parameters
     `params`; flags are names of `CONFIG_FLAGS` whose constexpr the kernel declares, and each such constexpr
-    the kernel declares is set (off unless named).
+    the kernel declares is set (off unless named). A flag "maxnreg=R" caps the registers per thread at R, so
+    that more blocks fit on an SM, at the price of spills.
 
     "ws" (warp specialisation) splits a key/query loop between producer warps issuing the loads and consumer
     warps doing the math, where Triton can partition it. "head_first" launches a (Z·H, tiles) grid instead
@@ -122,12 +123,14 @@ def configs(shapes: list[tuple], params: list[str]) -> list[triton.Config]:
     known = {name: const for name, const in CONFIG_FLAGS.items() if const in params}
     out = []
     for m, n, w, s, *flags in shapes:
+        caps = [f for f in flags if isinstance(f, str) and f.startswith("maxnreg=")]
+        flags = [f for f in flags if f not in caps]
         unknown = set(flags) - set(known)
         if unknown:
             raise ValueError(f"config flags {sorted(unknown, key=str)} not offered here; known: {sorted(known)}")
         switches = {const: name in flags for name, const in known.items()}
         out.append(triton.Config({"BLOCK_M": m, "BLOCK_N": n, **switches}, num_warps=w, num_stages=s,
-                                 pre_hook=size_descriptors))
+                                 maxnreg=int(caps[-1].split("=")[1]) if caps else None, pre_hook=size_descriptors))
     return out
 
 
