@@ -236,7 +236,7 @@ def _flash_attn_bwd_dq_kernel(
 # (bf16, d = 64 and 128; the warp-specialised ones at d = 128, see `ws_allowed`; the head-first dQ config on
 # the causal d = 64 leaderboard shape, see `configs`) first, then smaller tiles that keep fp32 at d = 128
 # within shared memory. Four warps spill the d = 128 accumulators of 128-wide tiles; eight do not. The
-# "overlap" dK/dV configs won on all three issue 6 shapes, by 1.5–3% (docs/results/attention-h100.md, step 11).
+# "overlap" dK/dV configs won on all three issue 6 shapes, by 1.4–2.7% (docs/results/attention-h100.md, step 11).
 _DKDV_SHAPES = [
     (64, 128, 8, 3, "overlap"), (64, 128, 8, 2, "overlap"), (64, 128, 8, 3, "ws", "overlap"),
     (64, 64, 4, 3, "overlap"), (64, 64, 4, 4, "overlap"), (32, 128, 4, 3, "head_first", "overlap"),
