@@ -20,19 +20,11 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from profiler_kit.attention import flash_triton_bwd, flash_triton_fwd
-from profiler_kit.attention.flash_triton_launch import configs
+from profiler_kit.attention.flash_triton import JIT_KERNELS as KERNELS
+from profiler_kit.attention.flash_triton_launch import DESCRIPTOR_ROWS, configs
 
-KERNELS = {
-    "fwd": flash_triton_fwd._flash_attn_fwd_kernel,
-    "dkdv": flash_triton_bwd._flash_attn_bwd_dkdv_kernel,
-    "dq": flash_triton_bwd._flash_attn_bwd_dq_kernel,
-}
 FP32_ARGS = {"L", "LSE2", "Delta"}
 SCALARS = {"qk_scale", "sm_scale"}
-# Which block size each descriptor's rows follow (as in flash_triton_launch.size_descriptors).
-DESCRIPTOR_ROWS = {"DESC_Q": "BLOCK_M", "DESC_O": "BLOCK_M", "DESC_DO": "BLOCK_M", "DESC_K": "BLOCK_N",
-                   "DESC_V": "BLOCK_N"}
 
 
 def compile_config(kernel: str, shape: tuple, d: int, causal: bool, tma: bool):

@@ -25,15 +25,11 @@ import time
 import torch
 import triton
 
-from profiler_kit.attention.flash_triton_bwd import (
-    _flash_attn_bwd_dkdv_kernel,
-    _flash_attn_bwd_dq_kernel,
-    flash_backward,
-)
-from profiler_kit.attention.flash_triton_fwd import _flash_attn_fwd_kernel, flash_forward
+from profiler_kit.attention.flash_triton import JIT_KERNELS as KERNELS
+from profiler_kit.attention.flash_triton_bwd import flash_backward
+from profiler_kit.attention.flash_triton_fwd import flash_forward
 from profiler_kit.attention.flash_triton_launch import configs
 
-KERNELS = {"fwd": _flash_attn_fwd_kernel, "dkdv": _flash_attn_bwd_dkdv_kernel, "dq": _flash_attn_bwd_dq_kernel}
 # name: (Z, H, N, d, causal); bf16 throughout, as in issue 6.
 SHAPES = {
     "leaderboard": (1, 16, 16384, 64, True),

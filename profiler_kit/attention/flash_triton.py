@@ -70,6 +70,15 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     return FlashAttentionPytorch.apply(q, k, v, causal)
 
 
+# The Triton kernels by the names `last_configs` and `flash_backward(configs_by_kernel=…)` use, for scripts
+# that compile or pin one of them (scripts/flash_tune.py, scripts/flash_sass.py).
+JIT_KERNELS = {
+    "fwd": flash_triton_fwd._flash_attn_fwd_kernel,
+    "dkdv": flash_triton_bwd._flash_attn_bwd_dkdv_kernel,
+    "dq": flash_triton_bwd._flash_attn_bwd_dq_kernel,
+}
+
+
 def tuned_configs() -> dict[str, dict]:
     """Per Triton kernel, the autotuner's chosen config for each tuning key seen in this process."""
     return {**flash_triton_fwd.tuned_configs(), **flash_triton_bwd.tuned_configs()}

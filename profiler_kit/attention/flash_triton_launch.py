@@ -90,7 +90,7 @@ def smem_pruner(resident: tuple[str, ...], streamed: tuple[str, ...]) -> Callabl
 
 
 # Each descriptor argument's block is (1, 1, rows, BLOCK_D), with rows the block size named here.
-_DESCRIPTOR_ROWS = {"DESC_Q": "BLOCK_M", "DESC_O": "BLOCK_M", "DESC_DO": "BLOCK_M", "DESC_K": "BLOCK_N",
+DESCRIPTOR_ROWS = {"DESC_Q": "BLOCK_M", "DESC_O": "BLOCK_M", "DESC_DO": "BLOCK_M", "DESC_K": "BLOCK_N",
                     "DESC_V": "BLOCK_N"}
 
 
@@ -99,7 +99,7 @@ def size_descriptors(nargs: dict) -> None:
 
     A config pre_hook: the descriptors are made once per call, before the autotuner picks block sizes.
     """
-    for name, rows in _DESCRIPTOR_ROWS.items():
+    for name, rows in DESCRIPTOR_ROWS.items():
         if nargs.get(name) is not None:
             nargs[name].block_shape = [1, 1, nargs[rows], nargs["BLOCK_D"]]
 
