@@ -21,18 +21,16 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from profiler_kit.attention.flash_triton import JIT_KERNELS as KERNELS
-from profiler_kit.attention.flash_triton import KERNEL_CONSTS
 from profiler_kit.attention.flash_triton_launch import DESCRIPTOR_ROWS, configs
 
-FP32_ARGS = {"L", "LSE2", "Delta", "DQ_ACC"}
+FP32_ARGS = {"L", "LSE2", "Delta"}
 SCALARS = {"qk_scale", "sm_scale"}
 
 
 def compile_config(kernel: str, shape: tuple, d: int, causal: bool, tma: bool):
     fn = KERNELS[kernel]
     config = configs([shape], fn.arg_names)[0]
-    consts = {**config.kwargs, **KERNEL_CONSTS.get(kernel, {}), "HEAD_DIM": d, "BLOCK_D": d, "CAUSAL": causal,
-              "TMA": tma}
+    consts = {**config.kwargs, "HEAD_DIM": d, "BLOCK_D": d, "CAUSAL": causal, "TMA": tma}
     pointers = fn.arg_names[:fn.arg_names.index("DESC_Q")]  # every kernel takes its tensors first
     signature = {}
     for name in fn.arg_names:
@@ -84,8 +82,7 @@ def main() -> int:
     print(f"{args.kernel} {args.config} d={args.d} causal={args.causal} tma={not args.pointer} "
           f"(triton {triton.__version__}, sm_90): {regs} registers, {stack} bytes of stack (spills), "
           f"{compiled.metadata.shared} bytes of shared memory, {len(instructions)} instructions, "
-          f"{sum('HGMMA' in i for i in instructions)} HGMMA, {sum('MUFU.EX2' in i for i in instructions)} MUFU.EX2, "
-          f"{sum(i.lstrip('@!P0123456789T ').startswith(('RED', 'ATOM')) for i in instructions)} RED/ATOM")
+          f"{sum('HGMMA' in i for i in instructions)} HGMMA, {sum('MUFU.EX2' in i for i in instructions)} MUFU.EX2")
     if args.sass:
         args.sass.write_text(sass)
     return 0

@@ -5,8 +5,7 @@ and with TMA loads), so a change to the config lists or the kernels can be judge
 is compiled first in a pool of worker processes (Triton's on-disk cache then serves the timing process),
 which turns ~200 sequential compilations into about a minute. Each result is checked against the pointer
 version with the partner configs on the same inputs. A backward row times both kernels (and the D
-pre-pass): the kernel named runs the config of the row, the other its fixed partner. A "fused" row times the
-fused backward (pre-pass, the dK/dV kernel with dQ reductions, the dQ conversion), which has no partner.
+pre-pass): the kernel named runs the config of the row, the other its fixed partner.
 
 Usage (GPU machine): python3 scripts/flash_tune.py [--shapes leaderboard,causal4096,full8192] [--loads tma]
     [--orders both] [--overlap both] [--kernels dkdv] [--output F.json]
@@ -49,11 +48,6 @@ DKDV_CANDIDATES = [
     # 168 registers let three 4-warp blocks share an SM (65536 / (168 · 128) ≥ 3), if shared memory allows.
     (64, 64, 4, 2, "maxnreg=168"), (64, 64, 4, 3, "maxnreg=168"),
 ]
-# The fused backward's dK/dV kernel (dQ by vector reductions into an fp32 accumulator, see flash_triton_bwd).
-FUSED_CANDIDATES = [
-    (64, 128, 8, 2), (64, 128, 8, 3), (64, 128, 8, 4), (32, 128, 8, 3), (32, 128, 4, 3), (128, 128, 8, 2),
-    (64, 64, 4, 3), (64, 64, 4, 4), (32, 64, 4, 3),
-]
 DQ_CANDIDATES = [
     (128, 32, 4, 3), (128, 32, 8, 3), (128, 32, 8, 4), (128, 64, 4, 3), (128, 64, 4, 4), (128, 64, 8, 2),
     (128, 64, 8, 3), (128, 64, 8, 4), (64, 32, 4, 3), (64, 64, 4, 3),
@@ -92,10 +86,10 @@ def jobs(loads: tuple[bool, ...], orders: tuple[bool, ...] = (False,),
     todo = []
     for name in SHAPES:
         partners = PARTNERS[SHAPES[name][3]]
-        candidates = {"fwd": FWD_CANDIDATES, "dkdv": DKDV_CANDIDATES, "dq": DQ_CANDIDATES, "fused": FUSED_CANDIDATES}
+        candidates = {"fwd": FWD_CANDIDATES, "dkdv": DKDV_CANDIDATES, "dq": DQ_CANDIDATES}
         for kernel, shapes in candidates.items():
-            partner = {"dkdv": partners["dq"], "dq": partners["dkdv"]}.get(kernel)
-            shapes = [*shapes, *(WS_CANDIDATES.get(kernel, []) if True in loads else [])]
+            partner = {"fwd": None, "dkdv": partners["dq"], "dq": partners["dkdv"]}[kernel]
+            shapes = [*shapes, *(WS_CANDIDATES[kernel] if True in loads else [])]
             for c in shapes:
                 for order in orders:
                     for overlap in overlaps if "OVERLAP" in KERNELS[kernel].arg_names else (False,):
@@ -110,10 +104,8 @@ def call(job, tensors):
     q, k, v, do, out, lse, causal = tensors
     if kernel == "fwd":
         return lambda: flash_forward(q, k, v, causal, config(shape, kernel), tma=tma)
-    pinned = {kernel: config(shape, kernel)}
-    if partner:
-        other = "dq" if kernel == "dkdv" else "dkdv"
-        pinned[other] = config(partner, other)
+    other = "dq" if kernel == "dkdv" else "dkdv"
+    pinned = {kernel: config(shape, kernel), other: config(partner, other)}
     return lambda: flash_backward(q, k, v, out, lse, do, causal, tma=tma, configs_by_kernel=pinned)
 
 

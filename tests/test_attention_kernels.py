@@ -117,29 +117,25 @@ def _case_id(case):
 
 
 @pytest.mark.usefixtures("one_config_per_kernel")
-@pytest.mark.parametrize("impl_name", [*(f"triton-{mode}" for mode in flash_triton_bwd.DQ_MODES), "torch"])
+@pytest.mark.parametrize("impl_name", list(IMPLS))
 @pytest.mark.parametrize("case", SMALL_CASES, ids=_case_id)
-def test_matches_float64_reference(monkeypatch, impl_name, case):
-    """Triton in both backward modes: the fused kernel's dQ reductions ("atomic") and the dQ kernel ("split")."""
+def test_matches_float64_reference(impl_name, case):
     lead, n_q, n_k, d, causal, dtype = case
-    if impl_name.startswith("triton"):
+    if impl_name == "triton":
         if not TRITON_RUNS_HERE:
             pytest.skip("Triton needs CUDA or TRITON_INTERPRET=1")
         if INTERPRET and dtype == torch.bfloat16:
             pytest.skip("the Triton interpreter cannot compute bf16 (triton#11584); covered by the gpu tests")
-        monkeypatch.setenv(flash_triton_bwd.DQ_MODE_ENV, impl_name.split("-")[1])
-    _assert_matches_reference(IMPLS[impl_name.split("-")[0]], lead, n_q, n_k, d, causal, dtype)
+    _assert_matches_reference(IMPLS[impl_name], lead, n_q, n_k, d, causal, dtype)
 
 
 @pytest.mark.usefixtures("one_config_per_kernel")
-@pytest.mark.parametrize("dq_mode", flash_triton_bwd.DQ_MODES)
-def test_padded_keys_add_nothing_to_dq_when_every_score_is_very_negative(monkeypatch, dq_mode):
+def test_padded_keys_add_nothing_to_dq_when_every_score_is_very_negative():
     """Scores near -1600 put L near -1600: P of a padded key (k = 0, score 0) would be exp(1600) = inf, and
     inf · 0 = NaN in dQ, unless the padded keys are masked wherever dQ is formed from them (77 keys: the last
     key tile is ragged in every config)."""
     if not TRITON_RUNS_HERE:
         pytest.skip("Triton needs CUDA or TRITON_INTERPRET=1")
-    monkeypatch.setenv(flash_triton_bwd.DQ_MODE_ENV, dq_mode)
     gen = torch.Generator().manual_seed(0)
     q = (40 + torch.rand(2, 77, 16, generator=gen)).to(DEVICE).requires_grad_()
     k = (-10 - torch.rand(2, 77, 16, generator=gen)).to(DEVICE).requires_grad_()
@@ -152,19 +148,6 @@ def test_padded_keys_add_nothing_to_dq_when_every_score_is_very_negative(monkeyp
         assert torch.isfinite(got[name]).all(), name
         # fp32 scores of magnitude 1600 carry absolute errors ~1e-4 into P: 100× the usual fp32 bound.
         assert _rel_err(got[name], want[name]) <= 100 * TOLERANCE[DEVICE][torch.float32], name
-
-
-def test_dq_mode_follows_pytorch_determinism_then_the_environment(monkeypatch):
-    monkeypatch.delenv(flash_triton_bwd.DQ_MODE_ENV, raising=False)
-    assert flash_triton_bwd.default_dq_mode() == "atomic"
-    monkeypatch.setenv(flash_triton_bwd.DQ_MODE_ENV, "split")
-    assert flash_triton_bwd.default_dq_mode() == "split"
-    monkeypatch.setenv(flash_triton_bwd.DQ_MODE_ENV, "atomic")
-    monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: True)
-    assert flash_triton_bwd.default_dq_mode() == "split"
-    q = torch.zeros(1, 1, 16, 16)
-    with pytest.raises(ValueError, match="dq_mode must be one of"):
-        flash_triton_bwd.flash_backward(q, q, q, q, q[..., 0], q, False, dq_mode="fast")
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -277,12 +260,10 @@ def test_config_flags_match_reference(monkeypatch, flag, causal):
     early dPᵀ."""
     if not INTERPRET:
         pytest.skip("interpreter only; on a GPU the autotuner runs these configs against the reference")
-    for kernel in (flash_triton_fwd._fwd, flash_triton_bwd._dkdv, flash_triton_bwd._dq, flash_triton_bwd._fused):
+    for kernel in (flash_triton_fwd._fwd, flash_triton_bwd._dkdv, flash_triton_bwd._dq):
         if flag in kernel.interpret_blocks:
             monkeypatch.setitem(kernel.interpret_blocks, flag, True)
-    for dq_mode in flash_triton_bwd.DQ_MODES:
-        monkeypatch.setenv(flash_triton_bwd.DQ_MODE_ENV, dq_mode)
-        _assert_matches_reference(FlashAttentionTriton, (2, 3), 77, 130, 32, causal, torch.float32)
+    _assert_matches_reference(FlashAttentionTriton, (2, 3), 77, 130, 32, causal, torch.float32)
 
 
 def test_tma_only_for_aligned_16_bit_tensors():
@@ -316,9 +297,8 @@ def test_warp_specialised_configs_only_where_they_were_tuned(dtype, d, tma, offe
         (flash_triton_fwd._fwd, "BLOCK_M", "BLOCK_N"),
         (flash_triton_bwd._dkdv, "BLOCK_N", "BLOCK_M"),
         (flash_triton_bwd._dq, "BLOCK_M", "BLOCK_N"),
-        (flash_triton_bwd._fused, "BLOCK_N", "BLOCK_M"),
     ],
-    ids=["fwd", "dkdv", "dq", "fused"],
+    ids=["fwd", "dkdv", "dq"],
 )
 def test_autotune_configs_split_the_causal_diagonal_evenly(kernel, resident, streamed):
     """Each kernel walks the diagonal of its resident tile in whole streamed tiles."""
@@ -394,28 +374,20 @@ def test_tma_and_pointer_loads_gpu(tma):
 def test_autotuned_kernels_gpu(monkeypatch):
     """The configs the autotuner picks are correct too (compiles every config of one key: ~1 min)."""
     monkeypatch.delenv(AUTOTUNE_ENV, raising=False)
-    for dq_mode in flash_triton_bwd.DQ_MODES:
-        monkeypatch.setenv(flash_triton_bwd.DQ_MODE_ENV, dq_mode)
-        _assert_matches_reference(FlashAttentionTriton, (2, 4), 2000, 2000, 64, True, torch.bfloat16)
+    _assert_matches_reference(FlashAttentionTriton, (2, 4), 2000, 2000, 64, True, torch.bfloat16)
     chosen = tuned_configs()
-    for kernel in ("_flash_attn_fwd_kernel", "_flash_attn_bwd_dkdv_kernel", "_flash_attn_bwd_dq_kernel",
-                   "_flash_attn_bwd_dkdv_kernel[ATOMIC_DQ]"):
+    for kernel in ("_flash_attn_fwd_kernel", "_flash_attn_bwd_dkdv_kernel", "_flash_attn_bwd_dq_kernel"):
         assert chosen[kernel], f"{kernel} was not autotuned"
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dq_mode", flash_triton_bwd.DQ_MODES)
-def test_direct_launches_match_dispatched_ones_gpu(monkeypatch, dq_mode):
+def test_direct_launches_match_dispatched_ones_gpu(monkeypatch):
     """After the first call, calls with the same signature launch the compiled kernels directly: they must
-    compute bit for bit what Triton's own dispatch computes (in the atomic mode, everything but dQ, whose
-    additions land in a varying order), and an input Triton would specialise differently (a view one element
-    in, no longer 16-byte aligned) must get a launch of its own."""
+    compute bit for bit what Triton's own dispatch computes, and an input Triton would specialise differently
+    (a view one element in, no longer 16-byte aligned) must get a launch of its own."""
     monkeypatch.delenv(AUTOTUNE_ENV, raising=False)
-    monkeypatch.setenv(flash_triton_bwd.DQ_MODE_ENV, dq_mode)
     (q, k, v), grad_out = _inputs((2, 4), 1000, 1000, 64, torch.float16)
-    bwd = flash_triton_bwd
-    kernels = (flash_triton_fwd._fwd, bwd._preprocess,
-               *((bwd._fused, bwd._dq_convert) if dq_mode == "atomic" else (bwd._dkdv, bwd._dq)))
+    kernels = (flash_triton_fwd._fwd, flash_triton_bwd._preprocess, flash_triton_bwd._dkdv, flash_triton_bwd._dq)
 
     def run(q, k, v):
         out = FlashAttentionTriton.apply(q, k, v, True)
@@ -428,11 +400,8 @@ def test_direct_launches_match_dispatched_ones_gpu(monkeypatch, dq_mode):
     plans = [len(kernel._plans) for kernel in kernels]
     direct = run(q, k, v)
     assert [len(kernel._plans) for kernel in kernels] == plans and all(plans)
-    for name, got, want in zip(("o", "dq", "dk", "dv"), direct, dispatched, strict=True):
-        if name == "dq" and dq_mode == "atomic":
-            assert _rel_err(got, want.double()) <= 1e-3, name
-        else:
-            assert torch.equal(got, want), name
+    for got, want in zip(direct, dispatched, strict=True):
+        assert torch.equal(got, want)
 
     buffer = torch.randn(q.numel() + 1, dtype=q.dtype, device=q.device)
     unaligned = buffer[1:].view(q.shape).requires_grad_()

@@ -71,17 +71,11 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
 
 
 # The Triton kernels by the names `last_configs` and `flash_backward(configs_by_kernel=…)` use, for scripts
-# that compile or pin one of them (scripts/flash_tune.py, scripts/flash_sass.py). "fused" is the dK/dV kernel
-# with the constexprs of KERNEL_CONSTS (the fused backward's, as compiled for compute capability 9.0+).
+# that compile or pin one of them (scripts/flash_tune.py, scripts/flash_sass.py).
 JIT_KERNELS = {
     "fwd": flash_triton_fwd._flash_attn_fwd_kernel,
     "dkdv": flash_triton_bwd._flash_attn_bwd_dkdv_kernel,
     "dq": flash_triton_bwd._flash_attn_bwd_dq_kernel,
-    "fused": flash_triton_bwd._flash_attn_bwd_dkdv_kernel,
-}
-KERNEL_CONSTS = {
-    "dkdv": {"ATOMIC_DQ": False, "RED_V2": False},
-    "fused": {"ATOMIC_DQ": True, "RED_V2": True},
 }
 
 

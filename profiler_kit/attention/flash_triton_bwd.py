@@ -20,7 +20,6 @@ score can overflow. Padded head-dim columns are zeros throughout. Layout, precis
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import triton
@@ -46,38 +45,27 @@ from profiler_kit.attention.flash_triton_launch import (
     block_d,
     descriptors,
     grid_2d,
-    sm90_or_newer,
     smem_pruner,
     tensor_signature,
     tma_usable,
 )
 
-# Rows per program of the D pre-pass and of the dQ conversion: they are memory-bound, so any size that fills
-# a block will do. The fused backward's dQ accumulator pads its rows to this multiple, which is also a
-# multiple of every BLOCK_M of the dK/dV configs, so that no accumulator access needs a mask.
+# Rows per program of the D pre-pass: it is memory-bound, so any size that fills a block will do.
 PREPROCESS_BLOCK_M = 128
-# How the backward computes dQ: "split" (the dQ kernel, deterministic) or "atomic" (the fused dK/dV kernel).
-DQ_MODES = ("split", "atomic")
-DQ_MODE_ENV = "PROFILER_KIT_FLASH_DQ"
 
 
 @triton.jit
 def _flash_attn_bwd_preprocess_kernel(
-    Out, DO, L, Delta, LSE2, DQ_ACC,
+    Out, DO, L, Delta, LSE2,
     stride_oz, stride_oh, stride_on,
     stride_dz, stride_dh, stride_dn,
-    H, N_Q, stride_ab,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+    H, N_Q,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
 ):
     """Delta_i = Σ_d dO_id · O_id and LSE2_i = L_i · log2(e) in fp32, one program per (query tile,
     batch·head). LSE2 is L in the exp2 domain: the dK/dV kernel would otherwise rescale each query tile's L
-    once per key tile. ATOMIC_DQ: also zero this tile's rows of the fp32 dQ accumulator (see
-    `_flash_attn_bwd_dkdv_kernel`), which saves a memset launch."""
+    once per key tile."""
     pid_bh, _, _, off_z, off_h = program_head(H, False)
-    if ATOMIC_DQ:
-        acc_ptrs = DQ_ACC + pid_bh.to(tl.int64) * stride_ab + accumulator_offsets(tl.program_id(0) * BLOCK_M,
-                                                                               BLOCK_M, BLOCK_D)
-        tl.store(acc_ptrs, tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32))
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     o = load_tile(Out + off_z * stride_oz + off_h * stride_oh, rows, N_Q, stride_on, HEAD_DIM, BLOCK_D, True)
     do = load_tile(DO + off_z * stride_dz + off_h * stride_dh, rows, N_Q, stride_dn, HEAD_DIM, BLOCK_D, True)
@@ -88,51 +76,13 @@ def _flash_attn_bwd_preprocess_kernel(
 
 
 @triton.jit
-def accumulator_offsets(start_m, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Offsets of rows [start_m, start_m + BLOCK_M) in one head's slab of the dQ accumulator, a dense
-    (rows padded to ACC_ROW_MULTIPLE, BLOCK_D) fp32 array: no masks, every tile is in bounds."""
-    return (start_m + tl.arange(0, BLOCK_M))[:, None] * BLOCK_D + tl.arange(0, BLOCK_D)[None, :]
-
-
-@triton.jit
-def red_add_f32(ptrs, values, RED_V2: tl.constexpr):
-    """Add an fp32 tile into global memory without reading it back (relaxed, GPU scope).
-
-    RED_V2 (compute capability 9.0+): one `red.global.add.v2.f32` per pair of adjacent elements, through
-    inline PTX. Triton 3.6 lowers `tl.atomic_add` to one scalar atomic per element, and in the matmul
-    accumulator layout each thread holds its elements in pairs of adjacent columns, so pairs halve the
-    atomic instructions. Each pair checks that its two addresses are adjacent and falls back to two scalar
-    adds when they are not, so the result never depends on the layout Triton picks (where the pairing is
-    known at compile time, as here, ptxas removes the check). Otherwise (older GPUs, the interpreter, which
-    cannot run PTX): `tl.atomic_add`.
-    """
-    if RED_V2:
-        tl.inline_asm_elementwise(
-            """{
-            .reg .pred adjacent;
-            .reg .b64 next;
-            add.s64 next, $2, 4;
-            setp.eq.s64 adjacent, next, $3;
-            @adjacent red.relaxed.gpu.global.add.v2.f32 [$2], {$4, $5};
-            @!adjacent red.relaxed.gpu.global.add.f32 [$2], $4;
-            @!adjacent red.relaxed.gpu.global.add.f32 [$3], $5;
-            mov.b32 $0, 0;
-            mov.b32 $1, 0;
-            }""",
-            "=r,=r,l,l,f,f", [ptrs.to(tl.int64, bitcast=True), values], dtype=tl.int32, is_pure=False, pack=2)
-    else:
-        tl.atomic_add(ptrs, values, sem="relaxed")
-
-
-@triton.jit
-def _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, l_base, d_base, acc_base, desc_q, desc_do, z, h,
-                      stride_qn, stride_dn, cols, start, stop, N_Q, N_K, qk_scale,
+def _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, l_base, d_base, desc_q, desc_do, z, h,
+                      stride_qn, stride_dn, cols, start, stop, N_Q, qk_scale,
                       HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                       MASKED: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr,
-                      OVERLAP: tl.constexpr, ATOMIC_DQ: tl.constexpr, RED_V2: tl.constexpr):
+                      OVERLAP: tl.constexpr):
     """Accumulate the dK, dV of one key tile over query tiles [start, stop), working on transposed tiles
-    (keys × queries) so that Pᵀ and dSᵀ come out of tl.dot directly. OVERLAP, ATOMIC_DQ: see
-    `_flash_attn_bwd_dkdv_kernel`."""
+    (keys × queries) so that Pᵀ and dSᵀ come out of tl.dot directly. OVERLAP: see `_flash_attn_bwd_dkdv_kernel`."""
     offs_m = tl.arange(0, BLOCK_M)
     for start_m in tl.range(start, stop, BLOCK_M, warp_specialize=WS):
         rows = start_m + offs_m
@@ -152,31 +102,25 @@ def _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, l_base, d_base, acc_base, d
             visible = rows[None, :] < N_Q
             if CAUSAL:
                 visible = visible & (cols[:, None] <= rows[None, :])
-            if ATOMIC_DQ:  # padded keys hold k = 0, but P there can be inf, and inf · 0 would poison dQ
-                visible = visible & (cols[:, None] < N_K)
             p_t = tl.where(visible, p_t, 0.0)
         dv = tl.dot(p_t.to(do.dtype), do, dv)
         if not OVERLAP:
             dp_t = tl.dot(v, tl.trans(do))
-        ds_t = (p_t * (dp_t - delta[None, :])).to(q.dtype)
-        dk = tl.dot(ds_t, q, dk)
-        if ATOMIC_DQ:
-            red_add_f32(acc_base + accumulator_offsets(start_m, BLOCK_M, BLOCK_D), tl.dot(tl.trans(ds_t), k),
-                        RED_V2)
+        ds_t = p_t * (dp_t - delta[None, :])
+        dk = tl.dot(ds_t.to(q.dtype), q, dk)
     return dk, dv
 
 
 @triton.jit
 def _flash_attn_bwd_dkdv_kernel(
-    Q, K, V, DO, LSE2, Delta, DK, DV, DQ_ACC, DESC_Q, DESC_K, DESC_V, DESC_DO,
+    Q, K, V, DO, LSE2, Delta, DK, DV, DESC_Q, DESC_K, DESC_V, DESC_DO,
     stride_qz, stride_qh, stride_qn,
     stride_kz, stride_kh, stride_kn,
     stride_vz, stride_vh, stride_vn,
     stride_dz, stride_dh, stride_dn,
     stride_gz, stride_gh, stride_gn,
-    H, N_Q, N_K, qk_scale, sm_scale, SEQ_BUCKET, stride_ab,
+    H, N_Q, N_K, qk_scale, sm_scale, SEQ_BUCKET,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr,
-    ATOMIC_DQ: tl.constexpr, RED_V2: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WS: tl.constexpr, HEAD_FIRST: tl.constexpr,
     OVERLAP: tl.constexpr,
 ):
@@ -189,13 +133,6 @@ def _flash_attn_bwd_dkdv_kernel(
     OVERLAP issues dPᵀ = V dOᵀ before the exp2 of Pᵀ rather than after dV's matmul. Triton waits for a
     matmul's result only where it is first used, so the tensor cores then compute dPᵀ while the exp2 runs,
     and dV's matmul while dSᵀ is formed; the cost is dPᵀ's registers, live across the exp2.
-
-    ATOMIC_DQ (the fused backward): each query tile's dS·K is also added into DQ_ACC, an fp32 accumulator
-    of one (padded rows, BLOCK_D) slab per batch·head, stride_ab elements apart, zeroed by the pre-pass
-    (see `red_add_f32`; RED_V2 picks the vector reduction). That is 5 matmuls and one exp2 per score instead
-    of the split backward's 7 and two, for a reduction per score tile and a dQ that is not bit-reproducible
-    (the order of the additions varies). A ragged last key tile takes every query tile through the masked
-    loop, which zeroes P of the padded keys.
     """
     pid_bh, z, h, off_z, off_h = program_head(H, HEAD_FIRST)
     start_n = tile_program(HEAD_FIRST)[0] * BLOCK_N
@@ -209,30 +146,24 @@ def _flash_attn_bwd_dkdv_kernel(
     do_base = DO + off_z * stride_dz + off_h * stride_dh
     l_base = LSE2 + pid_bh.to(tl.int64) * N_Q
     d_base = Delta + pid_bh.to(tl.int64) * N_Q
-    acc_base = DQ_ACC  # None unless ATOMIC_DQ
-    if ATOMIC_DQ:
-        acc_base = DQ_ACC + pid_bh.to(tl.int64) * stride_ab
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
 
+    full_rows = (N_Q // BLOCK_M) * BLOCK_M
     if CAUSAL:
         diagonal_stop = tl.minimum(start_n + BLOCK_N, N_Q)
-        dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, l_base, d_base, acc_base, DESC_Q, DESC_DO,
-                                   z, h, stride_qn, stride_dn, cols, start_n, diagonal_stop, N_Q, N_K, qk_scale,
-                                   HEAD_DIM, BLOCK_D, BLOCK_M, True, CAUSAL, TMA, WS, OVERLAP, ATOMIC_DQ, RED_V2)
+        dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, l_base, d_base, DESC_Q, DESC_DO, z, h,
+                                   stride_qn, stride_dn, cols, start_n, diagonal_stop, N_Q, qk_scale,
+                                   HEAD_DIM, BLOCK_D, BLOCK_M, True, CAUSAL, TMA, WS, OVERLAP)
         start = start_n + BLOCK_N
     else:
         start = 0
-    full_rows = (N_Q // BLOCK_M) * BLOCK_M
-    if ATOMIC_DQ:
-        full_rows = tl.where(start_n + BLOCK_N > N_K, start, full_rows)
-    dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, l_base, d_base, acc_base, DESC_Q, DESC_DO, z, h,
-                               stride_qn, stride_dn, cols, start, full_rows, N_Q, N_K, qk_scale,
-                               HEAD_DIM, BLOCK_D, BLOCK_M, False, CAUSAL, TMA, WS, OVERLAP, ATOMIC_DQ, RED_V2)
-    dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, l_base, d_base, acc_base, DESC_Q, DESC_DO, z, h,
-                               stride_qn, stride_dn, cols, tl.maximum(start, full_rows), N_Q, N_Q, N_K,
-                               qk_scale, HEAD_DIM, BLOCK_D, BLOCK_M, True, CAUSAL, TMA, WS, OVERLAP, ATOMIC_DQ,
-                               RED_V2)
+    dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, l_base, d_base, DESC_Q, DESC_DO, z, h,
+                               stride_qn, stride_dn, cols, start, full_rows, N_Q, qk_scale,
+                               HEAD_DIM, BLOCK_D, BLOCK_M, False, CAUSAL, TMA, WS, OVERLAP)
+    dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, l_base, d_base, DESC_Q, DESC_DO, z, h,
+                               stride_qn, stride_dn, cols, tl.maximum(start, full_rows), N_Q, N_Q, qk_scale,
+                               HEAD_DIM, BLOCK_D, BLOCK_M, True, CAUSAL, TMA, WS, OVERLAP)
 
     g_off = off_z * stride_gz + off_h * stride_gh
     store_tile(DK + g_off, (dk * sm_scale).to(DK.dtype.element_ty), cols, N_K, stride_gn, HEAD_DIM, BLOCK_D)
@@ -299,19 +230,6 @@ def _flash_attn_bwd_dq_kernel(
     store_tile(DQ + g_off, (dq * sm_scale).to(DQ.dtype.element_ty), rows, N_Q, stride_gn, HEAD_DIM, BLOCK_D)
 
 
-@triton.jit
-def _flash_attn_bwd_dq_convert_kernel(
-    DQ_ACC, DQ, stride_gz, stride_gh, stride_gn, H, N_Q, stride_ab, sm_scale,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-):
-    """dQ = DQ_ACC · sm_scale in the output dtype, one program per (query tile, batch·head)."""
-    pid_bh, _, _, off_z, off_h = program_head(H, False)
-    start_m = tl.program_id(0) * BLOCK_M
-    acc = tl.load(DQ_ACC + pid_bh.to(tl.int64) * stride_ab + accumulator_offsets(start_m, BLOCK_M, BLOCK_D))
-    store_tile(DQ + off_z * stride_gz + off_h * stride_gh, (acc * sm_scale).to(DQ.dtype.element_ty),
-               start_m + tl.arange(0, BLOCK_M), N_Q, stride_gn, HEAD_DIM, BLOCK_D)
-
-
 # (BLOCK_M, BLOCK_N, warps, stages, *flags), most preferred first (flags: see `configs`). The dK/dV kernel
 # keeps a wide key tile resident and streams narrow query tiles (BLOCK_N % BLOCK_M == 0); the dQ kernel is its
 # mirror image (BLOCK_M % BLOCK_N == 0). The lists hold the winners of `scripts/flash_tune.py` on the H100
@@ -324,12 +242,6 @@ _DKDV_SHAPES = [
     (64, 64, 4, 3, "overlap"), (64, 64, 4, 4, "overlap"), (32, 128, 4, 3, "head_first", "overlap"),
     (64, 128, 8, 3), (64, 128, 8, 2), (64, 128, 8, 4), (64, 64, 4, 4),
     (32, 128, 8, 3), (32, 128, 4, 3), (32, 64, 4, 3), (32, 64, 4, 2),
-]
-# The fused backward's dK/dV kernel (ATOMIC_DQ): the same tiles, plus one reduction per score tile into the
-# dQ accumulator, whose traffic falls with wider key tiles (BLOCK_N).
-_FUSED_SHAPES = [
-    (64, 128, 8, 3, "overlap"), (64, 128, 8, 2, "overlap"), (64, 128, 8, 3), (64, 128, 8, 2),
-    (64, 64, 4, 3, "overlap"), (64, 64, 4, 3), (32, 128, 8, 3), (32, 64, 4, 3), (32, 64, 4, 2),
 ]
 _DQ_SHAPES = [
     (128, 64, 8, 3), (128, 64, 8, 4), (128, 64, 8, 4, "ws"), (128, 64, 4, 3), (128, 64, 4, 3, "head_first"),
@@ -345,20 +257,6 @@ _dkdv = Kernel(_flash_attn_bwd_dkdv_kernel, _DKDV_SHAPES,
 _dq = Kernel(_flash_attn_bwd_dq_kernel, _DQ_SHAPES,
              smem_pruner(resident=("BLOCK_M", "BLOCK_M"), streamed=("BLOCK_N", "BLOCK_N")),
              interpret_blocks={"BLOCK_M": 32, "BLOCK_N": 16, "WS": False, "HEAD_FIRST": False})
-# The autotuner reruns a config many times; the accumulator is zeroed before each run and after the last.
-_fused = Kernel(_flash_attn_bwd_dkdv_kernel, _FUSED_SHAPES,
-                smem_pruner(resident=("BLOCK_N", "BLOCK_N"), streamed=("BLOCK_M", "BLOCK_M")),
-                interpret_blocks={"BLOCK_M": 16, "BLOCK_N": 32, "WS": False, "HEAD_FIRST": False, "OVERLAP": False},
-                reset_to_zero=["DQ_ACC"])
-_dq_convert = Kernel(_flash_attn_bwd_dq_convert_kernel)
-
-
-def default_dq_mode() -> str:
-    """"split" when PyTorch is asked for deterministic algorithms (`torch.use_deterministic_algorithms`),
-    else $PROFILER_KIT_FLASH_DQ if set, else "atomic"."""
-    if torch.are_deterministic_algorithms_enabled():
-        return "split"
-    return os.environ.get(DQ_MODE_ENV, "atomic")
 
 
 def flash_backward(
@@ -371,16 +269,12 @@ def flash_backward(
     causal: bool,
     tma: bool | None = None,
     configs_by_kernel: dict[str, triton.Config] | None = None,
-    dq_mode: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Launch the backward on (Z, H, seq, d) views of q, k, v, o; `grad_out` has the shape of the original q
-    and `lse` is the forward's fp32 L.
+    """Launch the three backward kernels on (Z, H, seq, d) views of q, k, v, o; `grad_out` has the shape of
+    the original q and `lse` is the forward's fp32 L.
 
-    Three launches either way: the D pre-pass, then for `dq_mode` "split" the dK/dV and dQ kernels, for
-    "atomic" the fused dK/dV kernel adding dQ into an fp32 accumulator and a conversion of that to the
-    input dtype. None: `default_dq_mode()`. `tma` as in `flash_forward`. `configs_by_kernel` pins a config
-    per kernel name ("dkdv", "dq"; "fused", which also selects the atomic mode) instead of autotuning, for
-    tuning sweeps. Returns dQ, dK, dV as contiguous (Z, H, seq, d) tensors in the input dtype.
+    `tma` as in `flash_forward`. `configs_by_kernel` pins a config per kernel name ("dkdv", "dq") instead of
+    autotuning, for tuning sweeps. Returns dQ, dK, dV as contiguous (Z, H, seq, d) tensors in the input dtype.
     """
     z, h, n_q, d = q4.shape
     n_k = k4.shape[2]
@@ -388,11 +282,6 @@ def flash_backward(
     if tma is None:
         tma = not INTERPRET and tma_usable(q4, k4, v4, do4)
     pinned = configs_by_kernel or {}
-    if dq_mode is None:
-        dq_mode = "atomic" if "fused" in pinned else "split" if pinned else default_dq_mode()
-    if dq_mode not in DQ_MODES:
-        raise ValueError(f"dq_mode must be one of {DQ_MODES}, got {dq_mode!r}")
-    atomic = dq_mode == "atomic"
     lse = lse.reshape(z * h, n_q)
     delta = torch.empty((z * h, n_q), dtype=torch.float32, device=q4.device)
     lse2 = torch.empty_like(delta)
@@ -401,31 +290,18 @@ def flash_backward(
     dv = torch.empty_like(dk)
     bd = block_d(d)
     descs = descriptors(q4, k4, v4, do4) if tma else [None] * 4
-    q_tiles = triton.cdiv(n_q, PREPROCESS_BLOCK_M)
-    # The fused backward's accumulator: per batch·head, q_tiles · PREPROCESS_BLOCK_M rows of BLOCK_D fp32.
-    acc_stride = q_tiles * PREPROCESS_BLOCK_M * bd
-    dq_acc = torch.empty((z * h * acc_stride,), dtype=torch.float32, device=q4.device) if atomic else None
 
     signature = (causal, tma, *map(tensor_signature, (q4, k4, v4, o4, do4, lse)))
-    _preprocess(lambda meta: (q_tiles, z * h),
-                (o4, do4, lse, delta, lse2, dq_acc, *strides3(o4), *strides3(do4), h, n_q, acc_stride),
-                {"HEAD_DIM": d, "BLOCK_D": bd, "BLOCK_M": PREPROCESS_BLOCK_M, "ATOMIC_DQ": atomic},
-                (signature, atomic))
+    _preprocess(lambda meta: (triton.cdiv(n_q, PREPROCESS_BLOCK_M), z * h),
+                (o4, do4, lse, delta, lse2, *strides3(o4), *strides3(do4), h, n_q),
+                {"HEAD_DIM": d, "BLOCK_D": bd, "BLOCK_M": PREPROCESS_BLOCK_M}, signature)
     common = (*strides3(q4), *strides3(k4), *strides3(v4), *strides3(do4))
     scalars = (h, n_q, n_k, LOG2E / math.sqrt(d), 1.0 / math.sqrt(d), seq_bucket(max(n_q, n_k)))
     consts = {"HEAD_DIM": d, "BLOCK_D": bd, "CAUSAL": causal, "TMA": tma}
-    dkdv_consts = {**consts, "ATOMIC_DQ": atomic, "RED_V2": atomic and not INTERPRET and sm90_or_newer(q4.device)}
-    dkdv_args = (q4, k4, v4, do4, lse2, delta, dk, dv, dq_acc, *descs, *common, *strides3(dk), *scalars,
-                 acc_stride)
-    dkdv_grid = lambda meta: grid_2d(triton.cdiv(n_k, meta["BLOCK_N"]), z * h, meta)  # noqa: E731
-    if atomic:
-        _fused(dkdv_grid, dkdv_args, dkdv_consts, signature, pinned.get("fused"))
-        _dq_convert(lambda meta: (q_tiles, z * h),
-                    (dq_acc, dq, *strides3(dq), h, n_q, acc_stride, 1.0 / math.sqrt(d)),
-                    {"HEAD_DIM": d, "BLOCK_D": bd, "BLOCK_M": PREPROCESS_BLOCK_M}, signature)
-        return dq, dk, dv
+    dkdv_args = (q4, k4, v4, do4, lse2, delta, dk, dv, *descs, *common, *strides3(dk), *scalars)
     dq_args = (q4, k4, v4, do4, lse2, delta, dq, *descs, *common, *strides3(dq), *scalars)
-    _dkdv(dkdv_grid, dkdv_args, dkdv_consts, signature, pinned.get("dkdv"))
+    _dkdv(lambda meta: grid_2d(triton.cdiv(n_k, meta["BLOCK_N"]), z * h, meta), dkdv_args, consts, signature,
+          pinned.get("dkdv"))
     _dq(lambda meta: grid_2d(triton.cdiv(n_q, meta["BLOCK_M"]), z * h, meta), dq_args, consts, signature,
         pinned.get("dq"))
     return dq, dk, dv
@@ -433,10 +309,9 @@ def flash_backward(
 
 def tuned_configs() -> dict[str, dict]:
     """The autotuner's choice per tuning key so far, for each tuned kernel of this module."""
-    return {"_flash_attn_bwd_dkdv_kernel": _dkdv.tuning_cache(), "_flash_attn_bwd_dq_kernel": _dq.tuning_cache(),
-            "_flash_attn_bwd_dkdv_kernel[ATOMIC_DQ]": _fused.tuning_cache()}
+    return {"_flash_attn_bwd_dkdv_kernel": _dkdv.tuning_cache(), "_flash_attn_bwd_dq_kernel": _dq.tuning_cache()}
 
 
 def last_configs() -> dict[str, triton.Config | None]:
     """The config each tuned kernel of this module ran last, autotuned or planned (None before any)."""
-    return {"dkdv": _dkdv.last_config, "dq": _dq.last_config, "fused": _fused.last_config}
+    return {"dkdv": _dkdv.last_config, "dq": _dq.last_config}

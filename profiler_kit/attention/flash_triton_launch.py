@@ -140,9 +140,8 @@ def grid_2d(tiles: int, heads: int, meta: dict) -> tuple[int, int]:
 
 
 @functools.cache
-def sm90_or_newer(device: torch.device) -> bool:
-    """Compute capability 9.0+: TMA, and the vector reductions of `red_add_f32` (asked once per device:
-    this sits on every attention call's path)."""
+def _has_tma(device: torch.device) -> bool:
+    """Compute capability 9.0+ (asked once per device: this sits on every attention call's path)."""
     return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
 
 
@@ -151,7 +150,7 @@ def tma_usable(*tensors: torch.Tensor) -> bool:
     interpreter), Triton's TensorDescriptor, 16-bit data (fp32 configs already fill shared memory without
     TMA's buffers) and 16-byte aligned base pointers and strides."""
     first = tensors[0]
-    if TensorDescriptor is None or first.element_size() != 2 or not (INTERPRET or sm90_or_newer(first.device)):
+    if TensorDescriptor is None or first.element_size() != 2 or not (INTERPRET or _has_tma(first.device)):
         return False
     return all(
         t.data_ptr() % 16 == 0 and all(stride > 0 and stride * t.element_size() % 16 == 0 for stride in t.stride()[:-1])
@@ -194,20 +193,17 @@ class _Plan:
 
 class Kernel:
     """A @triton.jit kernel and the ways to launch it. With `shapes` it is autotuned over `configs(shapes)`,
-    pruned by `pruner`, zeroing the arguments named in `reset_to_zero` around the autotuner's trial runs
-    (for kernels that accumulate into an output); `interpret_blocks` are the fixed block sizes used under
-    the interpreter."""
+    pruned by `pruner`; `interpret_blocks` are the fixed block sizes used under the interpreter."""
 
     def __init__(self, fn, shapes: list[tuple] | None = None, pruner: Callable | None = None,
-                 interpret_blocks: dict | None = None, reset_to_zero: list[str] | None = None) -> None:
+                 interpret_blocks: dict | None = None) -> None:
         self.fn = fn
         self.pruner = pruner
         self.interpret_blocks = interpret_blocks or {}
         self.tuned = None
         if shapes:
             self.tuned = triton.autotune(configs=configs(shapes, fn.arg_names), key=TUNING_KEY,
-                                         prune_configs_by={"early_config_prune": pruner},
-                                         reset_to_zero=reset_to_zero)(fn)
+                                         prune_configs_by={"early_config_prune": pruner})(fn)
         self.last_config: triton.Config | None = None
         self._plans: dict[Hashable, _Plan] = {}
 
