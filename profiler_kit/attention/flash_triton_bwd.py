@@ -237,9 +237,12 @@ def _flash_attn_bwd_dq_kernel(
 # the causal d = 64 leaderboard shape, see `configs`) first, then smaller tiles that keep fp32 at d = 128
 # within shared memory. Four warps spill the d = 128 accumulators of 128-wide tiles; eight do not. The
 # "overlap" dK/dV configs won on all three issue 6 shapes, by 1.4–2.7% (docs/results/attention-h100.md, step 11).
+# At d = 128, 64×64 tiles with 2 stages (99 KB of shared memory, so two blocks per SM where 3 stages fit one)
+# took the non-causal N = 8192 backward from 13.65 to 12.66 ms (step 12).
 _DKDV_SHAPES = [
     (64, 128, 8, 3, "overlap"), (64, 128, 8, 2, "overlap"), (64, 128, 8, 3, "ws", "overlap"),
     (64, 64, 4, 3, "overlap"), (64, 64, 4, 4, "overlap"), (32, 128, 4, 3, "head_first", "overlap"),
+    (64, 64, 4, 2, "overlap"),
     (64, 128, 8, 3), (64, 128, 8, 2), (64, 128, 8, 4), (64, 64, 4, 4),
     (32, 128, 8, 3), (32, 128, 4, 3), (32, 64, 4, 3), (32, 64, 4, 2),
 ]
