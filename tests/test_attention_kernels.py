@@ -146,8 +146,10 @@ def test_padded_keys_add_nothing_to_dq_when_every_score_is_very_negative():
     assert want["L"].max() < -1500
     for name in ("o", "dq", "dk", "dv"):
         assert torch.isfinite(got[name]).all(), name
-        # fp32 scores of magnitude 1600 carry absolute errors ~1e-4 into P: 100× the usual fp32 bound.
-        assert _rel_err(got[name], want[name]) <= 100 * TOLERANCE[DEVICE][torch.float32], name
+        if DEVICE == "cpu":
+            # fp32 scores of magnitude 1600 carry absolute errors ~1e-4 into P: 100× the usual fp32 bound.
+            # (On a GPU, TF32 rounds such scores by ~1, so there only finiteness says something.)
+            assert _rel_err(got[name], want[name]) <= 100 * TOLERANCE["cpu"][torch.float32], name
 
 
 @pytest.mark.parametrize("causal", [False, True])
