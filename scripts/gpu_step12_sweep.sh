@@ -1,5 +1,7 @@
 # Issue 6, step 12 (fifth session): the fused backward (dQ by vector reductions) against the split one.
-# Run on the GPU machine from the repository root: bash scripts/gpu_step12_sweep.sh (writes to $OUT).
+# Run on the GPU machine from the root of a checkout of commit 55a7fa7, the only one with the fused kernel
+# (later, flash_tune.py has no "fused" kernel and the sweep would time the split one alone):
+# bash scripts/gpu_step12_sweep.sh (writes to $OUT).
 set -uo pipefail
 . .gpu/setup.sh >/dev/null
 export PYTHONPATH=$PWD:${PYTHONPATH:-}
