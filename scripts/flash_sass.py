@@ -25,6 +25,7 @@ from profiler_kit.attention.flash_triton_launch import DESCRIPTOR_ROWS, configs
 
 FP32_ARGS = {"L", "LSE2", "Delta"}
 SCALARS = {"qk_scale", "sm_scale"}
+ROW_DESCRIPTORS = {"DESC_LSE2", "DESC_DELTA"}  # (Z·H, seq), over fp32 per-row statistics
 
 
 def compile_config(kernel: str, shape: tuple, d: int, causal: bool, tma: bool):
@@ -37,7 +38,9 @@ def compile_config(kernel: str, shape: tuple, d: int, causal: bool, tma: bool):
         if name in consts:
             signature[name] = "constexpr"
         elif name in DESCRIPTOR_ROWS:
-            signature[name] = f"tensordesc<bf16[1,1,{consts[DESCRIPTOR_ROWS[name]]},{d}]>" if tma else "constexpr"
+            rows = consts[DESCRIPTOR_ROWS[name]]
+            block = f"fp32[1,{rows}]" if name in ROW_DESCRIPTORS else f"bf16[1,1,{rows},{d}]"
+            signature[name] = f"tensordesc<{block}>" if tma else "constexpr"
         elif name in SCALARS:
             signature[name] = "fp32"
         elif name in pointers:

@@ -8,9 +8,10 @@ version with the partner configs on the same inputs. A backward row times both k
 pre-pass): the kernel named runs the config of the row, the other its fixed partner.
 
 Usage (GPU machine): python3 scripts/flash_tune.py [--shapes leaderboard,causal4096,full8192] [--loads tma]
-    [--orders both] [--overlap both] [--kernels dkdv] [--output F.json]
+    [--orders both] [--overlap both] [--kernels dkdv] [--candidates shipped] [--poly 0,1] [--output F.json]
     (--orders both: every config on both grid orders; --overlap both: every config with and without the
-    "overlap" flag, see `flash_triton_launch.configs`)
+    "overlap" flag; --poly 0,1: every config with each "poly=K" flag, see `flash_triton_launch.configs`;
+    --candidates shipped: the kernels' own config lists, flags included, instead of the sweep's lists)
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import torch
 import triton
 
 from profiler_kit.attention.flash_triton import JIT_KERNELS as KERNELS
+from profiler_kit.attention.flash_triton import SHIPPED_SHAPES
 from profiler_kit.attention.flash_triton_bwd import flash_backward
 from profiler_kit.attention.flash_triton_fwd import flash_forward
 from profiler_kit.attention.flash_triton_launch import configs
@@ -46,6 +48,8 @@ FWD_CANDIDATES = [
 DKDV_CANDIDATES = [
     (32, 128, 4, 3), (32, 128, 8, 3), (32, 128, 8, 4), (64, 128, 8, 2), (64, 128, 8, 3), (64, 128, 8, 4),
     (128, 128, 8, 2), (32, 64, 4, 3), (64, 64, 4, 3), (64, 64, 4, 4), (64, 64, 4, 2),
+    # Query tiles wider than the key tile (step 13): one masked diagonal tile per key tile.
+    (128, 64, 4, 3), (128, 64, 4, 2),
     # 168 registers let three 4-warp blocks share an SM (65536 / (168 · 128) ≥ 3), if shared memory allows.
     (64, 64, 4, 2, "maxnreg=168"), (64, 64, 4, 3, "maxnreg=168"),
 ]
@@ -75,28 +79,35 @@ def inputs(name: str, seed: int = 0):
     return q, k, v, do, out, lse, causal
 
 
-def with_flags(shape: tuple, head_first: bool, overlap: bool) -> tuple:
-    """The same config, on a (Z·H, tiles) grid and/or with the "overlap" flag where asked."""
-    return (*shape, *(["head_first"] if head_first else []), *(["overlap"] if overlap else []))
+def with_flags(shape: tuple, head_first: bool, overlap: bool, poly: int = 0) -> tuple:
+    """The same config, on a (Z·H, tiles) grid, with the "overlap" flag and/or "poly=K" where asked (a flag
+    the config already names is not named twice)."""
+    extra = [*(["head_first"] if head_first else []), *(["overlap"] if overlap else []),
+             *([f"poly={poly}"] if poly else [])]
+    return (*shape, *(f for f in extra if f not in shape))
 
 
-def jobs(loads: tuple[bool, ...], orders: tuple[bool, ...] = (False,),
-         overlaps: tuple[bool, ...] = (False,)) -> list[tuple]:
+def jobs(loads: tuple[bool, ...], orders: tuple[bool, ...] = (False,), overlaps: tuple[bool, ...] = (False,),
+         polys: tuple[int, ...] = (0,), shipped: bool = False) -> list[tuple]:
     """Every (shape, kernel, TMA loads, config, partner config) to compile and time; with True in `orders`
     each config also on a head-first grid, with True in `overlaps` also with the "overlap" flag (for the
-    kernels that have it)."""
+    kernels that have it), and once per value in `polys`. `shipped` takes the kernels' own lists."""
     todo = []
     for name in SHAPES:
         partners = PARTNERS[SHAPES[name][3]]
-        candidates = {"fwd": FWD_CANDIDATES, "dkdv": DKDV_CANDIDATES, "dq": DQ_CANDIDATES}
+        if shipped:
+            candidates = SHIPPED_SHAPES
+        else:
+            candidates = {kernel: [*shapes, *(WS_CANDIDATES[kernel] if True in loads else [])] for kernel, shapes
+                          in {"fwd": FWD_CANDIDATES, "dkdv": DKDV_CANDIDATES, "dq": DQ_CANDIDATES}.items()}
         for kernel, shapes in candidates.items():
             partner = {"fwd": None, "dkdv": partners["dq"], "dq": partners["dkdv"]}[kernel]
-            shapes = [*shapes, *(WS_CANDIDATES[kernel] if True in loads else [])]
             for c in shapes:
                 for order in orders:
                     for overlap in overlaps if "OVERLAP" in KERNELS[kernel].arg_names else (False,):
-                        todo += [(name, kernel, tma, with_flags(c, order, overlap), partner) for tma in loads
-                                 if tma or "ws" not in c]  # warp-specialised configs run with TMA loads only
+                        for poly in polys:
+                            todo += [(name, kernel, tma, with_flags(c, order, overlap, poly), partner)
+                                     for tma in loads if tma or "ws" not in c]  # ws: TMA loads only
     return todo
 
 
@@ -148,6 +159,9 @@ def main() -> int:
                         help="grid order: (tiles, Z·H) as before, head-first (Z·H, tiles), or both")
     parser.add_argument("--overlap", choices=["both", "off", "on"], default="off",
                         help="the \"overlap\" config flag: off as before, on, or every config both ways")
+    parser.add_argument("--poly", default="0", help="comma-separated \"poly=K\" values to time each config with")
+    parser.add_argument("--candidates", choices=["sweep", "shipped"], default="sweep",
+                        help="this script's candidate lists, or the kernels' shipped lists")
     parser.add_argument("--output", default=None, help="write the rows as JSON here")
     args = parser.parse_args()
     names = args.shapes.split(",")
@@ -155,7 +169,10 @@ def main() -> int:
     orders = {"both": (False, True), "tile": (False,), "head": (True,)}[args.orders]
     overlaps = {"both": (False, True), "off": (False,), "on": (True,)}[args.overlap]
     kernels = args.kernels.split(",")
-    todo = [j for j in jobs(loads, orders, overlaps) if j[0] in names and j[1] in kernels]
+    polys = tuple(int(p) for p in args.poly.split(","))
+    todo = [j for j in jobs(loads, orders, overlaps, polys, args.candidates == "shipped")
+            if j[0] in names and j[1] in kernels]
+    todo = list(dict.fromkeys(todo))  # a flag asked for that a shipped config already names
 
     started = time.time()
     batches = [todo[i::args.workers] for i in range(args.workers)]

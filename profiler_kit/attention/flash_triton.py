@@ -77,6 +77,10 @@ JIT_KERNELS = {
     "dkdv": flash_triton_bwd._flash_attn_bwd_dkdv_kernel,
     "dq": flash_triton_bwd._flash_attn_bwd_dq_kernel,
 }
+# Their shipped config lists, as (BLOCK_M, BLOCK_N, warps, stages, *flags) tuples.
+SHIPPED_SHAPES = {
+    "fwd": flash_triton_fwd._fwd.shapes, "dkdv": flash_triton_bwd._dkdv.shapes, "dq": flash_triton_bwd._dq.shapes,
+}
 
 
 def tuned_configs() -> dict[str, dict]:

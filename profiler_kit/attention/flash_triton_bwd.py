@@ -29,6 +29,7 @@ from profiler_kit.attention.flash_triton_fwd import (
     _LOG2E,
     LOG2E,
     as_4d,
+    exp2_mixed,
     key_ranges,
     load_rows,
     load_tile,
@@ -45,6 +46,7 @@ from profiler_kit.attention.flash_triton_launch import (
     block_d,
     descriptors,
     grid_2d,
+    row_descriptors,
     smem_pruner,
     tensor_signature,
     tma_usable,
@@ -52,6 +54,18 @@ from profiler_kit.attention.flash_triton_launch import (
 
 # Rows per program of the D pre-pass: it is memory-bound, so any size that fills a block will do.
 PREPROCESS_BLOCK_M = 128
+# LSE2 and Delta rows are padded to a multiple of 4 fp32 (16 bytes): TMA needs 16-byte aligned row strides.
+STAT_ALIGN: tl.constexpr = tl.constexpr(4)
+
+
+@triton.jit
+def stat_stride(N_Q):
+    """The row stride of the (Z·H, ≥ N_Q) LSE2 and Delta arrays, `stat_rows` on the device."""
+    return (N_Q + STAT_ALIGN - 1) // STAT_ALIGN * STAT_ALIGN
+
+
+def stat_rows(n_q: int) -> int:
+    return triton.cdiv(n_q, STAT_ALIGN.value) * STAT_ALIGN.value
 
 
 @triton.jit
@@ -70,17 +84,18 @@ def _flash_attn_bwd_preprocess_kernel(
     o = load_tile(Out + off_z * stride_oz + off_h * stride_oh, rows, N_Q, stride_on, HEAD_DIM, BLOCK_D, True)
     do = load_tile(DO + off_z * stride_dz + off_h * stride_dh, rows, N_Q, stride_dn, HEAD_DIM, BLOCK_D, True)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
-    offsets = pid_bh.to(tl.int64) * N_Q + rows
-    tl.store(Delta + offsets, delta, mask=rows < N_Q)
-    tl.store(LSE2 + offsets, tl.load(L + offsets, mask=rows < N_Q) * _LOG2E, mask=rows < N_Q)
+    out_offsets = pid_bh.to(tl.int64) * stat_stride(N_Q) + rows
+    lse = tl.load(L + pid_bh.to(tl.int64) * N_Q + rows, mask=rows < N_Q)
+    tl.store(Delta + out_offsets, delta, mask=rows < N_Q)
+    tl.store(LSE2 + out_offsets, lse * _LOG2E, mask=rows < N_Q)
 
 
 @triton.jit
-def _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, l_base, d_base, desc_q, desc_do, z, h,
-                      stride_qn, stride_dn, cols, start, stop, N_Q, qk_scale,
+def _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, l_base, d_base, desc_q, desc_do, desc_l, desc_d, pid_bh,
+                      z, h, stride_qn, stride_dn, cols, start, stop, N_Q, qk_scale,
                       HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                       MASKED: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr,
-                      OVERLAP: tl.constexpr):
+                      OVERLAP: tl.constexpr, POLY: tl.constexpr):
     """Accumulate the dK, dV of one key tile over query tiles [start, stop), working on transposed tiles
     (keys × queries) so that Pᵀ and dSᵀ come out of tl.dot directly. OVERLAP: see `_flash_attn_bwd_dkdv_kernel`."""
     offs_m = tl.arange(0, BLOCK_M)
@@ -88,7 +103,10 @@ def _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, l_base, d_base, desc_q, des
         rows = start_m + offs_m
         q = load_rows(desc_q, q_base, z, h, start_m, N_Q, stride_qn, BLOCK_M, HEAD_DIM, BLOCK_D, MASKED, TMA)
         do = load_rows(desc_do, do_base, z, h, start_m, N_Q, stride_dn, BLOCK_M, HEAD_DIM, BLOCK_D, MASKED, TMA)
-        if MASKED:
+        if TMA:
+            lse2 = desc_l.load([pid_bh, start_m]).reshape(BLOCK_M)
+            delta = desc_d.load([pid_bh, start_m]).reshape(BLOCK_M)
+        elif MASKED:
             lse2 = tl.load(l_base + rows, mask=rows < N_Q, other=0.0)
             delta = tl.load(d_base + rows, mask=rows < N_Q, other=0.0)
         else:
@@ -97,7 +115,7 @@ def _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, l_base, d_base, desc_q, des
         qk_t = tl.dot(k, tl.trans(q))
         if OVERLAP:
             dp_t = tl.dot(v, tl.trans(do))
-        p_t = tl.math.exp2(qk_t * qk_scale - lse2[None, :])
+        p_t = exp2_mixed(qk_t * qk_scale - lse2[None, :], POLY)
         if MASKED:
             visible = rows[None, :] < N_Q
             if CAUSAL:
@@ -113,7 +131,7 @@ def _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, l_base, d_base, desc_q, des
 
 @triton.jit
 def _flash_attn_bwd_dkdv_kernel(
-    Q, K, V, DO, LSE2, Delta, DK, DV, DESC_Q, DESC_K, DESC_V, DESC_DO,
+    Q, K, V, DO, LSE2, Delta, DK, DV, DESC_Q, DESC_K, DESC_V, DESC_DO, DESC_LSE2, DESC_DELTA,
     stride_qz, stride_qh, stride_qn,
     stride_kz, stride_kh, stride_kn,
     stride_vz, stride_vh, stride_vn,
@@ -122,13 +140,17 @@ def _flash_attn_bwd_dkdv_kernel(
     H, N_Q, N_K, qk_scale, sm_scale, SEQ_BUCKET,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WS: tl.constexpr, HEAD_FIRST: tl.constexpr,
-    OVERLAP: tl.constexpr,
+    OVERLAP: tl.constexpr, POLY: tl.constexpr,
 ):
     """dK, dV for one (key tile, batch·head). DK and DV share the strides (stride_g*) of their allocation.
-    With TMA, q, k, v and dO tiles move through the DESC_* descriptors (see `load_rows`).
+    With TMA, q, k, v and dO tiles move through the DESC_* descriptors (see `load_rows`), and each query
+    tile's LSE2 and Delta through (Z·H, N_Q) descriptors of those arrays: pointer loads of them, in the layout of the
+    score tile's columns, took 32 cp.async instructions per thread and query tile and kept the load/store
+    unit the busiest of all kernels (Nsight Compute, docs/results/attention-h100.md, step 13).
 
-    Causal: queries before the key tile are skipped, the BLOCK_N / BLOCK_M query tiles on the diagonal are
-    masked and the rest run unmasked (needs BLOCK_N % BLOCK_M == 0). Key tiles past N_Q store zeros.
+    Causal: queries before the key tile are skipped, the query tiles from start_n that cross the diagonal
+    (BLOCK_N / BLOCK_M of them, or one when BLOCK_M ≥ BLOCK_N; BLOCK_N % BLOCK_M == 0 or BLOCK_M % BLOCK_N
+    == 0) are masked and the rest run unmasked. Key tiles past N_Q store zeros.
 
     OVERLAP issues dPᵀ = V dOᵀ before the exp2 of Pᵀ rather than after dV's matmul. Triton waits for a
     matmul's result only where it is first used, so the tensor cores then compute dPᵀ while the exp2 runs,
@@ -144,26 +166,30 @@ def _flash_attn_bwd_dkdv_kernel(
                   HEAD_DIM, BLOCK_D, True, TMA)
     q_base = Q + off_z * stride_qz + off_h * stride_qh
     do_base = DO + off_z * stride_dz + off_h * stride_dh
-    l_base = LSE2 + pid_bh.to(tl.int64) * N_Q
-    d_base = Delta + pid_bh.to(tl.int64) * N_Q
+    l_base = LSE2 + pid_bh.to(tl.int64) * stat_stride(N_Q)
+    d_base = Delta + pid_bh.to(tl.int64) * stat_stride(N_Q)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
 
-    full_rows = (N_Q // BLOCK_M) * BLOCK_M
     if CAUSAL:
-        diagonal_stop = tl.minimum(start_n + BLOCK_N, N_Q)
-        dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, l_base, d_base, DESC_Q, DESC_DO, z, h,
-                                   stride_qn, stride_dn, cols, start_n, diagonal_stop, N_Q, qk_scale,
-                                   HEAD_DIM, BLOCK_D, BLOCK_M, True, CAUSAL, TMA, WS, OVERLAP)
-        start = start_n + BLOCK_N
+        # The query tiles from start_n that cross the diagonal: BLOCK_N / BLOCK_M of them, or one.
+        diagonal_rows: tl.constexpr = (BLOCK_N + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+        dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, l_base, d_base, DESC_Q, DESC_DO, DESC_LSE2,
+                                   DESC_DELTA, pid_bh, z, h, stride_qn, stride_dn, cols, start_n,
+                                   tl.minimum(start_n + diagonal_rows, N_Q), N_Q, qk_scale,
+                                   HEAD_DIM, BLOCK_D, BLOCK_M, True, CAUSAL, TMA, WS, OVERLAP, POLY)
+        start = start_n + diagonal_rows
     else:
         start = 0
-    dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, l_base, d_base, DESC_Q, DESC_DO, z, h,
-                               stride_qn, stride_dn, cols, start, full_rows, N_Q, qk_scale,
-                               HEAD_DIM, BLOCK_D, BLOCK_M, False, CAUSAL, TMA, WS, OVERLAP)
-    dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, l_base, d_base, DESC_Q, DESC_DO, z, h,
-                               stride_qn, stride_dn, cols, tl.maximum(start, full_rows), N_Q, N_Q, qk_scale,
-                               HEAD_DIM, BLOCK_D, BLOCK_M, True, CAUSAL, TMA, WS, OVERLAP)
+    # Whole query tiles from `start` run unmasked, the ragged rest masked.
+    full_rows = start + (tl.maximum(N_Q - start, 0) // BLOCK_M) * BLOCK_M
+    dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, l_base, d_base, DESC_Q, DESC_DO, DESC_LSE2,
+                               DESC_DELTA, pid_bh, z, h, stride_qn, stride_dn, cols, start, full_rows, N_Q, qk_scale,
+                               HEAD_DIM, BLOCK_D, BLOCK_M, False, CAUSAL, TMA, WS, OVERLAP, POLY)
+    dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, l_base, d_base, DESC_Q, DESC_DO, DESC_LSE2,
+                               DESC_DELTA, pid_bh, z, h, stride_qn, stride_dn, cols, tl.maximum(start, full_rows),
+                               N_Q, N_Q, qk_scale,
+                               HEAD_DIM, BLOCK_D, BLOCK_M, True, CAUSAL, TMA, WS, OVERLAP, POLY)
 
     g_off = off_z * stride_gz + off_h * stride_gh
     store_tile(DK + g_off, (dk * sm_scale).to(DK.dtype.element_ty), cols, N_K, stride_gn, HEAD_DIM, BLOCK_D)
@@ -174,14 +200,15 @@ def _flash_attn_bwd_dkdv_kernel(
 def _dq_key_tiles(dq, q, do, lse2, delta, k_base, v_base, desc_k, desc_v, z, h, stride_kn, stride_vn, rows,
                   start, stop, N_K, qk_scale,
                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                  MASKED: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr):
+                  MASKED: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr,
+                  POLY: tl.constexpr):
     """Accumulate the dQ of one query tile over key tiles [start, stop)."""
     offs_n = tl.arange(0, BLOCK_N)
     for start_n in tl.range(start, stop, BLOCK_N, warp_specialize=WS):
         cols = start_n + offs_n
         k = load_rows(desc_k, k_base, z, h, start_n, N_K, stride_kn, BLOCK_N, HEAD_DIM, BLOCK_D, MASKED, TMA)
         v = load_rows(desc_v, v_base, z, h, start_n, N_K, stride_vn, BLOCK_N, HEAD_DIM, BLOCK_D, MASKED, TMA)
-        p = tl.math.exp2(tl.dot(q, tl.trans(k)) * qk_scale - lse2[:, None])
+        p = exp2_mixed(tl.dot(q, tl.trans(k)) * qk_scale - lse2[:, None], POLY)
         if MASKED:
             visible = cols[None, :] < N_K
             if CAUSAL:
@@ -204,6 +231,7 @@ def _flash_attn_bwd_dq_kernel(
     H, N_Q, N_K, qk_scale, sm_scale, SEQ_BUCKET,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WS: tl.constexpr, HEAD_FIRST: tl.constexpr,
+    POLY: tl.constexpr,
 ):
     """dQ for one (query tile, batch·head), key tiles split as in the forward (BLOCK_M % BLOCK_N == 0)."""
     pid_bh, z, h, off_z, off_h = program_head(H, HEAD_FIRST)
@@ -214,17 +242,17 @@ def _flash_attn_bwd_dq_kernel(
                   HEAD_DIM, BLOCK_D, True, TMA)
     do = load_rows(DESC_DO, DO + off_z * stride_dz + off_h * stride_dh, z, h, start_m, N_Q, stride_dn, BLOCK_M,
                    HEAD_DIM, BLOCK_D, True, TMA)
-    lse2 = tl.load(LSE2 + pid_bh.to(tl.int64) * N_Q + rows, mask=rows < N_Q, other=0.0)
-    delta = tl.load(Delta + pid_bh.to(tl.int64) * N_Q + rows, mask=rows < N_Q, other=0.0)
+    lse2 = tl.load(LSE2 + pid_bh.to(tl.int64) * stat_stride(N_Q) + rows, mask=rows < N_Q, other=0.0)
+    delta = tl.load(Delta + pid_bh.to(tl.int64) * stat_stride(N_Q) + rows, mask=rows < N_Q, other=0.0)
     k_base = K + off_z * stride_kz + off_h * stride_kh
     v_base = V + off_z * stride_vz + off_h * stride_vh
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
     unmasked_stop, stop = key_ranges(start_m, N_K, BLOCK_M, BLOCK_N, CAUSAL)
     dq = _dq_key_tiles(dq, q, do, lse2, delta, k_base, v_base, DESC_K, DESC_V, z, h, stride_kn, stride_vn, rows,
-                       0, unmasked_stop, N_K, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_N, False, CAUSAL, TMA, WS)
+                       0, unmasked_stop, N_K, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_N, False, CAUSAL, TMA, WS, POLY)
     dq = _dq_key_tiles(dq, q, do, lse2, delta, k_base, v_base, DESC_K, DESC_V, z, h, stride_kn, stride_vn, rows,
-                       unmasked_stop, stop, N_K, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_N, True, CAUSAL, TMA, WS)
+                       unmasked_stop, stop, N_K, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_N, True, CAUSAL, TMA, WS, POLY)
 
     g_off = off_z * stride_gz + off_h * stride_gh
     store_tile(DQ + g_off, (dq * sm_scale).to(DQ.dtype.element_ty), rows, N_Q, stride_gn, HEAD_DIM, BLOCK_D)
@@ -256,10 +284,11 @@ _DQ_SHAPES = [
 _preprocess = Kernel(_flash_attn_bwd_preprocess_kernel)
 _dkdv = Kernel(_flash_attn_bwd_dkdv_kernel, _DKDV_SHAPES,
                smem_pruner(resident=("BLOCK_N", "BLOCK_N"), streamed=("BLOCK_M", "BLOCK_M")),
-               interpret_blocks={"BLOCK_M": 16, "BLOCK_N": 32, "WS": False, "HEAD_FIRST": False, "OVERLAP": False})
+               interpret_blocks={"BLOCK_M": 16, "BLOCK_N": 32, "WS": False, "HEAD_FIRST": False, "OVERLAP": False,
+                                 "POLY": 0})
 _dq = Kernel(_flash_attn_bwd_dq_kernel, _DQ_SHAPES,
              smem_pruner(resident=("BLOCK_M", "BLOCK_M"), streamed=("BLOCK_N", "BLOCK_N")),
-             interpret_blocks={"BLOCK_M": 32, "BLOCK_N": 16, "WS": False, "HEAD_FIRST": False})
+             interpret_blocks={"BLOCK_M": 32, "BLOCK_N": 16, "WS": False, "HEAD_FIRST": False, "POLY": 0})
 
 
 def flash_backward(
@@ -286,13 +315,14 @@ def flash_backward(
         tma = not INTERPRET and tma_usable(q4, k4, v4, do4)
     pinned = configs_by_kernel or {}
     lse = lse.reshape(z * h, n_q)
-    delta = torch.empty((z * h, n_q), dtype=torch.float32, device=q4.device)
+    delta = torch.empty((z * h, stat_rows(n_q)), dtype=torch.float32, device=q4.device)
     lse2 = torch.empty_like(delta)
     dq = torch.empty((z, h, n_q, d), dtype=q4.dtype, device=q4.device)
     dk = torch.empty((z, h, n_k, d), dtype=k4.dtype, device=k4.device)
     dv = torch.empty_like(dk)
     bd = block_d(d)
     descs = descriptors(q4, k4, v4, do4) if tma else [None] * 4
+    stat_descs = row_descriptors(lse2[:, :n_q], delta[:, :n_q]) if tma else [None] * 2
 
     signature = (causal, tma, *map(tensor_signature, (q4, k4, v4, o4, do4, lse)))
     _preprocess(lambda meta: (triton.cdiv(n_q, PREPROCESS_BLOCK_M), z * h),
@@ -301,7 +331,7 @@ def flash_backward(
     common = (*strides3(q4), *strides3(k4), *strides3(v4), *strides3(do4))
     scalars = (h, n_q, n_k, LOG2E / math.sqrt(d), 1.0 / math.sqrt(d), seq_bucket(max(n_q, n_k)))
     consts = {"HEAD_DIM": d, "BLOCK_D": bd, "CAUSAL": causal, "TMA": tma}
-    dkdv_args = (q4, k4, v4, do4, lse2, delta, dk, dv, *descs, *common, *strides3(dk), *scalars)
+    dkdv_args = (q4, k4, v4, do4, lse2, delta, dk, dv, *descs, *stat_descs, *common, *strides3(dk), *scalars)
     dq_args = (q4, k4, v4, do4, lse2, delta, dq, *descs, *common, *strides3(dq), *scalars)
     _dkdv(lambda meta: grid_2d(triton.cdiv(n_k, meta["BLOCK_N"]), z * h, meta), dkdv_args, consts, signature,
           pinned.get("dkdv"))

@@ -89,9 +89,10 @@ def smem_pruner(resident: tuple[str, ...], streamed: tuple[str, ...]) -> Callabl
     return prune
 
 
-# Each descriptor argument's block is (1, 1, rows, BLOCK_D), with rows the block size named here.
+# Each descriptor argument's block is (1, 1, rows, BLOCK_D), with rows the block size named here; the
+# descriptors of (Z·H, seq) per-row statistics take blocks of (1, rows).
 DESCRIPTOR_ROWS = {"DESC_Q": "BLOCK_M", "DESC_O": "BLOCK_M", "DESC_DO": "BLOCK_M", "DESC_K": "BLOCK_N",
-                    "DESC_V": "BLOCK_N"}
+                    "DESC_V": "BLOCK_N", "DESC_LSE2": "BLOCK_M", "DESC_DELTA": "BLOCK_M"}
 
 
 def size_descriptors(nargs: dict) -> None:
@@ -100,19 +101,24 @@ def size_descriptors(nargs: dict) -> None:
     A config pre_hook: the descriptors are made once per call, before the autotuner picks block sizes.
     """
     for name, rows in DESCRIPTOR_ROWS.items():
-        if nargs.get(name) is not None:
-            nargs[name].block_shape = [1, 1, nargs[rows], nargs["BLOCK_D"]]
+        desc = nargs.get(name)
+        if desc is not None:
+            desc.block_shape = [1, nargs[rows]] if len(desc.shape) == 2 else [1, 1, nargs[rows], nargs["BLOCK_D"]]
 
 
 # The config flags a shape tuple may name, and the constexpr each one sets (all off unless named).
 CONFIG_FLAGS = {"ws": "WS", "head_first": "HEAD_FIRST", "overlap": "OVERLAP"}
+# The "name=value" flags and the integer constexpr each one sets (0 unless named); "maxnreg=R" is a launch
+# option instead.
+CONFIG_VALUES = {"poly": "POLY"}
 
 
 def configs(shapes: list[tuple], params: list[str]) -> list[triton.Config]:
     """Autotune configs from (BLOCK_M, BLOCK_N, warps, stages, *flags) tuples for a kernel with parameters
     `params`; flags are names of `CONFIG_FLAGS` whose constexpr the kernel declares, and each such constexpr
     the kernel declares is set (off unless named). A flag "maxnreg=R" caps the registers per thread at R, so
-    that more blocks fit on an SM, at the price of spills.
+    that more blocks fit on an SM, at the price of spills; "poly=K" computes one exp2 in 2^K on the FMA
+    pipe instead of the MUFU unit (`flash_triton_fwd.exp2_mixed`).
 
     "ws" (warp specialisation) splits a key/query loop between producer warps issuing the loads and consumer
     warps doing the math, where Triton can partition it. "head_first" launches a (Z·H, tiles) grid instead
@@ -121,16 +127,21 @@ def configs(shapes: list[tuple], params: list[str]) -> list[triton.Config]:
     tensor cores work while the exp2 runs (the dK/dV kernel's OVERLAP says which matmul).
     """
     known = {name: const for name, const in CONFIG_FLAGS.items() if const in params}
+    known_values = {name: const for name, const in CONFIG_VALUES.items() if const in params}
     out = []
     for m, n, w, s, *flags in shapes:
-        caps = [f for f in flags if isinstance(f, str) and f.startswith("maxnreg=")]
-        flags = [f for f in flags if f not in caps]
-        unknown = set(flags) - set(known)
+        valued = [f for f in flags if isinstance(f, str) and "=" in f]
+        values = dict(f.split("=") for f in valued)
+        flags = [f for f in flags if f not in valued]
+        unknown = (set(flags) - set(known)) | (set(values) - set(known_values) - {"maxnreg"})
         if unknown:
-            raise ValueError(f"config flags {sorted(unknown, key=str)} not offered here; known: {sorted(known)}")
+            raise ValueError(f"config flags {sorted(map(str, unknown))} not offered here; "
+                             f"known: {sorted([*known, *known_values])}")
         switches = {const: name in flags for name, const in known.items()}
+        switches.update({const: int(values.get(name, 0)) for name, const in known_values.items()})
+        maxnreg = int(values["maxnreg"]) if "maxnreg" in values else None
         out.append(triton.Config({"BLOCK_M": m, "BLOCK_N": n, **switches}, num_warps=w, num_stages=s,
-                                 maxnreg=int(caps[-1].split("=")[1]) if caps else None, pre_hook=size_descriptors))
+                                 maxnreg=maxnreg, pre_hook=size_descriptors))
     return out
 
 
@@ -161,6 +172,11 @@ def tma_usable(*tensors: torch.Tensor) -> bool:
 def descriptors(*tensors: torch.Tensor) -> list:
     """A TMA descriptor per (Z, H, seq, d) tensor; block shapes are set per launch by `size_descriptors`."""
     return [TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, 16, 16]) for t in tensors]
+
+
+def row_descriptors(*tensors: torch.Tensor) -> list:
+    """A TMA descriptor per (Z·H, seq) fp32 tensor of per-row statistics; blocks are (1, rows)."""
+    return [TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 16]) for t in tensors]
 
 
 def tensor_signature(t: torch.Tensor) -> tuple:
@@ -198,6 +214,7 @@ class Kernel:
     def __init__(self, fn, shapes: list[tuple] | None = None, pruner: Callable | None = None,
                  interpret_blocks: dict | None = None) -> None:
         self.fn = fn
+        self.shapes = list(shapes or [])
         self.pruner = pruner
         self.interpret_blocks = interpret_blocks or {}
         self.tuned = None
