@@ -1,12 +1,11 @@
 """One fwd+bwd of the Triton FlashAttention kernels and of cuDNN SDPA, inside a CUDA profiler range, for
 Nsight Compute: where each kernel's cycles go (tensor, MUFU and FMA pipes, issue slots, warp stalls).
 
-The Triton kernels run on pinned configs (the leaderboard shape's winners by default), once per "poly=K"
-value asked for, after a warm-up that compiles them outside the range. Run it under ncu with
---profile-from-start off, e.g. (GPU machine):
+The Triton kernels run on pinned configs (the leaderboard shape's winners of step 12), after a warm-up that
+compiles them outside the range. Run it under ncu with --profile-from-start off, e.g. (GPU machine):
 
     ncu --profile-from-start off --section SpeedOfLight --section ComputeWorkloadAnalysis \\
-        --section WarpStateStats -o flash python3 scripts/flash_ncu.py --poly 0,1
+        --section WarpStateStats -o flash python3 scripts/flash_ncu.py
 """
 
 from __future__ import annotations
@@ -28,33 +27,30 @@ LEADERBOARD_CONFIGS = {
 }
 
 
-def pinned(kernel: str, poly: int):
-    shape = LEADERBOARD_CONFIGS[kernel] + ((f"poly={poly}",) if poly else ())
-    return configs([shape], JIT_KERNELS[kernel].arg_names)[0]
+def pinned(kernel: str):
+    return configs([LEADERBOARD_CONFIGS[kernel]], JIT_KERNELS[kernel].arg_names)[0]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", default="1,16,16384,64", help="B,H,N,d (causal, bf16)")
-    parser.add_argument("--poly", default="0", help="comma-separated \"poly=K\" values for the Triton kernels")
     parser.add_argument("--no-cudnn", action="store_true")
     args = parser.parse_args()
     b, h, n, d = (int(x) for x in args.shape.split(","))
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v, do = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(4))
-    polys = [int(p) for p in args.poly.split(",")]
 
-    def triton_step(poly: int) -> None:
-        out, lse = flash_forward(q, k, v, True, pinned("fwd", poly), tma=True)
-        flash_backward(q, k, v, out, lse, do, True, tma=True,
-                       configs_by_kernel={kk: pinned(kk, poly) for kk in ("dkdv", "dq")})
+    def triton_step() -> None:
+        out, lse = flash_forward(q, k, v, True, pinned("fwd"), tma=True)
+        pinned_bwd = {kernel: pinned(kernel) for kernel in ("dkdv", "dq")}
+        flash_backward(q, k, v, out, lse, do, True, tma=True, configs_by_kernel=pinned_bwd)
 
     def cudnn_step() -> None:
         qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             torch.nn.functional.scaled_dot_product_attention(qg, kg, vg, is_causal=True).backward(do)
 
-    steps = [(f"flash-triton poly={p}", lambda p=p: triton_step(p)) for p in polys]
+    steps = [("flash-triton", triton_step)]
     if not args.no_cudnn:
         steps.append(("sdpa-cudnn", cudnn_step))
     for _, step in steps:  # compile and warm up outside the profiled range

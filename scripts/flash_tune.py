@@ -8,10 +8,10 @@ version with the partner configs on the same inputs. A backward row times both k
 pre-pass): the kernel named runs the config of the row, the other its fixed partner.
 
 Usage (GPU machine): python3 scripts/flash_tune.py [--shapes leaderboard,causal4096,full8192] [--loads tma]
-    [--orders both] [--overlap both] [--kernels dkdv] [--candidates shipped] [--poly 0,1] [--output F.json]
+    [--orders both] [--overlap both] [--kernels dkdv] [--candidates shipped] [--output F.json]
     (--orders both: every config on both grid orders; --overlap both: every config with and without the
-    "overlap" flag; --poly 0,1: every config with each "poly=K" flag, see `flash_triton_launch.configs`;
-    --candidates shipped: the kernels' own config lists, flags included, instead of the sweep's lists)
+    "overlap" flag, see `flash_triton_launch.configs`; --candidates shipped: the kernels' own config lists,
+    flags included, instead of the sweep's lists)
 """
 
 from __future__ import annotations
@@ -79,19 +79,18 @@ def inputs(name: str, seed: int = 0):
     return q, k, v, do, out, lse, causal
 
 
-def with_flags(shape: tuple, head_first: bool, overlap: bool, poly: int = 0) -> tuple:
-    """The same config, on a (Z·H, tiles) grid, with the "overlap" flag and/or "poly=K" where asked (a flag
-    the config already names is not named twice)."""
-    extra = [*(["head_first"] if head_first else []), *(["overlap"] if overlap else []),
-             *([f"poly={poly}"] if poly else [])]
+def with_flags(shape: tuple, head_first: bool, overlap: bool) -> tuple:
+    """The same config, on a (Z·H, tiles) grid and/or with the "overlap" flag where asked (a flag the config
+    already names is not named twice)."""
+    extra = [*(["head_first"] if head_first else []), *(["overlap"] if overlap else [])]
     return (*shape, *(f for f in extra if f not in shape))
 
 
 def jobs(loads: tuple[bool, ...], orders: tuple[bool, ...] = (False,), overlaps: tuple[bool, ...] = (False,),
-         polys: tuple[int, ...] = (0,), shipped: bool = False) -> list[tuple]:
+         shipped: bool = False) -> list[tuple]:
     """Every (shape, kernel, TMA loads, config, partner config) to compile and time; with True in `orders`
     each config also on a head-first grid, with True in `overlaps` also with the "overlap" flag (for the
-    kernels that have it), and once per value in `polys`. `shipped` takes the kernels' own lists."""
+    kernels that have it). `shipped` takes the kernels' own lists."""
     todo = []
     for name in SHAPES:
         partners = PARTNERS[SHAPES[name][3]]
@@ -105,9 +104,8 @@ def jobs(loads: tuple[bool, ...], orders: tuple[bool, ...] = (False,), overlaps:
             for c in shapes:
                 for order in orders:
                     for overlap in overlaps if "OVERLAP" in KERNELS[kernel].arg_names else (False,):
-                        for poly in polys:
-                            todo += [(name, kernel, tma, with_flags(c, order, overlap, poly), partner)
-                                     for tma in loads if tma or "ws" not in c]  # ws: TMA loads only
+                        todo += [(name, kernel, tma, with_flags(c, order, overlap), partner) for tma in loads
+                                 if tma or "ws" not in c]  # warp-specialised configs run with TMA loads only
     return todo
 
 
@@ -159,7 +157,6 @@ def main() -> int:
                         help="grid order: (tiles, Z·H) as before, head-first (Z·H, tiles), or both")
     parser.add_argument("--overlap", choices=["both", "off", "on"], default="off",
                         help="the \"overlap\" config flag: off as before, on, or every config both ways")
-    parser.add_argument("--poly", default="0", help="comma-separated \"poly=K\" values to time each config with")
     parser.add_argument("--candidates", choices=["sweep", "shipped"], default="sweep",
                         help="this script's candidate lists, or the kernels' shipped lists")
     parser.add_argument("--output", default=None, help="write the rows as JSON here")
@@ -169,8 +166,7 @@ def main() -> int:
     orders = {"both": (False, True), "tile": (False,), "head": (True,)}[args.orders]
     overlaps = {"both": (False, True), "off": (False,), "on": (True,)}[args.overlap]
     kernels = args.kernels.split(",")
-    polys = tuple(int(p) for p in args.poly.split(","))
-    todo = [j for j in jobs(loads, orders, overlaps, polys, args.candidates == "shipped")
+    todo = [j for j in jobs(loads, orders, overlaps, args.candidates == "shipped")
             if j[0] in names and j[1] in kernels]
     todo = list(dict.fromkeys(todo))  # a flag asked for that a shipped config already names
 

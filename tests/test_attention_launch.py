@@ -117,8 +117,3 @@ def test_config_tuples_name_their_flags():
         flash_triton_launch.configs([(64, 64, 4, 4, True)], params)  # the old positional booleans are refused
     capped = flash_triton_launch.configs([(64, 64, 4, 3, "overlap", "maxnreg=168")], params)[0]
     assert (capped.maxnreg, capped.kwargs["OVERLAP"], plain.maxnreg) == (168, True, None)
-    # "poly=K" sets an integer constexpr (0 unless named), only in kernels that declare it.
-    poly = flash_triton_launch.configs([(64, 64, 4, 3, "poly=1"), (64, 64, 4, 3)], [*params, "POLY"])
-    assert [c.kwargs["POLY"] for c in poly] == [1, 0]
-    with pytest.raises(ValueError, match="not offered"):
-        flash_triton_launch.configs([(64, 64, 4, 3, "poly=1")], params)

@@ -29,7 +29,6 @@ from profiler_kit.attention.flash_triton_fwd import (
     _LOG2E,
     LOG2E,
     as_4d,
-    exp2_mixed,
     key_ranges,
     load_rows,
     load_tile,
@@ -95,7 +94,7 @@ def _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, l_base, d_base, desc_q, des
                       z, h, stride_qn, stride_dn, cols, start, stop, N_Q, qk_scale,
                       HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                       MASKED: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr,
-                      OVERLAP: tl.constexpr, POLY: tl.constexpr):
+                      OVERLAP: tl.constexpr):
     """Accumulate the dK, dV of one key tile over query tiles [start, stop), working on transposed tiles
     (keys × queries) so that Pᵀ and dSᵀ come out of tl.dot directly. OVERLAP: see `_flash_attn_bwd_dkdv_kernel`."""
     offs_m = tl.arange(0, BLOCK_M)
@@ -115,7 +114,7 @@ def _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, l_base, d_base, desc_q, des
         qk_t = tl.dot(k, tl.trans(q))
         if OVERLAP:
             dp_t = tl.dot(v, tl.trans(do))
-        p_t = exp2_mixed(qk_t * qk_scale - lse2[None, :], POLY)
+        p_t = tl.math.exp2(qk_t * qk_scale - lse2[None, :])
         if MASKED:
             visible = rows[None, :] < N_Q
             if CAUSAL:
@@ -140,7 +139,7 @@ def _flash_attn_bwd_dkdv_kernel(
     H, N_Q, N_K, qk_scale, sm_scale, SEQ_BUCKET,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WS: tl.constexpr, HEAD_FIRST: tl.constexpr,
-    OVERLAP: tl.constexpr, POLY: tl.constexpr,
+    OVERLAP: tl.constexpr,
 ):
     """dK, dV for one (key tile, batch·head). DK and DV share the strides (stride_g*) of their allocation.
     With TMA, q, k, v and dO tiles move through the DESC_* descriptors (see `load_rows`), and each query
@@ -177,7 +176,7 @@ def _flash_attn_bwd_dkdv_kernel(
         dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, l_base, d_base, DESC_Q, DESC_DO, DESC_LSE2,
                                    DESC_DELTA, pid_bh, z, h, stride_qn, stride_dn, cols, start_n,
                                    tl.minimum(start_n + diagonal_rows, N_Q), N_Q, qk_scale,
-                                   HEAD_DIM, BLOCK_D, BLOCK_M, True, CAUSAL, TMA, WS, OVERLAP, POLY)
+                                   HEAD_DIM, BLOCK_D, BLOCK_M, True, CAUSAL, TMA, WS, OVERLAP)
         start = start_n + diagonal_rows
     else:
         start = 0
@@ -185,11 +184,11 @@ def _flash_attn_bwd_dkdv_kernel(
     full_rows = start + (tl.maximum(N_Q - start, 0) // BLOCK_M) * BLOCK_M
     dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, l_base, d_base, DESC_Q, DESC_DO, DESC_LSE2,
                                DESC_DELTA, pid_bh, z, h, stride_qn, stride_dn, cols, start, full_rows, N_Q, qk_scale,
-                               HEAD_DIM, BLOCK_D, BLOCK_M, False, CAUSAL, TMA, WS, OVERLAP, POLY)
+                               HEAD_DIM, BLOCK_D, BLOCK_M, False, CAUSAL, TMA, WS, OVERLAP)
     dk, dv = _dkdv_query_tiles(dk, dv, k, v, q_base, do_base, l_base, d_base, DESC_Q, DESC_DO, DESC_LSE2,
                                DESC_DELTA, pid_bh, z, h, stride_qn, stride_dn, cols, tl.maximum(start, full_rows),
                                N_Q, N_Q, qk_scale,
-                               HEAD_DIM, BLOCK_D, BLOCK_M, True, CAUSAL, TMA, WS, OVERLAP, POLY)
+                               HEAD_DIM, BLOCK_D, BLOCK_M, True, CAUSAL, TMA, WS, OVERLAP)
 
     g_off = off_z * stride_gz + off_h * stride_gh
     store_tile(DK + g_off, (dk * sm_scale).to(DK.dtype.element_ty), cols, N_K, stride_gn, HEAD_DIM, BLOCK_D)
@@ -200,15 +199,14 @@ def _flash_attn_bwd_dkdv_kernel(
 def _dq_key_tiles(dq, q, do, lse2, delta, k_base, v_base, desc_k, desc_v, z, h, stride_kn, stride_vn, rows,
                   start, stop, N_K, qk_scale,
                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                  MASKED: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr,
-                  POLY: tl.constexpr):
+                  MASKED: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr):
     """Accumulate the dQ of one query tile over key tiles [start, stop)."""
     offs_n = tl.arange(0, BLOCK_N)
     for start_n in tl.range(start, stop, BLOCK_N, warp_specialize=WS):
         cols = start_n + offs_n
         k = load_rows(desc_k, k_base, z, h, start_n, N_K, stride_kn, BLOCK_N, HEAD_DIM, BLOCK_D, MASKED, TMA)
         v = load_rows(desc_v, v_base, z, h, start_n, N_K, stride_vn, BLOCK_N, HEAD_DIM, BLOCK_D, MASKED, TMA)
-        p = exp2_mixed(tl.dot(q, tl.trans(k)) * qk_scale - lse2[:, None], POLY)
+        p = tl.math.exp2(tl.dot(q, tl.trans(k)) * qk_scale - lse2[:, None])
         if MASKED:
             visible = cols[None, :] < N_K
             if CAUSAL:
@@ -231,7 +229,6 @@ def _flash_attn_bwd_dq_kernel(
     H, N_Q, N_K, qk_scale, sm_scale, SEQ_BUCKET,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WS: tl.constexpr, HEAD_FIRST: tl.constexpr,
-    POLY: tl.constexpr,
 ):
     """dQ for one (query tile, batch·head), key tiles split as in the forward (BLOCK_M % BLOCK_N == 0)."""
     pid_bh, z, h, off_z, off_h = program_head(H, HEAD_FIRST)
@@ -250,9 +247,9 @@ def _flash_attn_bwd_dq_kernel(
 
     unmasked_stop, stop = key_ranges(start_m, N_K, BLOCK_M, BLOCK_N, CAUSAL)
     dq = _dq_key_tiles(dq, q, do, lse2, delta, k_base, v_base, DESC_K, DESC_V, z, h, stride_kn, stride_vn, rows,
-                       0, unmasked_stop, N_K, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_N, False, CAUSAL, TMA, WS, POLY)
+                       0, unmasked_stop, N_K, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_N, False, CAUSAL, TMA, WS)
     dq = _dq_key_tiles(dq, q, do, lse2, delta, k_base, v_base, DESC_K, DESC_V, z, h, stride_kn, stride_vn, rows,
-                       unmasked_stop, stop, N_K, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_N, True, CAUSAL, TMA, WS, POLY)
+                       unmasked_stop, stop, N_K, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_N, True, CAUSAL, TMA, WS)
 
     g_off = off_z * stride_gz + off_h * stride_gh
     store_tile(DQ + g_off, (dq * sm_scale).to(DQ.dtype.element_ty), rows, N_Q, stride_gn, HEAD_DIM, BLOCK_D)
@@ -284,11 +281,10 @@ _DQ_SHAPES = [
 _preprocess = Kernel(_flash_attn_bwd_preprocess_kernel)
 _dkdv = Kernel(_flash_attn_bwd_dkdv_kernel, _DKDV_SHAPES,
                smem_pruner(resident=("BLOCK_N", "BLOCK_N"), streamed=("BLOCK_M", "BLOCK_M")),
-               interpret_blocks={"BLOCK_M": 16, "BLOCK_N": 32, "WS": False, "HEAD_FIRST": False, "OVERLAP": False,
-                                 "POLY": 0})
+               interpret_blocks={"BLOCK_M": 16, "BLOCK_N": 32, "WS": False, "HEAD_FIRST": False, "OVERLAP": False})
 _dq = Kernel(_flash_attn_bwd_dq_kernel, _DQ_SHAPES,
              smem_pruner(resident=("BLOCK_M", "BLOCK_M"), streamed=("BLOCK_N", "BLOCK_N")),
-             interpret_blocks={"BLOCK_M": 32, "BLOCK_N": 16, "WS": False, "HEAD_FIRST": False, "POLY": 0})
+             interpret_blocks={"BLOCK_M": 32, "BLOCK_N": 16, "WS": False, "HEAD_FIRST": False})
 
 
 def flash_backward(

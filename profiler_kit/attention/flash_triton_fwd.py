@@ -86,49 +86,6 @@ def strides3(t: torch.Tensor) -> tuple[int, int, int]:
     return t.stride(0), t.stride(1), t.stride(2)
 
 
-# 2^f ≈ c0 + c1 f + c2 f² + c3 f³ on f ∈ [-0.5, 0.5]: minimax in relative error (7.5e-5, below bf16's
-# 2^-9 rounding of the probabilities), fitted by iteratively reweighted least squares.
-_POLY_C0: tl.constexpr = tl.constexpr(0.9999280571937561)
-_POLY_C1: tl.constexpr = tl.constexpr(0.6932609677314758)
-_POLY_C2: tl.constexpr = tl.constexpr(0.24261096119880676)
-_POLY_C3: tl.constexpr = tl.constexpr(0.05517150089144707)
-# 1.5 · 2^23: adding it rounds an fp32 in (-2^22, 2^22) to an integer held in the low mantissa bits.
-_ROUNDER: tl.constexpr = tl.constexpr(12582912.0)
-# Below 2^-125 the exponent field of the result would underflow; such probabilities are 0 in bf16 sums anyway.
-_POLY_MIN: tl.constexpr = tl.constexpr(-125.0)
-
-
-@triton.jit
-def exp2_poly(x):
-    """2^x on the FMA and integer pipes: x = j + f with j = round(x), 2^f by the cubic above, and j added to
-    the exponent bits. Inputs below -125 give 2^-125 (≈ 2e-38) rather than 0."""
-    x = tl.maximum(x, _POLY_MIN)
-    t = x + _ROUNDER
-    f = x - (t - _ROUNDER)
-    p = ((_POLY_C3 * f + _POLY_C2) * f + _POLY_C1) * f + _POLY_C0
-    bits = p.to(tl.int32, bitcast=True) + (t.to(tl.int32, bitcast=True) << 23)
-    return bits.to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def exp2_mixed(x, POLY: tl.constexpr):
-    """exp2 of a 2-D fp32 tile with one element in 2^POLY (POLY = 1 or 2; 0: none) computed by `exp2_poly`
-    instead of the MUFU unit, which runs 16 exp2 per clock per SM against 128 FMAs (FlashAttention-4's
-    trick). Adjacent column pairs are split apart, which keeps the split inside each thread's registers
-    for the matmul accumulator layout."""
-    if POLY == 0:
-        return tl.math.exp2(x)
-    M: tl.constexpr = x.shape[0]
-    N: tl.constexpr = x.shape[1]
-    a, b = x.reshape(M, N // 2, 2).split()
-    if POLY == 1:
-        b = exp2_poly(b)
-    else:
-        b1, b2 = b.reshape(M, N // 4, 2).split()
-        b = tl.join(tl.math.exp2(b1), exp2_poly(b2)).reshape(M, N // 2)
-    return tl.join(tl.math.exp2(a), b).reshape(M, N)
-
-
 @triton.jit
 def tile_program(HEAD_FIRST: tl.constexpr):
     """(index, count) of this program along the grid axis that numbers a kernel's tiles: axis 0 of a
@@ -243,8 +200,7 @@ def store_rows(desc, base, tile, z, h, start, n_rows, stride_row, BLOCK: tl.cons
 def _fwd_key_tiles(acc, m_i, l_i, q, k_base, v_base, desc_k, desc_v, z, h, stride_kn, stride_vn, rows,
                    start, stop, N_K, qk_scale,
                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                   MASKED: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr,
-                   POLY: tl.constexpr):
+                   MASKED: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr):
     """Fold key tiles [start, stop) into the running max m_i, sum l_i and accumulator (online softmax).
 
     MASKED tiles are the ragged last one and, when causal, those crossing the diagonal; others skip masks.
@@ -262,7 +218,7 @@ def _fwd_key_tiles(acc, m_i, l_i, q, k_base, v_base, desc_k, desc_v, z, h, strid
             qk = tl.where(visible, qk, float("-inf"))
         # Every row sees key 0 in the first tile processed, so m_new is finite from then on.
         m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-        p = exp2_mixed(qk * qk_scale - m_new[:, None], POLY)
+        p = tl.math.exp2(qk * qk_scale - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
@@ -280,7 +236,6 @@ def _flash_attn_fwd_kernel(
     H, N_Q, N_K, qk_scale, SEQ_BUCKET,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WS: tl.constexpr, HEAD_FIRST: tl.constexpr,
-    POLY: tl.constexpr,
 ):
     """One program per (query tile, batch·head): O = softmax(q kᵀ/√d) v and L = logsumexp of each row.
 
@@ -307,10 +262,10 @@ def _flash_attn_fwd_kernel(
     unmasked_stop, stop = key_ranges(start_m, N_K, BLOCK_M, BLOCK_N, CAUSAL)
     acc, m_i, l_i = _fwd_key_tiles(acc, m_i, l_i, q, k_base, v_base, DESC_K, DESC_V, z, h, stride_kn, stride_vn,
                                    rows, 0, unmasked_stop, N_K, qk_scale,
-                                   HEAD_DIM, BLOCK_D, BLOCK_N, False, CAUSAL, TMA, WS, POLY)
+                                   HEAD_DIM, BLOCK_D, BLOCK_N, False, CAUSAL, TMA, WS)
     acc, m_i, l_i = _fwd_key_tiles(acc, m_i, l_i, q, k_base, v_base, DESC_K, DESC_V, z, h, stride_kn, stride_vn,
                                    rows, unmasked_stop, stop, N_K, qk_scale,
-                                   HEAD_DIM, BLOCK_D, BLOCK_N, True, CAUSAL, TMA, WS, POLY)
+                                   HEAD_DIM, BLOCK_D, BLOCK_N, True, CAUSAL, TMA, WS)
 
     out = (acc / l_i[:, None]).to(Out.dtype.element_ty)
     o_base = Out + off_z * stride_oz + off_h * stride_oh
@@ -332,7 +287,7 @@ _FWD_SHAPES = [
 # Interpreter tiles: small (fast on CPU) yet with BLOCK_M = 2·BLOCK_N, so the causal diagonal spans two tiles.
 _fwd = Kernel(_flash_attn_fwd_kernel, _FWD_SHAPES,
               smem_pruner(resident=("BLOCK_M",), streamed=("BLOCK_N", "BLOCK_N")),
-              interpret_blocks={"BLOCK_M": 32, "BLOCK_N": 16, "WS": False, "HEAD_FIRST": False, "POLY": 0})
+              interpret_blocks={"BLOCK_M": 32, "BLOCK_N": 16, "WS": False, "HEAD_FIRST": False})
 
 
 def flash_forward(

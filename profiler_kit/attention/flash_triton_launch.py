@@ -108,17 +108,13 @@ def size_descriptors(nargs: dict) -> None:
 
 # The config flags a shape tuple may name, and the constexpr each one sets (all off unless named).
 CONFIG_FLAGS = {"ws": "WS", "head_first": "HEAD_FIRST", "overlap": "OVERLAP"}
-# The "name=value" flags and the integer constexpr each one sets (0 unless named); "maxnreg=R" is a launch
-# option instead.
-CONFIG_VALUES = {"poly": "POLY"}
 
 
 def configs(shapes: list[tuple], params: list[str]) -> list[triton.Config]:
     """Autotune configs from (BLOCK_M, BLOCK_N, warps, stages, *flags) tuples for a kernel with parameters
     `params`; flags are names of `CONFIG_FLAGS` whose constexpr the kernel declares, and each such constexpr
     the kernel declares is set (off unless named). A flag "maxnreg=R" caps the registers per thread at R, so
-    that more blocks fit on an SM, at the price of spills; "poly=K" computes one exp2 in 2^K on the FMA
-    pipe instead of the MUFU unit (`flash_triton_fwd.exp2_mixed`).
+    that more blocks fit on an SM, at the price of spills.
 
     "ws" (warp specialisation) splits a key/query loop between producer warps issuing the loads and consumer
     warps doing the math, where Triton can partition it. "head_first" launches a (Z·H, tiles) grid instead
@@ -127,21 +123,16 @@ def configs(shapes: list[tuple], params: list[str]) -> list[triton.Config]:
     tensor cores work while the exp2 runs (the dK/dV kernel's OVERLAP says which matmul).
     """
     known = {name: const for name, const in CONFIG_FLAGS.items() if const in params}
-    known_values = {name: const for name, const in CONFIG_VALUES.items() if const in params}
     out = []
     for m, n, w, s, *flags in shapes:
-        valued = [f for f in flags if isinstance(f, str) and "=" in f]
-        values = dict(f.split("=") for f in valued)
-        flags = [f for f in flags if f not in valued]
-        unknown = (set(flags) - set(known)) | (set(values) - set(known_values) - {"maxnreg"})
+        caps = [f for f in flags if isinstance(f, str) and f.startswith("maxnreg=")]
+        flags = [f for f in flags if f not in caps]
+        unknown = set(flags) - set(known)
         if unknown:
-            raise ValueError(f"config flags {sorted(map(str, unknown))} not offered here; "
-                             f"known: {sorted([*known, *known_values])}")
+            raise ValueError(f"config flags {sorted(unknown, key=str)} not offered here; known: {sorted(known)}")
         switches = {const: name in flags for name, const in known.items()}
-        switches.update({const: int(values.get(name, 0)) for name, const in known_values.items()})
-        maxnreg = int(values["maxnreg"]) if "maxnreg" in values else None
         out.append(triton.Config({"BLOCK_M": m, "BLOCK_N": n, **switches}, num_warps=w, num_stages=s,
-                                 maxnreg=maxnreg, pre_hook=size_descriptors))
+                                 maxnreg=int(caps[-1].split("=")[1]) if caps else None, pre_hook=size_descriptors))
     return out
 
 
