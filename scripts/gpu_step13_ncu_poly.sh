@@ -1,5 +1,6 @@
 # Issue 6, step 13 (sixth session): Nsight Compute on the leaderboard shape's kernels (ours with and without
 # "poly=1", and cuDNN's), then every shipped config of every kernel timed with and without "poly=1".
+# The "poly" code path was taken out after this run: apply scripts/step13_poly.patch first (`git apply`).
 # Run on the GPU machine from the repository root: bash scripts/gpu_step13_ncu_poly.sh (writes to $OUT).
 set -uo pipefail
 . .gpu/setup.sh >/dev/null

@@ -268,6 +268,20 @@ def test_config_flags_match_reference(monkeypatch, flag, causal):
     _assert_matches_reference(FlashAttentionTriton, (2, 3), 77, 130, 32, causal, torch.float32)
 
 
+@pytest.mark.parametrize("blocks", [{"BLOCK_M": 32, "BLOCK_N": 16}, {"BLOCK_M": 64, "BLOCK_N": 16}],
+                         ids=["m32-n16", "m64-n16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_dkdv_query_tiles_wider_than_the_key_tile(monkeypatch, blocks, causal):
+    """The dK/dV kernel with BLOCK_M > BLOCK_N: one masked query tile crosses each key tile's diagonal, and
+    the unmasked tiles after it start off the BLOCK_M grid (here: 77 and 130 rows, ragged both ways)."""
+    if not INTERPRET:
+        pytest.skip("interpreter only; on a GPU flash_tune.py times these configs against the pointer version")
+    for name, size in blocks.items():
+        monkeypatch.setitem(flash_triton_bwd._dkdv.interpret_blocks, name, size)
+    _assert_matches_reference(FlashAttentionTriton, (2,), 130, 77, 32, causal, torch.float32)
+    _assert_matches_reference(FlashAttentionTriton, (2,), 77, 130, 32, causal, torch.float32)
+
+
 def test_tma_only_for_aligned_16_bit_tensors():
     half = torch.randn(2, 3, 77, 64).half()
     assert flash_triton_launch.tma_usable(half, half) == INTERPRET  # no GPU here: only the interpreter qualifies
