@@ -58,12 +58,13 @@ STAT_ALIGN: tl.constexpr = tl.constexpr(4)
 
 
 @triton.jit
-def stat_stride(N_Q):
-    """The row stride of the (Z·H, ≥ N_Q) LSE2 and Delta arrays, `stat_rows` on the device."""
-    return (N_Q + STAT_ALIGN - 1) // STAT_ALIGN * STAT_ALIGN
+def stat_offset(pid_bh, N_Q):
+    """Where batch·head pid_bh's row of the (Z·H, stat_rows(N_Q)) LSE2 and Delta arrays starts (int64)."""
+    return pid_bh.to(tl.int64) * ((N_Q + STAT_ALIGN - 1) // STAT_ALIGN * STAT_ALIGN)
 
 
 def stat_rows(n_q: int) -> int:
+    """The row stride of the LSE2 and Delta arrays: n_q padded to STAT_ALIGN."""
     return triton.cdiv(n_q, STAT_ALIGN.value) * STAT_ALIGN.value
 
 
@@ -83,7 +84,7 @@ def _flash_attn_bwd_preprocess_kernel(
     o = load_tile(Out + off_z * stride_oz + off_h * stride_oh, rows, N_Q, stride_on, HEAD_DIM, BLOCK_D, True)
     do = load_tile(DO + off_z * stride_dz + off_h * stride_dh, rows, N_Q, stride_dn, HEAD_DIM, BLOCK_D, True)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
-    out_offsets = pid_bh.to(tl.int64) * stat_stride(N_Q) + rows
+    out_offsets = stat_offset(pid_bh, N_Q) + rows
     lse = tl.load(L + pid_bh.to(tl.int64) * N_Q + rows, mask=rows < N_Q)
     tl.store(Delta + out_offsets, delta, mask=rows < N_Q)
     tl.store(LSE2 + out_offsets, lse * _LOG2E, mask=rows < N_Q)
@@ -165,8 +166,8 @@ def _flash_attn_bwd_dkdv_kernel(
                   HEAD_DIM, BLOCK_D, True, TMA)
     q_base = Q + off_z * stride_qz + off_h * stride_qh
     do_base = DO + off_z * stride_dz + off_h * stride_dh
-    l_base = LSE2 + pid_bh.to(tl.int64) * stat_stride(N_Q)
-    d_base = Delta + pid_bh.to(tl.int64) * stat_stride(N_Q)
+    l_base = LSE2 + stat_offset(pid_bh, N_Q)
+    d_base = Delta + stat_offset(pid_bh, N_Q)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
 
@@ -239,8 +240,8 @@ def _flash_attn_bwd_dq_kernel(
                   HEAD_DIM, BLOCK_D, True, TMA)
     do = load_rows(DESC_DO, DO + off_z * stride_dz + off_h * stride_dh, z, h, start_m, N_Q, stride_dn, BLOCK_M,
                    HEAD_DIM, BLOCK_D, True, TMA)
-    lse2 = tl.load(LSE2 + pid_bh.to(tl.int64) * stat_stride(N_Q) + rows, mask=rows < N_Q, other=0.0)
-    delta = tl.load(Delta + pid_bh.to(tl.int64) * stat_stride(N_Q) + rows, mask=rows < N_Q, other=0.0)
+    lse2 = tl.load(LSE2 + stat_offset(pid_bh, N_Q) + rows, mask=rows < N_Q, other=0.0)
+    delta = tl.load(Delta + stat_offset(pid_bh, N_Q) + rows, mask=rows < N_Q, other=0.0)
     k_base = K + off_z * stride_kz + off_h * stride_kh
     v_base = V + off_z * stride_vz + off_h * stride_vh
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
