@@ -2,16 +2,9 @@
 # "poly=1", and cuDNN's), then every shipped config of every kernel timed with and without "poly=1".
 # The "poly" code path was taken out after this run: apply scripts/step13_poly.patch first (`git apply`).
 # Run on the GPU machine from the repository root: bash scripts/gpu_step13_ncu_poly.sh (writes to $OUT).
-set -uo pipefail
-. .gpu/setup.sh >/dev/null
-export PYTHONPATH=$PWD:${PYTHONPATH:-}
-start=$(date +%s)
-stamp() { echo "[$(( $(date +%s) - start ))s] $1"; }
-NCU=$(ls -d /opt/nvidia/nsight-compute/*/ncu | sort | tail -n 1)
+. scripts/gpu_common.sh
 "$NCU" --version | tail -1
-timeout 240 "$NCU" --profile-from-start off -f -o /tmp/flash-ncu \
-    --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
-    --section Occupancy --section LaunchStats --section InstructionStats \
+timeout 240 "$NCU" --profile-from-start off -f -o /tmp/flash-ncu "${NCU_SECTIONS[@]}" \
     python3 scripts/flash_ncu.py --poly 0,1 > /tmp/ncu.log 2>&1 || tail -20 /tmp/ncu.log
 grep -v "^==PROF==" /tmp/ncu.log | tail -3
 "$NCU" --import /tmp/flash-ncu.ncu-rep --csv --page details > "$OUT/ncu-details-step13.csv"
