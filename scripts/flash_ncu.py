@@ -14,8 +14,8 @@ import argparse
 import sys
 
 import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from profiler_kit.attention.bench import make_impl
 from profiler_kit.attention.flash_triton import JIT_KERNELS
 from profiler_kit.attention.flash_triton_bwd import flash_backward
 from profiler_kit.attention.flash_triton_fwd import flash_forward
@@ -45,10 +45,10 @@ def main() -> int:
         pinned_bwd = {kernel: pinned(kernel) for kernel in ("dkdv", "dq")}
         flash_backward(q, k, v, out, lse, do, True, tma=True, configs_by_kernel=pinned_bwd)
 
+    cudnn = make_impl("sdpa-cudnn", True, q.device)
+
     def cudnn_step() -> None:
-        qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
-        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            torch.nn.functional.scaled_dot_product_attention(qg, kg, vg, is_causal=True).backward(do)
+        cudnn(*(t.detach().requires_grad_() for t in (q, k, v))).backward(do)
 
     steps = [("flash-triton", triton_step)]
     if not args.no_cudnn:
