@@ -282,6 +282,21 @@ def test_dkdv_query_tiles_wider_than_the_key_tile(monkeypatch, blocks, causal):
     _assert_matches_reference(FlashAttentionTriton, (2,), 77, 130, 32, causal, torch.float32)
 
 
+@pytest.mark.parametrize("kernel", ["fwd", "dq"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_key_tiles_wider_than_the_query_tile(monkeypatch, kernel, causal):
+    """The forward and dQ kernels with BLOCK_N > BLOCK_M: a query tile's diagonal then starts inside a key tile,
+    which must be masked (flash_tune.py's (64, 128) forward candidates were 18% off before key_ranges rounded
+    the unmasked stop down to whole key tiles)."""
+    if not INTERPRET:
+        pytest.skip("interpreter only; on a GPU flash_tune.py times these configs against the pointer version")
+    blocks = (flash_triton_fwd._fwd if kernel == "fwd" else flash_triton_bwd._dq).interpret_blocks
+    monkeypatch.setitem(blocks, "BLOCK_M", 16)
+    monkeypatch.setitem(blocks, "BLOCK_N", 32)
+    _assert_matches_reference(FlashAttentionTriton, (2,), 130, 77, 32, causal, torch.float32)
+    _assert_matches_reference(FlashAttentionTriton, (2,), 77, 130, 32, causal, torch.float32)
+
+
 def test_tma_only_for_aligned_16_bit_tensors():
     half = torch.randn(2, 3, 77, 64).half()
     assert flash_triton_launch.tma_usable(half, half) == INTERPRET  # no GPU here: only the interpreter qualifies

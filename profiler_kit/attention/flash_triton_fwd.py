@@ -126,10 +126,11 @@ def query_tile_index(CAUSAL: tl.constexpr, HEAD_FIRST: tl.constexpr):
 def key_ranges(start_m, N_K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
     """How a query tile starting at row start_m walks the keys: tiles [0, unmasked_stop) need no mask, tiles
     [unmasked_stop, stop) do (the ragged last one and, when causal, those crossing the diagonal), keys past
-    stop are not visited. Returns (unmasked_stop, stop)."""
+    stop are not visited. Returns (unmasked_stop, stop). When causal, the unmasked tiles end at the last whole
+    key tile before start_m: with BLOCK_N > BLOCK_M the diagonal can start inside a key tile."""
     full_keys = (N_K // BLOCK_N) * BLOCK_N
     if CAUSAL:
-        unmasked_stop = tl.minimum(start_m, full_keys)
+        unmasked_stop = tl.minimum(start_m // BLOCK_N * BLOCK_N, full_keys)
         stop = tl.minimum(start_m + BLOCK_M, N_K)
     else:
         unmasked_stop = full_keys
