@@ -317,9 +317,23 @@ def test_tma_only_for_aligned_16_bit_tensors():
 def test_warp_specialised_configs_only_where_they_were_tuned(dtype, d, tma, offered):
     q = torch.empty(1, 1, 16, d, dtype=dtype)
     for kernel in (flash_triton_bwd._dkdv, flash_triton_bwd._dq):
-        kept = kernel.pruner(kernel.configs, {"Q": q}, HEAD_DIM=d, TMA=tma)
+        kept = kernel.pruner(kernel.configs, {"Q": q}, HEAD_DIM=d, TMA=tma, CAUSAL=False)
         assert any(c.kwargs["WS"] for c in kept) == offered
         assert kept and all(c.num_warps == 8 for c in kept if c.kwargs["WS"])
+
+
+@pytest.mark.parametrize("d,causal,head_first", [(64, True, True), (32, True, True), (64, False, False),
+                                                 (128, True, False), (128, False, False)])
+def test_forward_and_dq_grid_order_follows_the_shape(d, causal, head_first):
+    """The forward and dQ kernels are offered one grid order per shape (head-first only when causal at d ≤ 64),
+    so that the autotuner never chooses between a config and its head-first twin; dK/dV keeps both."""
+    q = torch.empty(1, 1, 16, d, dtype=torch.bfloat16)
+    for kernel in (flash_triton_fwd._fwd, flash_triton_bwd._dq):
+        kept = kernel.pruner(kernel.configs, {"Q": q}, HEAD_DIM=d, TMA=True, CAUSAL=causal)
+        assert kept and all(c.kwargs["HEAD_FIRST"] == head_first for c in kept)
+    orders = {c.kwargs["HEAD_FIRST"] for c in flash_triton_bwd._dkdv.pruner(
+        flash_triton_bwd._dkdv.configs, {"Q": q}, HEAD_DIM=64, TMA=True, CAUSAL=True)}
+    assert orders == {False, True}
 
 
 @pytest.mark.parametrize(

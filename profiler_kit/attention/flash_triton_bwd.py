@@ -260,7 +260,7 @@ def _flash_attn_bwd_dq_kernel(
 # keeps a key tile resident and streams query tiles (one size divides the other); the dQ kernel is its
 # mirror image (BLOCK_M % BLOCK_N == 0). The lists hold the winners of `scripts/flash_tune.py` on the H100
 # (bf16, d = 64 and 128; the warp-specialised ones at d = 128, see `ws_allowed`; the head-first dQ config on
-# the causal d = 64 leaderboard shape, see `configs`) first, then smaller tiles that keep fp32 at d = 128
+# the causal d = 64 leaderboard shape, offered alone there, see `head_first_wanted`) first, then smaller tiles that keep fp32 at d = 128
 # within shared memory. Four warps spill the d = 128 accumulators of 128-wide tiles; eight do not. The
 # "overlap" dK/dV configs won on all three issue 6 shapes, by 1.4–2.7% (docs/results/attention-h100.md, step 11).
 # At d = 128, 64×64 tiles with 2 stages (99 KB of shared memory, so two blocks per SM where 3 stages fit one)
@@ -285,7 +285,7 @@ _dkdv = Kernel(_flash_attn_bwd_dkdv_kernel, _DKDV_SHAPES,
                smem_pruner(resident=("BLOCK_N", "BLOCK_N"), streamed=("BLOCK_M", "BLOCK_M")),
                interpret_blocks={"BLOCK_M": 16, "BLOCK_N": 32, "WS": False, "HEAD_FIRST": False, "OVERLAP": False})
 _dq = Kernel(_flash_attn_bwd_dq_kernel, _DQ_SHAPES,
-             smem_pruner(resident=("BLOCK_M", "BLOCK_M"), streamed=("BLOCK_N", "BLOCK_N")),
+             smem_pruner(resident=("BLOCK_M", "BLOCK_M"), streamed=("BLOCK_N", "BLOCK_N"), order_by_shape=True),
              interpret_blocks={"BLOCK_M": 32, "BLOCK_N": 16, "WS": False, "HEAD_FIRST": False})
 
 

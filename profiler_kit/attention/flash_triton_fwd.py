@@ -280,14 +280,15 @@ def _flash_attn_fwd_kernel(
 # tiles and d = 128 accumulators without spilling (4 warps on 128-row tiles ran ~1.6× slower at d = 128).
 # The two-stage and 64-row configs keep fp32 at d = 128 within shared memory. The head-first one (a (Z·H,
 # tiles) grid) won by 5% on the causal d = 64 leaderboard shape and lost by 8–24% on the d = 128 ones, whose
-# 64 heads no longer share the L2 (docs/results/attention-h100.md, step 9): the autotuner picks per key.
+# 64 heads no longer share the L2 (docs/results/attention-h100.md, step 9): the pruner offers it alone where
+# `head_first_wanted` (causal, d ≤ 64) and drops it elsewhere.
 _FWD_SHAPES = [
     (128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2), (128, 64, 8, 3, "head_first"),
     (64, 64, 4, 3), (128, 64, 4, 3), (128, 64, 4, 2), (64, 64, 4, 2),
 ]
 # Interpreter tiles: small (fast on CPU) yet with BLOCK_M = 2·BLOCK_N, so the causal diagonal spans two tiles.
 _fwd = Kernel(_flash_attn_fwd_kernel, _FWD_SHAPES,
-              smem_pruner(resident=("BLOCK_M",), streamed=("BLOCK_N", "BLOCK_N")),
+              smem_pruner(resident=("BLOCK_M",), streamed=("BLOCK_N", "BLOCK_N"), order_by_shape=True),
               interpret_blocks={"BLOCK_M": 32, "BLOCK_N": 16, "WS": False, "HEAD_FIRST": False})
 
 

@@ -64,9 +64,22 @@ def ws_allowed(elem_bytes: int, head_dim: int, tma: bool) -> bool:
     return elem_bytes == 2 and head_dim == 128 and tma
 
 
-def smem_pruner(resident: tuple[str, ...], streamed: tuple[str, ...]) -> Callable:
+def head_first_wanted(head_dim: int, causal: bool) -> bool:
+    """The grid order of the forward and dQ kernels: head-first where it won, i.e. causal at d ≤ 64, and tiles
+    first elsewhere, where programs that run together share K and V in the L2.
+
+    On the H100 the head-first twin of a config was faster on the causal d = 64 leaderboard shape (median
+    ×0.956 forward and ×0.978 dQ over 23 and 21 configs) and slower by 1–24% at d = 128
+    (docs/results/attention-h100.md, steps 9 and 14). Offering both orders let the autotuner choose between
+    twins whose short timings overlap and whose sustained times do not (step 13: 1.27 against 1.33 ms).
+    """
+    return causal and head_dim <= 64
+
+
+def smem_pruner(resident: tuple[str, ...], streamed: tuple[str, ...], order_by_shape: bool = False) -> Callable:
     """An `early_config_prune` keeping the configs whose tiles fit in SMEM_BUDGET_BYTES (and warp-specialised
-    ones only where `ws_allowed`).
+    ones only where `ws_allowed`; with `order_by_shape`, only those on the grid order `head_first_wanted`
+    picks, where the list offers any).
 
     `resident` names the block sizes of the (rows × BLOCK_D) tiles a program loads once, `streamed` those the
     pipeliner keeps `num_stages` copies of. For these kernels the estimate equals Triton's allocation for the
@@ -82,6 +95,9 @@ def smem_pruner(resident: tuple[str, ...], streamed: tuple[str, ...]) -> Callabl
         elem, width = named_args["Q"].element_size(), block_d(kwargs["HEAD_DIM"])
         if not ws_allowed(elem, kwargs["HEAD_DIM"], kwargs["TMA"]):
             configs = [c for c in configs if not c.kwargs["WS"]]
+        if order_by_shape:
+            wanted = head_first_wanted(kwargs["HEAD_DIM"], kwargs["CAUSAL"])
+            configs = [c for c in configs if c.kwargs["HEAD_FIRST"] == wanted] or configs
         kept = [c for c in configs if smem_bytes(c, elem, width) <= SMEM_BUDGET_BYTES]
         # The autotuner refuses an empty list: fall back to the smallest config.
         return kept or [min(configs, key=lambda c: smem_bytes(c, elem, width))]
