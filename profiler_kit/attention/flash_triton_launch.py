@@ -19,7 +19,8 @@ those shapes. So a signature of the flags a launcher passes as constexprs plus, 
 shape, strides, dtype, device and pointer alignment (`tensor_signature`) is enough.
 PROFILER_KIT_FLASH_DIRECT=0 switches the direct launch off, to measure what it saves.
 
-Also here: which configs are offered (shared-memory pruning, where warp specialisation is allowed), and when
+Also here: which configs are offered (shared-memory pruning, where warp specialisation is allowed, which grid
+order the forward and dQ kernels run per shape), and when
 and how tiles move by TMA descriptors.
 """
 
