@@ -256,16 +256,16 @@ def _flash_attn_bwd_dq_kernel(
     store_tile(DQ + g_off, (dq * sm_scale).to(DQ.dtype.element_ty), rows, N_Q, stride_gn, HEAD_DIM, BLOCK_D)
 
 
-# (BLOCK_M, BLOCK_N, warps, stages, *flags), most preferred first (flags: see `configs`). The dK/dV kernel
-# keeps a key tile resident and streams query tiles (one size divides the other); the dQ kernel is its
-# mirror image (BLOCK_M % BLOCK_N == 0). The lists hold the winners of `scripts/flash_tune.py` on the H100
-# (bf16, d = 64 and 128; the warp-specialised ones at d = 128, see `ws_allowed`; the head-first dQ config on
-# the causal d = 64 leaderboard shape, offered alone there, see `head_first_wanted`) first, then smaller tiles that keep fp32 at d = 128
-# within shared memory. Four warps spill the d = 128 accumulators of 128-wide tiles; eight do not. The
-# "overlap" dK/dV configs won on all three issue 6 shapes, by 1.4–2.7% (docs/results/attention-h100.md, step 11).
-# At d = 128, 64×64 tiles with 2 stages (99 KB of shared memory, so two blocks per SM where 3 stages fit one)
-# took the non-causal N = 8192 backward from 13.65 to 12.66 ms (step 12). With LSE2 and Delta loaded by TMA
-# (step 13) the same tiles spill more at d = 128 (96 bytes); capped at 168 registers they won again (12.23 ms).
+# (BLOCK_M, BLOCK_N, warps, stages, *flags), most preferred first (flags: see `configs`). The dK/dV kernel keeps a key
+# tile resident and streams query tiles (one size divides the other); the dQ kernel is its mirror image (BLOCK_M %
+# BLOCK_N == 0). The lists hold the winners of `scripts/flash_tune.py` on the H100 (bf16, d = 64 and 128; the
+# warp-specialised ones at d = 128, see `ws_allowed`; the head-first dQ config on the causal d = 64 leaderboard shape,
+# offered alone there, see `head_first_wanted`) first, then smaller tiles that keep fp32 at d = 128 within shared
+# memory. Four warps spill the d = 128 accumulators of 128-wide tiles; eight do not. The "overlap" dK/dV configs won on
+# all three issue 6 shapes, by 1.4–2.7% (docs/results/attention-h100.md, step 11). At d = 128, 64×64 tiles with 2 stages
+# (99 KB of shared memory, so two blocks per SM where 3 stages fit one) took the non-causal N = 8192 backward from 13.65
+# to 12.66 ms (step 12). With LSE2 and Delta loaded by TMA (step 13) the same tiles spill more at d = 128 (96 bytes);
+# capped at 168 registers they won again (12.23 ms).
 _DKDV_SHAPES = [
     (64, 128, 8, 3, "overlap"), (64, 128, 8, 2, "overlap"), (64, 128, 8, 3, "ws", "overlap"),
     (64, 64, 4, 3, "overlap"), (64, 64, 4, 4, "overlap"), (32, 128, 4, 3, "head_first", "overlap"),
