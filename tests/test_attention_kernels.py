@@ -268,31 +268,24 @@ def test_config_flags_match_reference(monkeypatch, flag, causal):
     _assert_matches_reference(FlashAttentionTriton, (2, 3), 77, 130, 32, causal, torch.float32)
 
 
-@pytest.mark.parametrize("blocks", [{"BLOCK_M": 32, "BLOCK_N": 16}, {"BLOCK_M": 64, "BLOCK_N": 16}],
-                         ids=["m32-n16", "m64-n16"])
+@pytest.mark.parametrize("kernel,blocks", [
+    ("dkdv", {"BLOCK_M": 32, "BLOCK_N": 16}),
+    ("dkdv", {"BLOCK_M": 64, "BLOCK_N": 16}),
+    ("fwd", {"BLOCK_M": 16, "BLOCK_N": 32}),
+    ("dq", {"BLOCK_M": 16, "BLOCK_N": 32}),
+], ids=["dkdv-m32-n16", "dkdv-m64-n16", "fwd-m16-n32", "dq-m16-n32"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_dkdv_query_tiles_wider_than_the_key_tile(monkeypatch, blocks, causal):
-    """The dK/dV kernel with BLOCK_M > BLOCK_N: one masked query tile crosses each key tile's diagonal, and
-    the unmasked tiles after it start off the BLOCK_M grid (here: 77 and 130 rows, ragged both ways)."""
+def test_streamed_tiles_wider_than_the_resident_tile(monkeypatch, kernel, blocks, causal):
+    """Each kernel with its streamed tile wider than its resident one (77 and 130 rows, ragged both ways).
+    dK/dV: one masked query tile crosses each key tile's diagonal, and the unmasked tiles after it start off
+    the BLOCK_M grid. Forward and dQ: a query tile's diagonal starts inside a key tile, which must be masked
+    (flash_tune.py's (64, 128) forward candidates were 18% off before key_ranges rounded the unmasked stop down
+    to whole key tiles)."""
     if not INTERPRET:
         pytest.skip("interpreter only; on a GPU flash_tune.py times these configs against the pointer version")
+    owner = {"fwd": flash_triton_fwd._fwd, "dkdv": flash_triton_bwd._dkdv, "dq": flash_triton_bwd._dq}[kernel]
     for name, size in blocks.items():
-        monkeypatch.setitem(flash_triton_bwd._dkdv.interpret_blocks, name, size)
-    _assert_matches_reference(FlashAttentionTriton, (2,), 130, 77, 32, causal, torch.float32)
-    _assert_matches_reference(FlashAttentionTriton, (2,), 77, 130, 32, causal, torch.float32)
-
-
-@pytest.mark.parametrize("kernel", ["fwd", "dq"])
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_key_tiles_wider_than_the_query_tile(monkeypatch, kernel, causal):
-    """The forward and dQ kernels with BLOCK_N > BLOCK_M: a query tile's diagonal then starts inside a key tile,
-    which must be masked (flash_tune.py's (64, 128) forward candidates were 18% off before key_ranges rounded
-    the unmasked stop down to whole key tiles)."""
-    if not INTERPRET:
-        pytest.skip("interpreter only; on a GPU flash_tune.py times these configs against the pointer version")
-    blocks = (flash_triton_fwd._fwd if kernel == "fwd" else flash_triton_bwd._dq).interpret_blocks
-    monkeypatch.setitem(blocks, "BLOCK_M", 16)
-    monkeypatch.setitem(blocks, "BLOCK_N", 32)
+        monkeypatch.setitem(owner.interpret_blocks, name, size)
     _assert_matches_reference(FlashAttentionTriton, (2,), 130, 77, 32, causal, torch.float32)
     _assert_matches_reference(FlashAttentionTriton, (2,), 77, 130, 32, causal, torch.float32)
 

@@ -20,8 +20,7 @@ shape, strides, dtype, device and pointer alignment (`tensor_signature`) is enou
 PROFILER_KIT_FLASH_DIRECT=0 switches the direct launch off, to measure what it saves.
 
 Also here: which configs are offered (shared-memory pruning, where warp specialisation is allowed, which grid
-order the forward and dQ kernels run per shape), and when
-and how tiles move by TMA descriptors.
+order the forward and dQ kernels run per shape), and when and how tiles move by TMA descriptors.
 """
 
 from __future__ import annotations
