@@ -17,43 +17,9 @@ import tempfile
 from pathlib import Path
 
 import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 
 from profiler_kit.attention.flash_triton import JIT_KERNELS as KERNELS
-from profiler_kit.attention.flash_triton_launch import DESCRIPTOR_ROWS, configs
-
-FP32_ARGS = {"L", "LSE2", "Delta"}
-SCALARS = {"qk_scale", "sm_scale"}
-ROW_DESCRIPTORS = {"DESC_LSE2", "DESC_DELTA"}  # (Z·H, seq), over fp32 per-row statistics
-
-
-def compile_config(kernel: str, shape: tuple, d: int, causal: bool, tma: bool):
-    fn = KERNELS[kernel]
-    config = configs([shape], fn.arg_names)[0]
-    consts = {**config.kwargs, "HEAD_DIM": d, "BLOCK_D": d, "CAUSAL": causal, "TMA": tma}
-    pointers = fn.arg_names[:fn.arg_names.index("DESC_Q")]  # every kernel takes its tensors first
-    signature = {}
-    for name in fn.arg_names:
-        if name in consts:
-            signature[name] = "constexpr"
-        elif name in DESCRIPTOR_ROWS:
-            rows = consts[DESCRIPTOR_ROWS[name]]
-            block = f"fp32[1,{rows}]" if name in ROW_DESCRIPTORS else f"bf16[1,1,{rows},{d}]"
-            signature[name] = f"tensordesc<{block}>" if tma else "constexpr"
-        elif name in SCALARS:
-            signature[name] = "fp32"
-        elif name in pointers:
-            signature[name] = "*fp32" if name in FP32_ARGS else "*bf16"
-        else:
-            signature[name] = "i32"
-    constexprs = {(fn.arg_names.index(n),): v for n, v in consts.items()}
-    constexprs.update({(fn.arg_names.index(n),): None for n in DESCRIPTOR_ROWS if n in fn.arg_names and not tma})
-    options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
-    if config.maxnreg:
-        options["maxnreg"] = config.maxnreg
-    return triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs),
-                          target=GPUTarget("cuda", 90, 32), options=options)
+from profiler_kit.attention.flash_triton import compile_sm90
 
 
 def main() -> int:
@@ -68,7 +34,7 @@ def main() -> int:
     parts = args.config.split(",")
     shape = (*map(int, parts[:4]), *parts[4:])
     try:
-        compiled = compile_config(args.kernel, shape, args.d, args.causal, not args.pointer)
+        compiled = compile_sm90(args.kernel, shape, args.d, args.causal, not args.pointer)
     except Exception as exc:  # noqa: BLE001 - a config that does not compile is an answer here
         print(f"{args.kernel} {args.config}: does not compile: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

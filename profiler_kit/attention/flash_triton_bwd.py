@@ -346,3 +346,9 @@ def tuned_configs() -> dict[str, dict]:
 def last_configs() -> dict[str, triton.Config | None]:
     """The config each tuned kernel of this module ran last, autotuned or planned (None before any)."""
     return {"dkdv": _dkdv.last_config, "dq": _dq.last_config}
+
+
+def last_cpp_specs() -> dict[str, tuple | None]:
+    """The C++ launch specs (`flash_cpp.launch_spec`) of the backward's last launches, None where one has none."""
+    return {name: kernel.last_plan.cpp if kernel.last_plan else None
+            for name, kernel in (("preprocess", _preprocess), ("dkdv", _dkdv), ("dq", _dq))}

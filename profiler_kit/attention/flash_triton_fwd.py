@@ -327,3 +327,8 @@ def tuned_configs() -> dict[str, dict]:
 def last_configs() -> dict[str, triton.Config | None]:
     """The config each tuned kernel of this module ran last, autotuned or planned (None before any)."""
     return {"fwd": _fwd.last_config}
+
+
+def last_cpp_specs() -> dict[str, tuple | None]:
+    """The C++ launch spec (`flash_cpp.launch_spec`) of the forward's last launch, None where it has none."""
+    return {"fwd": _fwd.last_plan.cpp if _fwd.last_plan else None}

@@ -33,6 +33,8 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from profiler_kit.attention import flash_cpp
+
 try:  # Triton ≥ 3.4; without it every tile moves through pointers.
     from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:  # pragma: no cover - depends on the installed Triton
@@ -203,6 +205,7 @@ class _Plan:
     grid: tuple[int, int, int]
     tail: tuple
     config: triton.Config | None
+    cpp: tuple | None = None  # the launch as `flash_cpp.launch_spec` describes it, when that path is on
 
     def launch(self, args: tuple) -> None:
         """What `JITFunction.run` does once its cache has the kernel: the same launcher, arguments and hooks."""
@@ -229,6 +232,7 @@ class Kernel:
             self.tuned = triton.autotune(configs=configs(shapes, fn.arg_names), key=TUNING_KEY,
                                          prune_configs_by={"early_config_prune": pruner})(fn)
         self.last_config: triton.Config | None = None
+        self.last_plan: _Plan | None = None  # the plan the last call ran or made; None after a pinned launch
         self._plans: dict[Hashable, _Plan] = {}
 
     @property
@@ -249,6 +253,7 @@ class Kernel:
         tuning sweeps); with PROFILER_KIT_FLASH_AUTOTUNE=0 the first config that fits runs; the interpreter
         runs `interpret_blocks`.
         """
+        self.last_plan = None
         if INTERPRET or config is not None or (self.tuned and os.environ.get(AUTOTUNE_ENV, "1") == "0"):
             self._launch_pinned(grid, args, consts, config)
             return
@@ -256,14 +261,14 @@ class Kernel:
         plan = self._plans.get(signature) if direct else None
         if plan is not None:
             plan.launch(args)
-            self.last_config = plan.config
+            self.last_config, self.last_plan = plan.config, plan
             return
         compiled = (self.tuned or self.fn)[grid](*args, **consts)
         self.last_config = self.tuned.best_config if self.tuned else None
         if direct:
             plan = self._plan(compiled, grid, args, consts)
             if plan is not None:
-                self._plans[signature] = plan
+                self._plans[signature] = self.last_plan = plan
 
     def _plan(self, compiled, grid: Callable[[dict], tuple], args: tuple, consts: dict) -> _Plan | None:
         """The plan of the launch Triton just made; None when this Triton's compiled kernels cannot be
@@ -275,8 +280,12 @@ class Kernel:
         if not usable or any(name not in values for name in tail_names):
             return None
         size = tuple(grid(meta))
-        return _Plan(compiled, (*size, *(1,) * (3 - len(size))), tuple(values[n] for n in tail_names),
-                     self.last_config)
+        grid3 = (*size, *(1,) * (3 - len(size)))
+        tail = tuple(values[n] for n in tail_names)
+        cpp = None
+        if flash_cpp.ENABLED:
+            cpp = flash_cpp.launch_spec(compiled, grid3, dict(zip(self.fn.arg_names, (*args, *tail), strict=True)))
+        return _Plan(compiled, grid3, tail, self.last_config, cpp)
 
     def _launch_pinned(self, grid: Callable[[dict], tuple], args: tuple, consts: dict,
                        config: triton.Config | None) -> None:
