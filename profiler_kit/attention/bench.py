@@ -162,9 +162,9 @@ def make_impl(name: str, causal: bool, device: torch.device) -> AttentionFn:
     if name == "flash-triton":
         if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
             raise RuntimeError("Triton kernels need a CUDA device; on a CPU start with TRITON_INTERPRET=1")
-        from profiler_kit.attention import FlashAttentionTriton
+        from profiler_kit.attention.flash_triton import triton_attention
 
-        return lambda q, k, v: FlashAttentionTriton.apply(q, k, v, causal)
+        return lambda q, k, v: triton_attention(q, k, v, causal)
     raise ValueError(f"unknown implementation {name!r}; choose from {', '.join(IMPLS)}")
 
 
@@ -290,9 +290,12 @@ def _measure_into(row: dict, cfg: AttentionConfig, device: torch.device, warmup_
             row["message"] = _reasons(caught)
             raise
     if cfg.impl == "flash-triton":
+        from profiler_kit.attention import flash_cpp
         from profiler_kit.attention.flash_triton import describe_last_configs
 
-        row["message"] = describe_last_configs()  # the configs the autotuner picked for this shape
+        # The configs the autotuner picked for this shape, and which host path the timed calls take.
+        host = "; C++ host path" if flash_cpp.has_plan(q, k, v, cfg.causal) else ""
+        row["message"] = describe_last_configs() + host
     for t in params:
         t.grad = None
     if device.type == "cuda":
