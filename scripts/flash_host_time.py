@@ -5,7 +5,9 @@ calls (then one synchronize) divided by their number is the host cost of one cal
 forward launcher, the backward launchers, the autograd Function's forward, backward and forward+backward) and,
 for reference, for SDPA's FlashAttention-2 backend and a Python autograd Function that only clones: the
 median over `--repeats` rounds with the min and max, in µs.
-`--profile` adds cProfile's top functions of the autograd forward+backward with direct launches on.
+`--profile` adds cProfile's top functions of the autograd forward+backward with direct launches on. With
+PROFILER_KIT_FLASH_CPP=1 two more rows time the C++ host path (`flash_cpp`), which takes over once the
+first call has registered the layout.
 
 Usage (GPU machine): python3 scripts/flash_host_time.py [--batch 8 --seq 256 --d 64 --calls 200 --profile]
 """
@@ -25,7 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from profiler_kit.attention import FlashAttentionTriton
+from profiler_kit.attention import FlashAttentionTriton, flash_cpp
+from profiler_kit.attention.flash_triton import triton_attention
 from profiler_kit.attention.flash_triton_bwd import flash_backward
 from profiler_kit.attention.flash_triton_fwd import flash_forward
 from profiler_kit.attention.flash_triton_launch import DIRECT_ENV
@@ -97,6 +100,26 @@ def main(argv: list[str] | None = None) -> int:
         for t in leaves:
             t.grad = None
 
+    def cpp_fwd_bwd() -> None:
+        triton_attention(*leaves, True).backward(grad_out)
+        for t in leaves:
+            t.grad = None
+
+    def cpp_backward_again() -> Callable[[], None]:
+        """Like `backward_again`, on a graph made at the first call (the layout is registered by then)."""
+        graph: list[Callable[[], None]] = []
+
+        def run() -> None:
+            if not graph:
+                graph.append(backward_again(triton_attention(*leaves, True)))
+            graph[0]()
+
+        return run
+
+    def sdpa_fwd() -> torch.Tensor:
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return F.scaled_dot_product_attention(*leaves, is_causal=True)
+
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
         sdpa_out = F.scaled_dot_product_attention(*leaves, is_causal=True)
     # name: (function, whether it goes through the Triton launchers)
@@ -106,10 +129,15 @@ def main(argv: list[str] | None = None) -> int:
         "autograd forward": (lambda: FlashAttentionTriton.apply(*leaves, True), True),
         "autograd backward (replayed)": (backward_again(FlashAttentionTriton.apply(*leaves, True)), True),
         "autograd forward+backward": (autograd_fwd_bwd, True),
+        "sdpa-flash forward": (sdpa_fwd, False),
         "sdpa-flash backward (replayed)": (backward_again(sdpa_out), False),
         "sdpa-flash forward+backward": (sdpa_fwd_bwd, False),
         "Function floor (one clone)": (floor_fwd_bwd, False),
     }
+    if flash_cpp.ENABLED:  # the first call (host_us's warm-up) registers the layout; the rest run in C++
+        layers["C++ path forward+backward"] = (cpp_fwd_bwd, False)
+        layers["C++ path forward"] = (lambda: triton_attention(*leaves, True), False)
+        layers["C++ path backward (replayed)"] = (cpp_backward_again(), False)
     columns = ("direct off", "direct on", "on, backward here")
     print(f"host µs per call, bf16 causal, shape {shape}, {args.calls} calls × {args.repeats} rounds "
           f"({torch.cuda.get_device_name()}, torch {torch.__version__}); the last column runs the autograd "
@@ -126,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
                 median, low, high = host_us(fn, args.calls, args.repeats)
             cells.append(f"{median:.1f} [{low:.1f}, {high:.1f}]")
         print(f"{name:<30}" + "".join(f"{c:>24}" for c in cells))
+    if flash_cpp.ENABLED:
+        print(f"C++ path registered for this layout: {flash_cpp.has_plan(*leaves, True)}")
 
     if args.profile:
         os.environ[DIRECT_ENV] = "1"
