@@ -26,6 +26,7 @@ import functools
 import os
 import struct
 import sys
+import types
 from pathlib import Path
 
 import torch
@@ -130,7 +131,7 @@ def launch_spec(compiled, grid: tuple[int, int, int], values: dict) -> tuple | N
 
 
 @functools.cache
-def extension():
+def extension() -> types.ModuleType | None:
     """The compiled extension (built on first use), or None when it cannot be built here."""
     from torch.utils import cpp_extension
 

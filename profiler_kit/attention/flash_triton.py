@@ -108,7 +108,7 @@ _SCALARS = {"qk_scale", "sm_scale"}
 _ROW_DESCRIPTORS = {"DESC_LSE2", "DESC_DELTA"}  # (Z·H, seq), over fp32 per-row statistics
 
 
-def compile_sm90(kernel: str, shape: tuple, d: int, causal: bool, tma: bool):
+def compile_sm90(kernel: str, shape: tuple, d: int, causal: bool, tma: bool) -> triton.compiler.CompiledKernel:
     """Compile one of `JIT_KERNELS` for sm_90 (bf16, i32 integers) on any machine, GPU or not: what ptxas
     makes of a config (scripts/flash_sass.py) and which parameters the compiled kernel takes (tests).
     `shape` is a (BLOCK_M, BLOCK_N, warps, stages, *flags) tuple. Returns a triton CompiledKernel, not loaded."""

@@ -212,6 +212,18 @@ CUstream current_stream(const at::Tensor& t) {
   return at::cuda::getCurrentCUDAStream(t.get_device()).stream();
 }
 
+// The addresses of the forward's tensors, which the backward's launches read too.
+Addresses forward_addresses(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+                            const at::Tensor& lse) {
+  Addresses at{};
+  at[kQ] = q.data_ptr();
+  at[kK] = k.data_ptr();
+  at[kV] = v.data_ptr();
+  at[kO] = out.data_ptr();
+  at[kLse] = lse.data_ptr();
+  return at;
+}
+
 class FlashAttention : public torch::autograd::Function<FlashAttention> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
@@ -221,13 +233,7 @@ class FlashAttention : public torch::autograd::Function<FlashAttention> {
     // The Python path's allocations, in the same memory layout: O as (Z, H, N_Q, d), L as (Z·H, N_Q).
     at::Tensor out = at::empty(q.sizes(), q.options());
     at::Tensor lse = at::empty(q.sizes().slice(0, q.dim() - 1), q.options().dtype(at::kFloat));
-    Addresses at{};
-    at[kQ] = q.data_ptr();
-    at[kK] = k.data_ptr();
-    at[kV] = v.data_ptr();
-    at[kO] = out.data_ptr();
-    at[kLse] = lse.data_ptr();
-    plan->forward->run(at, current_stream(q));
+    plan->forward->run(forward_addresses(q, k, v, out, lse), current_stream(q));
     ctx->save_for_backward({q, k, v, out, lse});
     ctx->saved_data["plan"] = plan_address;
     return out;
@@ -247,12 +253,7 @@ class FlashAttention : public torch::autograd::Function<FlashAttention> {
     at::Tensor dq = at::empty(q.sizes(), q.options());
     at::Tensor dk = at::empty(k.sizes(), k.options());
     at::Tensor dv = at::empty(v.sizes(), k.options());
-    Addresses at{};
-    at[kQ] = q.data_ptr();
-    at[kK] = k.data_ptr();
-    at[kV] = v.data_ptr();
-    at[kO] = out.data_ptr();
-    at[kLse] = lse.data_ptr();
+    Addresses at = forward_addresses(q, k, v, out, lse);
     at[kDo] = grad.data_ptr();
     at[kDelta] = stats.data_ptr<float>();
     at[kLse2] = stats.data_ptr<float>() + plan->stat_heads * plan->stat_rows;
