@@ -150,18 +150,22 @@ def _hooked() -> bool:
     return any(hook is not None and getattr(hook, "calls", True) for hook in hooks)
 
 
+def _serving() -> types.ModuleType | None:
+    """The extension, when the path is on, built and not stepping aside for a launch hook."""
+    ext = extension() if ENABLED else None
+    return None if ext is None or _hooked() else ext
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor | None:
     """The attention output through the C++ path, or None when this layout has no plan (or the path is off)."""
-    ext = extension()
-    if ext is None or _hooked():
-        return None
-    return ext.attention(q, k, v, causal)
+    ext = _serving()
+    return None if ext is None else ext.attention(q, k, v, causal)
 
 
 def has_plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> bool:
     """Whether calls with q, k, v's layout take the C++ path."""
-    ext = extension() if ENABLED else None
-    return ext is not None and not _hooked() and ext.has_plan(q, k, v, causal)
+    ext = _serving()
+    return ext is not None and ext.has_plan(q, k, v, causal)
 
 
 def register(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, grad_out: torch.Tensor,

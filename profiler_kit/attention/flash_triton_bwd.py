@@ -350,5 +350,4 @@ def last_configs() -> dict[str, triton.Config | None]:
 
 def last_cpp_specs() -> dict[str, tuple | None]:
     """The C++ launch specs (`flash_cpp.launch_spec`) of the backward's last launches, None where one has none."""
-    return {name: kernel.last_plan.cpp if kernel.last_plan else None
-            for name, kernel in (("preprocess", _preprocess), ("dkdv", _dkdv), ("dq", _dq))}
+    return {"preprocess": _preprocess.last_cpp_spec, "dkdv": _dkdv.last_cpp_spec, "dq": _dq.last_cpp_spec}

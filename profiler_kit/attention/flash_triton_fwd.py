@@ -331,4 +331,4 @@ def last_configs() -> dict[str, triton.Config | None]:
 
 def last_cpp_specs() -> dict[str, tuple | None]:
     """The C++ launch spec (`flash_cpp.launch_spec`) of the forward's last launch, None where it has none."""
-    return {"fwd": _fwd.last_plan.cpp if _fwd.last_plan else None}
+    return {"fwd": _fwd.last_cpp_spec}

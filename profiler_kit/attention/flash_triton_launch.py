@@ -239,6 +239,11 @@ class Kernel:
     def configs(self) -> list[triton.Config]:
         return self.tuned.configs if self.tuned else []
 
+    @property
+    def last_cpp_spec(self) -> tuple | None:
+        """The C++ launch spec of the last call's plan (`flash_cpp.launch_spec`); None without one."""
+        return self.last_plan.cpp if self.last_plan else None
+
     def tuning_cache(self) -> dict:
         """The autotuner's choice per tuning key so far."""
         return dict(self.tuned.cache) if self.tuned else {}
