@@ -6,7 +6,7 @@ forward launcher, the backward launchers, the autograd Function's forward, backw
 for reference, for SDPA's FlashAttention-2 backend and a Python autograd Function that only clones: the
 median over `--repeats` rounds with the min and max, in µs.
 `--profile` adds cProfile's top functions of the autograd forward+backward with direct launches on. With
-PROFILER_KIT_FLASH_CPP=1 two more rows time the C++ host path (`flash_cpp`), which takes over once the
+PROFILER_KIT_FLASH_CPP=1 three more rows time the C++ host path (`flash_cpp`), which takes over once the
 first call has registered the layout.
 
 Usage (GPU machine): python3 scripts/flash_host_time.py [--batch 8 --seq 256 --d 64 --calls 200 --profile]
@@ -76,16 +76,20 @@ def main(argv: list[str] | None = None) -> int:
     out, lse = flash_forward(q, k, v, True)
     leaves = [t.detach().requires_grad_() for t in (q, k, v)]
 
-    def autograd_fwd_bwd() -> None:
-        FlashAttentionTriton.apply(*leaves, True).backward(grad_out)
-        for t in leaves:
-            t.grad = None
+    def fwd_bwd(forward: Callable[[], torch.Tensor]) -> Callable[[], None]:
+        """One forward and its backward, gradients cleared after."""
+        def run() -> None:
+            forward().backward(grad_out)
+            for t in leaves:
+                t.grad = None
 
-    def sdpa_fwd_bwd() -> None:
+        return run
+
+    def sdpa_fwd() -> torch.Tensor:
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            F.scaled_dot_product_attention(*leaves, is_causal=True).backward(grad_out)
-        for t in leaves:
-            t.grad = None
+            return F.scaled_dot_product_attention(*leaves, is_causal=True)
+
+    autograd_fwd_bwd = fwd_bwd(lambda: FlashAttentionTriton.apply(*leaves, True))
 
     def backward_again(output: torch.Tensor) -> Callable[[], None]:
         def run() -> None:
@@ -94,16 +98,6 @@ def main(argv: list[str] | None = None) -> int:
                 t.grad = None
 
         return run
-
-    def floor_fwd_bwd() -> None:
-        _OneClone.apply(*leaves).backward(grad_out)
-        for t in leaves:
-            t.grad = None
-
-    def cpp_fwd_bwd() -> None:
-        triton_attention(*leaves, True).backward(grad_out)
-        for t in leaves:
-            t.grad = None
 
     def cpp_backward_again() -> Callable[[], None]:
         """Like `backward_again`, on a graph made at the first call (the layout is registered by then)."""
@@ -116,10 +110,6 @@ def main(argv: list[str] | None = None) -> int:
 
         return run
 
-    def sdpa_fwd() -> torch.Tensor:
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            return F.scaled_dot_product_attention(*leaves, is_causal=True)
-
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
         sdpa_out = F.scaled_dot_product_attention(*leaves, is_causal=True)
     # name: (function, whether it goes through the Triton launchers)
@@ -131,11 +121,11 @@ def main(argv: list[str] | None = None) -> int:
         "autograd forward+backward": (autograd_fwd_bwd, True),
         "sdpa-flash forward": (sdpa_fwd, False),
         "sdpa-flash backward (replayed)": (backward_again(sdpa_out), False),
-        "sdpa-flash forward+backward": (sdpa_fwd_bwd, False),
-        "Function floor (one clone)": (floor_fwd_bwd, False),
+        "sdpa-flash forward+backward": (fwd_bwd(sdpa_fwd), False),
+        "Function floor (one clone)": (fwd_bwd(lambda: _OneClone.apply(*leaves)), False),
     }
     if flash_cpp.ENABLED:  # the first call (host_us's warm-up) registers the layout; the rest run in C++
-        layers["C++ path forward+backward"] = (cpp_fwd_bwd, False)
+        layers["C++ path forward+backward"] = (fwd_bwd(lambda: triton_attention(*leaves, True)), False)
         layers["C++ path forward"] = (lambda: triton_attention(*leaves, True), False)
         layers["C++ path backward (replayed)"] = (cpp_backward_again(), False)
     columns = ("direct off", "direct on", "on, backward here")
