@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import argparse
 import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import triton
 
 from profiler_kit.attention.flash_triton import JIT_KERNELS as KERNELS
-from profiler_kit.attention.flash_triton import compile_sm90
+from profiler_kit.attention.flash_triton import compile_sm90, machine_code
 
 
 def main() -> int:
@@ -38,14 +36,7 @@ def main() -> int:
     except Exception as exc:  # noqa: BLE001 - a config that does not compile is an answer here
         print(f"{args.kernel} {args.config}: does not compile: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
-        cubin.write(compiled.asm["cubin"])
-        cubin.flush()
-        usage = subprocess.run([tools / "cuobjdump", "-res-usage", cubin.name], capture_output=True, text=True,
-                               check=True).stdout
-        sass = subprocess.run([tools / "cuobjdump", "-sass", cubin.name], capture_output=True, text=True,
-                              check=True).stdout
+    usage, sass = machine_code(compiled)
     regs, stack = re.search(r"REG:(\d+)", usage).group(1), re.search(r"STACK:(\d+)", usage).group(1)
     instructions = re.findall(r"/\*[0-9a-f]{4}\*/\s+([^;]*);", sass)
     print(f"{args.kernel} {args.config} d={args.d} causal={args.causal} tma={not args.pointer} "

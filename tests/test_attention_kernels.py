@@ -20,6 +20,7 @@ from profiler_kit.attention import (
     FlashAttentionPytorch,
     FlashAttentionTriton,
     flash_attention,
+    flash_gluon_bwd,
     flash_triton_bwd,
     flash_triton_fwd,
     flash_triton_launch,
@@ -476,3 +477,34 @@ def test_forward_backward_replays_from_a_cuda_graph_gpu(monkeypatch):
     want = _reference(q2, k2, v2, grad_out2, True)
     for name, got in zip(("dq", "dk", "dv"), grads, strict=True):
         assert _rel_err(got, want[name]) <= TOLERANCE["cuda"][torch.float16], name
+
+
+# (leading dims, n_q, n_k, d, causal): ragged tails, a multi-tile causal diagonal, more keys than queries and
+# the reverse, both head dims the Gluon dK/dV kernel takes. Configs: (block_m, block_n, stages, warps).
+GLUON_CASES = [
+    ((1, 2), 200, 200, 64, True),
+    ((1, 2), 130, 77, 64, False),
+    ((1, 2), 77, 200, 64, True),
+    ((2, 3), 333, 333, 128, True),
+    ((1, 2), 100, 300, 128, False),
+]
+GLUON_CONFIGS = {64: [(64, 64, 3, 4), (64, 128, 3, 8), (64, 64, 2, 4)], 128: [(32, 64, 3, 4), (64, 64, 2, 4)]}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GLUON_CASES, ids=lambda c: "x".join(map(str, (*c[0], *c[1:4]))) + "-causal" * c[4])
+def test_gluon_dkdv_matches_reference_gpu(case):
+    """The Gluon dK/dV kernel, every config offered for the head dim, against float64 (bf16 tolerance)."""
+    lead, n_q, n_k, d, causal = case
+    (q, k, v), grad_out = _inputs(lead, n_q, n_k, d, torch.bfloat16)
+    q4, k4, v4 = (t.detach() for t in (q, k, v))
+    if not flash_gluon_bwd.usable(q4, k4, v4, grad_out):
+        pytest.skip("needs Gluon and a GPU of compute capability 9.x")
+    out, lse = flash_triton_fwd.flash_forward(q4, k4, v4, causal)
+    want = _reference(q, k, v, grad_out, causal)
+    for block_m, block_n, stages, warps in GLUON_CONFIGS[d]:
+        config = {"block_m": block_m, "block_n": block_n, "stages": stages, "num_warps": warps}
+        _, dk, dv = flash_triton_bwd.flash_backward(q4, k4, v4, out, lse, grad_out, causal, gluon_dkdv=config)
+        for name, got in (("dk", dk), ("dv", dv)):
+            err = _rel_err(got, want[name])
+            assert err <= TOLERANCE["cuda"][torch.bfloat16], f"{config} {name}: relative error {err:.2e}"

@@ -142,6 +142,22 @@ def compile_sm90(kernel: str, shape: tuple, d: int, causal: bool, tma: bool) -> 
                           target=GPUTarget("cuda", 90, 32), options=options)
 
 
+def machine_code(compiled: triton.compiler.CompiledKernel) -> tuple[str, str]:
+    """A compiled kernel's resource usage (`cuobjdump -res-usage`: registers, stack) and its SASS, from the
+    tools bundled with Triton; for kernels compiled by `compile_sm90` here or in `flash_gluon_bwd`."""
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+        cubin.write(compiled.asm["cubin"])
+        cubin.flush()
+        usage, sass = (subprocess.run([tools / "cuobjdump", flag, cubin.name], capture_output=True, text=True,
+                                      check=True).stdout for flag in ("-res-usage", "-sass"))
+    return usage, sass
+
+
 def tuned_configs() -> dict[str, dict]:
     """Per Triton kernel, the autotuner's chosen config for each tuning key seen in this process."""
     return {**flash_triton_fwd.tuned_configs(), **flash_triton_bwd.tuned_configs()}

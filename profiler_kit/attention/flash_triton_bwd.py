@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from profiler_kit.attention import flash_gluon_bwd
 from profiler_kit.attention.flash_triton_fwd import (
     _LOG2E,
     LOG2E,
@@ -299,12 +300,15 @@ def flash_backward(
     causal: bool,
     tma: bool | None = None,
     configs_by_kernel: dict[str, triton.Config] | None = None,
+    gluon_dkdv: dict | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the three backward kernels on (Z, H, seq, d) views of q, k, v, o; `grad_out` has the shape of
     the original q and `lse` is the forward's fp32 L.
 
     `tma` as in `flash_forward`. `configs_by_kernel` pins a config per kernel name ("dkdv", "dq") instead of
-    autotuning, for tuning sweeps. Returns dQ, dK, dV as contiguous (Z, H, seq, d) tensors in the input dtype.
+    autotuning, for tuning sweeps. `gluon_dkdv` (keyword arguments of `flash_gluon_bwd.dkdv`: block sizes,
+    stages, warps) runs the Gluon dK/dV kernel instead of the Triton one where `flash_gluon_bwd.usable`.
+    Returns dQ, dK, dV as contiguous (Z, H, seq, d) tensors in the input dtype.
     """
     z, h, n_q, d = q4.shape
     n_k = k4.shape[2]
@@ -331,8 +335,11 @@ def flash_backward(
     consts = {"HEAD_DIM": d, "BLOCK_D": bd, "CAUSAL": causal, "TMA": tma}
     dkdv_args = (q4, k4, v4, do4, lse2, delta, dk, dv, *descs, *stat_descs, *common, *strides3(dk), *scalars)
     dq_args = (q4, k4, v4, do4, lse2, delta, dq, *descs, *common, *strides3(dq), *scalars)
-    _dkdv(lambda meta: grid_2d(triton.cdiv(n_k, meta["BLOCK_N"]), z * h, meta), dkdv_args, consts, signature,
-          pinned.get("dkdv"))
+    if gluon_dkdv is not None and flash_gluon_bwd.usable(q4, k4, v4, do4):
+        flash_gluon_bwd.dkdv(q4, k4, v4, do4, lse2, delta, dk, dv, causal, **gluon_dkdv)
+    else:
+        _dkdv(lambda meta: grid_2d(triton.cdiv(n_k, meta["BLOCK_N"]), z * h, meta), dkdv_args, consts, signature,
+              pinned.get("dkdv"))
     _dq(lambda meta: grid_2d(triton.cdiv(n_q, meta["BLOCK_M"]), z * h, meta), dq_args, consts, signature,
         pinned.get("dq"))
     return dq, dk, dv

@@ -1,0 +1,51 @@
+"""The Gluon dK/dV kernel's schedule, read from its sm_90 machine code on any machine (no GPU needed).
+
+Its point is the order of the tensor-core work (`flash_gluon_bwd`): each iteration issues q·kᵀ, dPᵀ and the
+previous tile's dK and dV, then waits for q·kᵀ with three matmul groups still in flight and for dPᵀ with two.
+ptxas drops that overlap silently when it cannot prove the kernel safe (step 16 of
+docs/results/attention-h100.md: a version that kept q·kᵀ in flight across iterations compiled to one wait
+after every wgmma). Correctness against float64 is a GPU test in test_attention_kernels.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from profiler_kit.attention import flash_gluon_bwd
+
+pytestmark = pytest.mark.skipif(flash_gluon_bwd.gluon is None, reason="this Triton has no Gluon")
+
+
+def _compiled(head_dim: int, config: tuple[int, int, int, int]) -> dict:
+    """Registers, spill bytes and the wgmma waits of a config compiled for sm_90, in a child process: these
+    tests may run under the interpreter, which compiles nothing."""
+    code = (
+        "import json, re\n"
+        "from profiler_kit.attention.flash_gluon_bwd import compile_sm90\n"
+        "from profiler_kit.attention.flash_triton import machine_code\n"
+        f"usage, sass = machine_code(compile_sm90({head_dim}, *{config!r}))\n"
+        "print(json.dumps({'regs': int(re.search(r'REG:(\\d+)', usage).group(1)),\n"
+        "                  'stack': int(re.search(r'STACK:(\\d+)', usage).group(1)),\n"
+        "                  'waits': re.findall(r'WARPGROUP.DEPBAR.LE gsb0, (0x[0-9a-f]+)', sass),\n"
+        "                  'wgmma': sass.count('HGMMA')}))\n"
+    )
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+@pytest.mark.parametrize(("head_dim", "config"), [(64, (64, 64, 3, 4)), (128, (64, 64, 2, 4))])
+def test_matmuls_stay_in_flight_while_the_exp2_runs(head_dim, config):
+    got = _compiled(head_dim, config)
+    assert got["stack"] == 0, "spills"
+    # Two blocks of 4 warps per SM need ≤ 255 registers per thread (65536 / (2 · 128)).
+    assert got["regs"] <= 255
+    # The loop's waits: q·kᵀ with 3 groups in flight, dPᵀ with 2, then all; not one wait per wgmma.
+    assert {"0x3", "0x2"} <= set(got["waits"])
+    assert len(got["waits"]) < got["wgmma"] // 2
