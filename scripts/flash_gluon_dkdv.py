@@ -1,0 +1,117 @@
+"""Time the whole backward with the Gluon dK/dV kernel against the Triton one on the issue 6 shapes (step 16).
+
+For each shape: the forward once, then rounds that alternate the Triton backward (autotuned, as shipped) and
+the backward with each Gluon dK/dV config (`flash_backward(..., gluon_dkdv=...)`; D pre-pass and dQ kernel
+unchanged), each timed by `triton.testing.do_bench` (median ms). A Gluon result is also checked against the
+Triton one (largest difference over the largest magnitude, dK and dV). Then one profiled call of each gives
+the dK/dV kernels' own GPU times.
+
+Usage (GPU machine): python3 scripts/flash_gluon_dkdv.py [--shapes leaderboard,causal4096,full8192]
+    [--rounds 3] [--output F.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import statistics
+import sys
+import time
+
+import torch
+import triton
+
+from profiler_kit.attention.flash_triton_bwd import flash_backward
+from profiler_kit.attention.flash_triton_fwd import flash_forward
+
+# name: (Z, H, N, d, causal), bf16, as in scripts/flash_tune.py.
+SHAPES = {
+    "leaderboard": (1, 16, 16384, 64, True),
+    "causal4096": (4, 16, 4096, 128, True),
+    "full8192": (4, 16, 8192, 128, False),
+}
+# (block_m, block_n, stages, warps) per head dim; every one compiled without spills for sm_90 (Triton 3.6).
+CONFIGS = {
+    64: [(64, 64, 3, 4), (64, 64, 2, 4), (64, 64, 4, 4), (64, 128, 3, 8), (64, 128, 2, 8)],
+    128: [(32, 64, 3, 4), (32, 64, 4, 4), (64, 64, 2, 4), (32, 128, 3, 8)],
+}
+
+
+def gluon_kwargs(config: tuple) -> dict:
+    block_m, block_n, stages, warps = config
+    return {"block_m": block_m, "block_n": block_n, "stages": stages, "num_warps": warps}
+
+
+def kernel_times_ms(fn, calls: int = 5) -> dict[str, float]:
+    """Mean GPU time per call of each kernel `fn` launches, from torch.profiler."""
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    return {e.key: e.device_time_total / calls / 1e3 for e in prof.key_averages() if e.device_time_total > 0}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--output", default=None)
+    args = parser.parse_args()
+    rows = []
+    for name in args.shapes.split(","):
+        z, h, n, d, causal = SHAPES[name]
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        q, k, v, do = (torch.randn(z, h, n, d, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(4))
+        out, lse = flash_forward(q, k, v, causal)
+        variants = {"triton": None, **{f"gluon {c}": gluon_kwargs(c) for c in CONFIGS[d]}}
+        fns = {label: functools.partial(flash_backward, q, k, v, out, lse, do, causal, gluon_dkdv=g)
+               for label, g in variants.items()}
+        reference = fns["triton"]()
+        errors = {}
+        for label, fn in fns.items():
+            try:
+                got = fn()
+                errors[label] = max(((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
+                                    for a, b in zip(got[1:], reference[1:], strict=True))
+            except Exception as exc:  # noqa: BLE001 - a config that fails is a result here
+                errors[label] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+        times: dict[str, list[float]] = {label: [] for label in fns if not isinstance(errors[label], str)}
+        for _ in range(args.rounds):
+            for label in times:
+                times[label].append(triton.testing.do_bench(fns[label], warmup=25, rep=100))
+        for label in fns:
+            row = {"shape": name, "variant": label, "error": errors[label] if isinstance(errors[label], str) else None,
+                   "max_rel_diff_vs_triton": None if isinstance(errors[label], str) else errors[label]}
+            if label in times:
+                row.update(bwd_ms=statistics.median(times[label]), bwd_ms_min=min(times[label]),
+                           bwd_ms_max=max(times[label]), kernels_ms=kernel_times_ms(fns[label]))
+            rows.append(row)
+            print(json.dumps(row), file=sys.stderr)
+        del fns, reference
+        torch.cuda.empty_cache()
+
+    device = torch.cuda.get_device_name()
+    print(f"# flash_gluon_dkdv: {device}, torch {torch.__version__}, triton {triton.__version__}, "
+          f"{time.strftime('%Y-%m-%d')}\n")
+    print("| shape | backward | ms (median of rounds) | [min, max] | dK/dV kernel ms | vs triton | max rel diff |")
+    print("|---|---|---:|---|---:|---:|---:|")
+    for r in rows:
+        if r["error"]:
+            print(f"| {r['shape']} | {r['variant']} | – | | | | {r['error']} |")
+            continue
+        base = next(x for x in rows if x["shape"] == r["shape"] and x["variant"] == "triton")
+        dkdv = sum(ms for key, ms in r["kernels_ms"].items() if "dkdv" in key)
+        print(f"| {r['shape']} | {r['variant']} | {r['bwd_ms']:.3f} | [{r['bwd_ms_min']:.3f}, {r['bwd_ms_max']:.3f}] "
+              f"| {dkdv:.3f} | {base['bwd_ms'] / r['bwd_ms']:.3f}× | {r['max_rel_diff_vs_triton']:.1e} |")
+    if args.output:
+        with open(args.output, "w") as fh:
+            json.dump({"device": device, "torch": torch.__version__, "triton": triton.__version__,
+                       "date": time.strftime("%Y-%m-%d"), "rows": rows}, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
