@@ -21,6 +21,7 @@ import time
 
 import torch
 import triton
+from flash_tune import write_rows  # scripts/ is on sys.path when a script runs
 
 from profiler_kit.attention.flash_triton_bwd import flash_backward
 from profiler_kit.attention.flash_triton_fwd import flash_forward
@@ -107,9 +108,7 @@ def main() -> int:
         print(f"| {r['shape']} | {r['variant']} | {r['bwd_ms']:.3f} | [{r['bwd_ms_min']:.3f}, {r['bwd_ms_max']:.3f}] "
               f"| {dkdv:.3f} | {base['bwd_ms'] / r['bwd_ms']:.3f}× | {r['max_rel_diff_vs_triton']:.1e} |")
     if args.output:
-        with open(args.output, "w") as fh:
-            json.dump({"device": device, "torch": torch.__version__, "triton": triton.__version__,
-                       "date": time.strftime("%Y-%m-%d"), "rows": rows}, fh, indent=1)
+        write_rows(args.output, rows)
     return 0
 
 

@@ -151,6 +151,13 @@ def flops(name: str, kernel: str) -> float:
     return forward if kernel == "fwd" else 2.5 * forward
 
 
+def write_rows(path: str, rows: list[dict]) -> None:
+    """A sweep's rows as JSON, with the GPU, the torch and Triton versions and the date they were taken on."""
+    with open(path, "w") as fh:
+        json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+                   "date": time.strftime("%Y-%m-%d"), "rows": rows}, fh, indent=1)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default=",".join(SHAPES))
@@ -225,9 +232,7 @@ def main() -> int:
                   f"{tuple(r['partner']) if r['partner'] else ''} | {ms} | {tf} | {err} | {r['error'] or ''} |")
         print()
     if args.output:
-        with open(args.output, "w") as fh:
-            json.dump({"device": device, "torch": torch.__version__, "triton": triton.__version__,
-                       "date": time.strftime("%Y-%m-%d"), "rows": rows}, fh, indent=1)
+        write_rows(args.output, rows)
     return 0
 
 

@@ -1,7 +1,9 @@
 """Test set-up: Triton kernels run in the interpreter when there is no GPU; `gpu` tests skip without CUDA."""
 
+import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -33,6 +35,20 @@ def nsys() -> NsysInstall:
         proc = subprocess.run(["bash", str(NSYS_INSTALLER), str(NSYS_PREFIX)], capture_output=True, text=True)
         assert proc.returncode == 0, f"installing Debian's nsys failed: {proc.stderr[-2000:]}"
     return find_nsys(NSYS_PREFIX / NSYS_IN_PREFIX)
+
+
+@pytest.fixture(scope="session")
+def compiled_facts():
+    """Run Python `code` that compiles kernels for sm_90 in a child process and prints a JSON line last;
+    return that JSON. A child, because tests may run under the interpreter, which compiles nothing."""
+
+    def run(code: str) -> dict:
+        env = {**os.environ, "TRITON_INTERPRET": "0"}
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return json.loads(done.stdout.splitlines()[-1])
+
+    return run
 
 
 @pytest.fixture

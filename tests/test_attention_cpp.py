@@ -7,11 +7,7 @@ gives the Python path's results bit for bit (same kernels, same configs), on fre
 
 from __future__ import annotations
 
-import json
-import os
 import struct
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -28,20 +24,16 @@ CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_SWIZZLE_128B = 0, 3
 
 
 @pytest.fixture(scope="module")
-def dkdv_sm90() -> dict:
+def dkdv_sm90(compiled_facts) -> dict:
     """The leaderboard's dK/dV config at d = 64, causal, TMA loads, compiled for sm_90 (not loaded): its
-    parameter names, compiled signature and TMA metadata. Compiled in a child process, because these tests
-    may run under the interpreter, whose kernels cannot be compiled."""
+    parameter names, compiled signature and TMA metadata (compiled in a child process: `compiled_facts`)."""
     code = (
         "import json; from profiler_kit.attention.flash_triton import compile_sm90; "
         "c = compile_sm90('dkdv', (64, 64, 4, 3, 'overlap'), 64, True, True); "
         "print(json.dumps({'arg_names': c.src.fn.arg_names, 'signature': dict(c.src.signature), "
         "'meta': c.metadata.tensordesc_meta}))"
     )
-    env = {**os.environ, "TRITON_INTERPRET": "0"}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout.splitlines()[-1])
+    return compiled_facts(code)
 
 
 def _dkdv_values(compiled: dict, z=2, h=3, n=200, d=64) -> tuple[dict, dict]:

@@ -9,11 +9,6 @@ after every wgmma). Correctness against float64 is a GPU test in test_attention_
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 
 from profiler_kit.attention import flash_gluon_bwd
@@ -21,10 +16,9 @@ from profiler_kit.attention import flash_gluon_bwd
 pytestmark = pytest.mark.skipif(flash_gluon_bwd.gluon is None, reason="this Triton has no Gluon")
 
 
-def _compiled(head_dim: int, config: tuple[int, int, int, int]) -> dict:
-    """Registers, spill bytes and the wgmma waits of a config compiled for sm_90, in a child process: these
-    tests may run under the interpreter, which compiles nothing."""
-    code = (
+def _compiled(compiled_facts, head_dim: int, config: tuple[int, int, int, int]) -> dict:
+    """Registers, spill bytes and the wgmma waits of a config compiled for sm_90."""
+    return compiled_facts(
         "import json, re\n"
         "from profiler_kit.attention.flash_gluon_bwd import compile_sm90\n"
         "from profiler_kit.attention.flash_triton import machine_code\n"
@@ -34,15 +28,11 @@ def _compiled(head_dim: int, config: tuple[int, int, int, int]) -> dict:
         "                  'waits': re.findall(r'WARPGROUP.DEPBAR.LE gsb0, (0x[0-9a-f]+)', sass),\n"
         "                  'wgmma': sass.count('HGMMA')}))\n"
     )
-    env = {**os.environ, "TRITON_INTERPRET": "0"}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout.splitlines()[-1])
 
 
 @pytest.mark.parametrize(("head_dim", "config"), [(64, (64, 64, 3, 4)), (128, (64, 64, 2, 4))])
-def test_matmuls_stay_in_flight_while_the_exp2_runs(head_dim, config):
-    got = _compiled(head_dim, config)
+def test_matmuls_stay_in_flight_while_the_exp2_runs(compiled_facts, head_dim, config):
+    got = _compiled(compiled_facts, head_dim, config)
     assert got["stack"] == 0, "spills"
     # Two blocks of 4 warps per SM need ≤ 255 registers per thread (65536 / (2 · 128)).
     assert got["regs"] <= 255
