@@ -34,6 +34,8 @@ from __future__ import annotations
 import torch
 import triton
 
+from profiler_kit.attention.flash_triton_fwd import LOG2E
+
 try:  # Triton ≥ 3.5 ships Gluon; without it the Triton kernels run alone.
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
@@ -211,9 +213,8 @@ def dkdv(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, do4: torch.Tensor
     z, h, n_q, d = q4.shape
     n_k = k4.shape[2]
     descs = _descriptors(q4, k4, v4, do4, lse2, delta, n_q, block_m, block_n)
-    log2e = 1.4426950408889634
     grid = (triton.cdiv(n_k, block_n), z * h)
-    _dkdv_kernel[grid](*descs, dk, dv, *dk.stride()[:3], h, n_q, n_k, log2e / d ** 0.5, 1.0 / d ** 0.5,
+    _dkdv_kernel[grid](*descs, dk, dv, *dk.stride()[:3], h, n_q, n_k, LOG2E / d ** 0.5, 1.0 / d ** 0.5,
                        HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, CAUSAL=causal,
                        NUM_WARPS=num_warps, num_warps=num_warps)
 
