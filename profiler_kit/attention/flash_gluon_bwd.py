@@ -1,23 +1,26 @@
-"""The FlashAttention-2 backward's dK/dV kernel in Gluon, with q·kᵀ issued one query tile ahead.
+"""The FlashAttention-2 backward's dK/dV kernel in Gluon, with the exp2 overlapping the tensor cores.
 
 Why Gluon. The Triton dK/dV kernel (`flash_triton_bwd`) keeps the tensor cores about 60% busy on the H100
 (docs/results/attention-h100.md, step 13). Its warps wait at the top of each iteration for q·kᵀ and, with
 it, for the previous tile's dV and dK matmuls, since a wgmma wait counts finished groups in issue order
-(step 14). Issuing the next tile's q·kᵀ before this tile's dV and dK would let the exp2 wait for q·kᵀ alone,
-but Triton 3.6 cannot express it: its pass that makes matmuls asynchronous gives every matmul whose result is
-used inside the loop a wait for all outstanding groups (step 16). Gluon, Triton's lower-level language, leaves
+(step 14). Issuing q·kᵀ before the previous tile's dV and dK lets the exp2 wait for q·kᵀ alone, but Triton
+3.6 cannot express that: its pass that makes matmuls asynchronous gives every matmul whose result is used
+inside the loop a wait for all outstanding groups (step 16). Gluon, Triton's lower-level language, leaves
 the matmuls' issue order, their waits and the TMA ring to the kernel.
 
-Per query tile j of a key tile, the order of issue is:
+Per query tile j of a key tile, the order of work is:
 
-    dPᵀ_j = V dO_jᵀ            (async)
-    wait until q·kᵀ_j is done   (dV_{j-1}, dK_{j-1}, dPᵀ_j may still run)
+    q·kᵀ_j, dPᵀ_j = V dO_jᵀ               (async)
+    dK += dSᵀ_{j-1} Q_{j-1}, dV += Pᵀ_{j-1} dO_{j-1}   (async, deferred from tile j-1, A from registers)
+    wait until q·kᵀ_j is done              (three groups still in flight)
     Pᵀ_j = exp2(q·kᵀ_j·scale − LSE2_j)
-    q·kᵀ_{j+1}                  (async, the look-ahead)
-    dV += Pᵀ_j dO_j             (async, Pᵀ from registers)
-    wait until dPᵀ_j is done    (q·kᵀ_{j+1} and dV may still run); refill tile j−1's slot
+    wait until dPᵀ_j is done               (two groups still in flight)
     dSᵀ_j = Pᵀ_j ∘ (dPᵀ_j − Delta_j)
-    dK += dSᵀ_j Q_j             (async)
+    wait for all; refill tile j−1's slot
+
+Nothing stays in flight across the loop's back edge: a version that kept q·kᵀ_{j+1} in flight there made
+ptxas serialise every wgmma (warning C7514), so each iteration drains, as FlashAttention-3's forward does.
+Tile 0's deferred dK and dV add zeros; the last tile's run after the loop.
 
 Tiles arrive by TMA into a ring of STAGES slots (q, dO, LSE2 and Delta of one query tile per slot, one
 mbarrier each). A slot is refilled once both matmuls that read it (dV, dK) are known to be done. The math
