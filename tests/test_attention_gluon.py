@@ -16,17 +16,17 @@ from profiler_kit.attention import flash_gluon_bwd
 pytestmark = pytest.mark.skipif(flash_gluon_bwd.gluon is None, reason="this Triton has no Gluon")
 
 
-def _compiled(compiled_facts, head_dim: int, config: tuple[int, int, int, int]) -> dict:
-    """Registers, spill bytes and the wgmma waits of a config compiled for sm_90."""
+def _compiled(compiled_facts, head_dim: int, config: tuple[int, int, int, int], with_dq: bool = False) -> dict:
+    """Registers, spill bytes, the wgmma waits and the TMA reductions of a config compiled for sm_90."""
     return compiled_facts(
         "import json, re\n"
         "from profiler_kit.attention.flash_gluon_bwd import compile_sm90\n"
         "from profiler_kit.attention.flash_triton import machine_code\n"
-        f"usage, sass = machine_code(compile_sm90({head_dim}, *{config!r}))\n"
+        f"usage, sass = machine_code(compile_sm90({head_dim}, *{config!r}, with_dq={with_dq!r}))\n"
         "print(json.dumps({'regs': int(re.search(r'REG:(\\d+)', usage).group(1)),\n"
         "                  'stack': int(re.search(r'STACK:(\\d+)', usage).group(1)),\n"
         "                  'waits': re.findall(r'WARPGROUP.DEPBAR.LE gsb0, (0x[0-9a-f]+)', sass),\n"
-        "                  'wgmma': sass.count('HGMMA')}))\n"
+        "                  'wgmma': sass.count('HGMMA'), 'reductions': sass.count('UTMAREDG.2D.ADD')}))\n"
     )
 
 
@@ -39,3 +39,16 @@ def test_matmuls_stay_in_flight_while_the_exp2_runs(compiled_facts, head_dim, co
     # The loop's waits: q·kᵀ with 3 groups in flight, dPᵀ with 2, then all; not one wait per wgmma.
     assert {"0x3", "0x2"} <= set(got["waits"])
     assert len(got["waits"]) < got["wgmma"] // 2
+
+
+@pytest.mark.parametrize("stages", [2, 3])
+def test_fused_kernel_keeps_four_matmuls_in_flight_and_reduces_dq_by_tma(compiled_facts, stages):
+    """The fused kernel (d = 64) issues five matmul groups per tile and waits for q·kᵀ with four still in
+    flight, for dPᵀ with three; dQ leaves by TMA reductions (in the loop and after it), with no spills at
+    two blocks per SM."""
+    got = _compiled(compiled_facts, 64, (64, 64, stages, 4), with_dq=True)
+    assert got["stack"] == 0, "spills"
+    assert got["regs"] <= 255
+    assert {"0x4", "0x3"} <= set(got["waits"])
+    assert len(got["waits"]) < got["wgmma"] // 2
+    assert got["reductions"] == 2

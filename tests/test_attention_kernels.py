@@ -508,3 +508,26 @@ def test_gluon_dkdv_matches_reference_gpu(case):
         for name, got in (("dk", dk), ("dv", dv)):
             err = _rel_err(got, want[name])
             assert err <= TOLERANCE["cuda"][torch.bfloat16], f"{config} {name}: relative error {err:.2e}"
+
+
+GLUON_FUSED_CONFIGS = [(64, 64, 3, 4), (64, 64, 2, 4)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [c for c in GLUON_CASES if c[3] in flash_gluon_bwd.FUSED_HEAD_DIMS],
+                         ids=lambda c: "x".join(map(str, (*c[0], *c[1:4]))) + "-causal" * c[4])
+def test_gluon_fused_backward_matches_reference_gpu(case):
+    """The fused Gluon backward (dK, dV and dQ in one kernel, dQ by TMA reductions) against float64."""
+    lead, n_q, n_k, d, causal = case
+    (q, k, v), grad_out = _inputs(lead, n_q, n_k, d, torch.bfloat16)
+    q4, k4, v4 = (t.detach() for t in (q, k, v))
+    if not flash_gluon_bwd.usable(q4, k4, v4, grad_out, flash_gluon_bwd.FUSED_HEAD_DIMS):
+        pytest.skip("needs Gluon and a GPU of compute capability 9.x")
+    out, lse = flash_triton_fwd.flash_forward(q4, k4, v4, causal)
+    want = _reference(q, k, v, grad_out, causal)
+    for block_m, block_n, stages, warps in GLUON_FUSED_CONFIGS:
+        config = {"block_m": block_m, "block_n": block_n, "stages": stages, "num_warps": warps}
+        got = flash_triton_bwd.flash_backward(q4, k4, v4, out, lse, grad_out, causal, gluon_fused=config)
+        for name, value in zip(("dq", "dk", "dv"), got, strict=True):
+            err = _rel_err(value, want[name])
+            assert err <= TOLERANCE["cuda"][torch.bfloat16], f"{config} {name}: relative error {err:.2e}"

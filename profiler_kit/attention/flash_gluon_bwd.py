@@ -54,11 +54,24 @@ try:  # Triton ≥ 3.5 ships Gluon; without it the Triton kernels run alone.
     # Names that changed after Triton 3.6: the TMA load (`async_load` later) and the CTA barrier (`barrier`).
     tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
     cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+    tma_reduce_add = getattr(tma, "async_atomic_add", None)
+    if tma_reduce_add is None:  # Triton 3.6: the op exists, its Python wrapper came later.
+        from triton._C.libtriton import ir
+        from triton.experimental.gluon.language._core import builtin
+
+        @builtin
+        def tma_reduce_add(tensor_desc, coord, src, _semantic=None):
+            """Add the shared-memory tile `src` into the global tile at `coord` (cp.reduce.async.bulk.tensor)."""
+            coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+            _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord,
+                                                      src.handle)
 except ImportError:  # pragma: no cover - depends on the installed Triton
     gluon = None
 
 GLUON_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 HEAD_DIMS = (64, 128)
+# The fused kernel holds dK, dV, q·kᵀ, dPᵀ and a dQ tile in registers: at d = 128 that is over 255 per thread.
+FUSED_HEAD_DIMS = (64,)
 
 
 if gluon is not None:
@@ -74,6 +87,37 @@ if gluon is not None:
         tma_load(desc_do, [row, 0], bar, do_s.index(slot), pred=pred)
         tma_load(desc_l, [pid_bh, start_m], bar, l_s.index(slot), pred=pred)
         tma_load(desc_d, [pid_bh, start_m], bar, d_s.index(slot), pred=pred)
+
+    @gluon.jit
+    def _probabilities(qk, lse2, qk_scale, rows, keys, N_Q, N_K, masked, CAUSAL: gl.constexpr,
+                       MASK_KEYS: gl.constexpr):
+        """Pᵀ = exp2(q·kᵀ·scale − LSE2) of a (keys × queries) tile. On a `masked` tile (one reaching past the
+        ends, or a causal diagonal one) P is zero past N_Q, past N_K with MASK_KEYS, and where a key comes
+        after the query when CAUSAL. The dK/dV kernel leaves keys past N_K unmasked (their rows are not
+        stored), which saves registers."""
+        p = gl.exp2(qk * qk_scale - lse2[None, :])
+        if masked:
+            if CAUSAL:
+                visible = (rows[None, :] < N_Q) & (keys[:, None] <= rows[None, :])
+            else:
+                visible = (rows[None, :] < N_Q) & (keys[:, None] >= 0)
+            if MASK_KEYS:
+                visible = visible & (keys[:, None] < N_K)
+            p = gl.where(visible, p, 0.0)
+        return p
+
+    @gluon.jit
+    def _store_dkdv(DK, DV, dk, dv, pid_bh, start_n, stride_gz, stride_gh, stride_gn, H, N_K, layout: gl.constexpr):
+        """Store one key tile's dK and dV (already scaled and cast) into (Z, H, N_K, d) tensors."""
+        out_rows = start_n + gl.arange(0, dk.shape[0], layout=gl.SliceLayout(1, layout))
+        out_cols = gl.arange(0, dk.shape[1], layout=gl.SliceLayout(0, layout))
+        z = pid_bh // H
+        h = pid_bh % H
+        offsets = (z.to(gl.int64) * stride_gz + h.to(gl.int64) * stride_gh + out_rows[:, None] * stride_gn
+                   + out_cols[None, :])
+        inside = (out_rows[:, None] < N_K) & (out_cols[None, :] < dk.shape[1])
+        gl.store(DK + offsets, dk, mask=inside)
+        gl.store(DV + offsets, dv, mask=inside)
 
     @gluon.jit
     def _dkdv_kernel(desc_q, desc_k, desc_v, desc_do, desc_l, desc_d, DK, DV,
@@ -140,18 +184,11 @@ if gluon is not None:
                 dk_acc = warpgroup_mma(ds_prev, q_s.index(prev), dk, is_async=True)
                 dv_acc = warpgroup_mma(p_prev, do_s.index(prev), dv, is_async=True)
                 qk = warpgroup_mma_wait(3, deps=[qk])
-                lse2 = l_s.index(slot).reshape([BLOCK_M]).load(cols_of)
-                p = gl.exp2(qk * qk_scale - lse2[None, :])
-                rows = start_m + queries
-                needs_mask = start_m + BLOCK_M > N_Q
+                masked = start_m + BLOCK_M > N_Q
                 if CAUSAL:
-                    needs_mask = needs_mask | (start_m < start_n + BLOCK_N)
-                if needs_mask:
-                    if CAUSAL:
-                        visible = (rows[None, :] < N_Q) & (keys[:, None] <= rows[None, :])
-                    else:
-                        visible = (rows[None, :] < N_Q) & (keys[:, None] >= 0)
-                    p = gl.where(visible, p, 0.0)
+                    masked = masked | (start_m < start_n + BLOCK_N)
+                p = _probabilities(qk, l_s.index(slot).reshape([BLOCK_M]).load(cols_of), qk_scale, start_m + queries,
+                                   keys, N_Q, N_K, masked, CAUSAL, False)
                 p_op = gl.convert_layout(p.to(dtype), a_regs)
                 dp = warpgroup_mma_wait(2, deps=[dp])
                 delta = d_s.index(slot).reshape([BLOCK_M]).load(cols_of)
@@ -173,21 +210,127 @@ if gluon is not None:
         mbarrier.invalidate(kv_bar)
         for s in gl.static_range(STAGES):
             mbarrier.invalidate(bars.index(s))
-        out_rows = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma_o))
-        out_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, mma_o))
-        z = pid_bh // H
-        h = pid_bh % H
-        offsets = (z.to(gl.int64) * stride_gz + h.to(gl.int64) * stride_gh + out_rows[:, None] * stride_gn
-                   + out_cols[None, :])
-        inside = (out_rows[:, None] < N_K) & (out_cols[None, :] < HEAD_DIM)
-        gl.store(DK + offsets, (dk * sm_scale).to(dtype), mask=inside)
-        gl.store(DV + offsets, dv.to(dtype), mask=inside)
+        _store_dkdv(DK, DV, (dk * sm_scale).to(dtype), dv.to(dtype), pid_bh, start_n, stride_gz, stride_gh,
+                    stride_gn, H, N_K, mma_o)
 
 
-def usable(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, do4: torch.Tensor) -> bool:
-    """Whether `dkdv` takes these (Z, H, N, d) tensors: Gluon present, a 16-bit dtype, d ∈ HEAD_DIMS,
-    contiguous tensors on a GPU of compute capability 9.x."""
-    return (gluon is not None and q4.dtype in GLUON_DTYPES and q4.shape[-1] in HEAD_DIMS and q4.is_cuda
+    @gluon.jit
+    def _fused_kernel(desc_q, desc_k, desc_v, desc_do, desc_l, desc_d, desc_dq, DK, DV,
+                      stride_gz, stride_gh, stride_gn, H, N_Q, N_K, qk_scale, sm_scale,
+                      HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                      CAUSAL: gl.constexpr, NUM_WARPS: gl.constexpr):
+        """dK, dV of one (key tile, batch·head), and its share of dQ added into an fp32 accumulator by TMA
+        reductions; `fused` gives the order of work."""
+        dtype: gl.constexpr = desc_q.dtype
+        mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
+                                                        instr_shape=[16, BLOCK_M, 16])
+        mma_o: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
+                                                        instr_shape=[16, HEAD_DIM, 16])
+        a_regs: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_o, k_width=2)
+        cols_of: gl.constexpr = gl.SliceLayout(0, mma_s)
+
+        pid_n = gl.program_id(0)
+        pid_bh = gl.program_id(1)
+        start_n = pid_n * BLOCK_N
+        q_row0 = pid_bh * N_Q
+        lo = (start_n // BLOCK_M) * BLOCK_M if CAUSAL else 0
+        n_tiles = gl.cdiv(N_Q - lo, BLOCK_M)
+
+        k_s = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], desc_k.layout)
+        v_s = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], desc_v.layout)
+        q_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], desc_q.layout)
+        do_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], desc_do.layout)
+        l_s = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], desc_l.layout)
+        d_s = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], desc_d.layout)
+        # dSᵀ of the previous tile (A of dK, transposed A of dQ) and the dQ tile on its way out.
+        ds_s = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M],
+                                         gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype))
+        dq_s = gl.allocate_shared_memory(gl.float32, [BLOCK_M, HEAD_DIM], desc_dq.layout)
+        kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(kv_bar, count=1)
+        for s in gl.static_range(STAGES):
+            mbarrier.init(bars.index(s), count=1)
+        ds_s.store(gl.zeros([BLOCK_N, BLOCK_M], dtype, mma_s))
+        fence_async_shared()
+        cta_barrier()
+
+        mbarrier.expect(kv_bar, 2 * desc_k.block_type.nbytes)
+        tma_load(desc_k, [pid_bh * N_K + start_n, 0], kv_bar, k_s)
+        tma_load(desc_v, [pid_bh * N_K + start_n, 0], kv_bar, v_s)
+        for t in gl.static_range(STAGES):
+            _load_query_tile(desc_q, desc_do, desc_l, desc_d, q_s, do_s, l_s, d_s, bars, t,
+                             q_row0 + lo + t * BLOCK_M, pid_bh, lo + t * BLOCK_M, t < n_tiles)
+
+        keys = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma_s))
+        queries = gl.arange(0, BLOCK_M, layout=cols_of)
+        zero_s = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, mma_s)
+        zero_q = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, mma_o)
+        dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, mma_o)
+        dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, mma_o)
+        p_prev = gl.zeros([BLOCK_N, BLOCK_M], dtype, a_regs)
+        keys_past_end = start_n + BLOCK_N > N_K
+
+        mbarrier.wait(kv_bar, 0)
+        if n_tiles > 0:
+            for j in range(n_tiles):
+                slot = j % STAGES
+                prev = (j + STAGES - 1) % STAGES if j > 0 else 0
+                start_m = lo + j * BLOCK_M
+                mbarrier.wait(bars.index(slot), (j // STAGES) & 1)
+                qk = warpgroup_mma(k_s, q_s.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+                dp = warpgroup_mma(v_s, do_s.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+                dv_acc = warpgroup_mma(p_prev, do_s.index(prev), dv, is_async=True)
+                dk_acc = warpgroup_mma(ds_s, q_s.index(prev), dk, is_async=True)
+                dq_acc = warpgroup_mma(ds_s.permute((1, 0)), k_s, zero_q, use_acc=False, is_async=True)
+                qk = warpgroup_mma_wait(4, deps=[qk])
+                masked = (start_m + BLOCK_M > N_Q) | keys_past_end
+                if CAUSAL:
+                    masked = masked | (start_m < start_n + BLOCK_N)
+                p = _probabilities(qk, l_s.index(slot).reshape([BLOCK_M]).load(cols_of), qk_scale, start_m + queries,
+                                   keys, N_Q, N_K, masked, CAUSAL, True)
+                p_op = gl.convert_layout(p.to(dtype), a_regs)
+                dp = warpgroup_mma_wait(3, deps=[dp])
+                delta = d_s.index(slot).reshape([BLOCK_M]).load(cols_of)
+                ds = (p * (dp - delta[None, :])).to(dtype)
+                dk, dv, dq, p_prev = warpgroup_mma_wait(0, deps=[dk_acc, dv_acc, dq_acc, p_prev])
+                p_prev = p_op
+                # Tile j-1's reduction must have read dq_s before it is written again.
+                tma.store_wait(0)
+                dq_s.store(dq)
+                ds_s.store(ds)
+                fence_async_shared()
+                cta_barrier()
+                if j > 0:
+                    tma_reduce_add(desc_dq, [q_row0 + start_m - BLOCK_M, 0], dq_s)
+                refill = j - 1 + STAGES
+                _load_query_tile(desc_q, desc_do, desc_l, desc_d, q_s, do_s, l_s, d_s, bars, refill % STAGES,
+                                 q_row0 + lo + refill * BLOCK_M, pid_bh, lo + refill * BLOCK_M,
+                                 (j >= 1) & (refill < n_tiles))
+            last = (n_tiles - 1) % STAGES
+            dv_acc = warpgroup_mma(p_prev, do_s.index(last), dv, is_async=True)
+            dk_acc = warpgroup_mma(ds_s, q_s.index(last), dk, is_async=True)
+            dq_acc = warpgroup_mma(ds_s.permute((1, 0)), k_s, zero_q, use_acc=False, is_async=True)
+            dk, dv, dq = warpgroup_mma_wait(0, deps=[dk_acc, dv_acc, dq_acc])
+            tma.store_wait(0)
+            dq_s.store(dq)
+            fence_async_shared()
+            cta_barrier()
+            tma_reduce_add(desc_dq, [q_row0 + lo + (n_tiles - 1) * BLOCK_M, 0], dq_s)
+            tma.store_wait(0)
+
+        mbarrier.invalidate(kv_bar)
+        for s in gl.static_range(STAGES):
+            mbarrier.invalidate(bars.index(s))
+        _store_dkdv(DK, DV, (dk * sm_scale).to(dtype), dv.to(dtype), pid_bh, start_n, stride_gz, stride_gh,
+                    stride_gn, H, N_K, mma_o)
+
+
+def usable(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, do4: torch.Tensor,
+           head_dims: tuple[int, ...] = HEAD_DIMS) -> bool:
+    """Whether `dkdv` (or, with FUSED_HEAD_DIMS, `fused`) takes these (Z, H, N, d) tensors: Gluon present, a
+    16-bit dtype, d in `head_dims`, contiguous tensors on a GPU of compute capability 9.x."""
+    return (gluon is not None and q4.dtype in GLUON_DTYPES and q4.shape[-1] in head_dims and q4.is_cuda
             and torch.cuda.get_device_capability(q4.device)[0] == 9
             and all(t.is_contiguous() and t.dtype == q4.dtype for t in (q4, k4, v4, do4)))
 
@@ -208,6 +351,13 @@ def _descriptors(q4, k4, v4, do4, lse2, delta, n_q: int, block_m: int, block_n: 
     ]
 
 
+def _dq_descriptor(dq_acc: torch.Tensor, block_m: int):
+    """TMA descriptor of the fp32 (rows, d) dQ accumulator, in tiles of block_m rows."""
+    d = dq_acc.shape[-1]
+    return TensorDescriptor.from_tensor(dq_acc, [block_m, d],
+                                        gl.NVMMASharedLayout.get_default_for([block_m, d], gl.float32))
+
+
 def dkdv(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, do4: torch.Tensor, lse2: torch.Tensor,
          delta: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, causal: bool, block_m: int = 64,
          block_n: int = 64, stages: int = 3, num_warps: int = 4) -> None:
@@ -222,10 +372,31 @@ def dkdv(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, do4: torch.Tensor
                        NUM_WARPS=num_warps, num_warps=num_warps)
 
 
+def fused(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, do4: torch.Tensor, lse2: torch.Tensor,
+          delta: torch.Tensor, dq_acc: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, causal: bool,
+          block_m: int = 64, block_n: int = 64, stages: int = 3, num_warps: int = 4) -> None:
+    """Write dK and dV as `dkdv` does, and add dQ/scale into the zeroed fp32 (Z·H·N_Q, d) `dq_acc`.
+
+    Per query tile j of a key tile the kernel issues q·kᵀ_j and dPᵀ_j, then tile j−1's dV, dK = dSᵀ Q and
+    dQ = dS K, the last two reading dSᵀ_{j−1} from shared memory; it waits for q·kᵀ_j with four groups in
+    flight and for dPᵀ_j with three, as `dkdv` does with three and two. dQ_{j−1} goes from registers to shared
+    memory and from there into `dq_acc` by a TMA reduction that runs while the next tiles are worked on. The
+    sum's order depends on timing, so dQ is not bitwise reproducible."""
+    z, h, n_q, d = q4.shape
+    n_k = k4.shape[2]
+    descs = _descriptors(q4, k4, v4, do4, lse2, delta, n_q, block_m, block_n)
+    grid = (triton.cdiv(n_k, block_n), z * h)
+    _fused_kernel[grid](*descs, _dq_descriptor(dq_acc, block_m), dk, dv, *dk.stride()[:3], h, n_q, n_k,
+                        LOG2E / d ** 0.5, 1.0 / d ** 0.5,
+                        HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, CAUSAL=causal,
+                        NUM_WARPS=num_warps, num_warps=num_warps)
+
+
 def compile_sm90(head_dim: int, block_m: int = 64, block_n: int = 64, stages: int = 3, num_warps: int = 4,
-                 causal: bool = True):
-    """Compile the kernel for sm_90 (bf16) on any machine, GPU or not, so that what ptxas makes of a config can
-    be checked without one (tests, scripts). Returns a triton CompiledKernel, not loaded."""
+                 causal: bool = True, with_dq: bool = False):
+    """Compile the dK/dV kernel (or, `with_dq`, the fused one) for sm_90 (bf16) on any machine, GPU or not, so
+    that what ptxas makes of a config can be checked without one (tests, scripts). Returns a triton
+    CompiledKernel, not loaded."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
@@ -235,9 +406,11 @@ def compile_sm90(head_dim: int, block_m: int = 64, block_n: int = 64, stages: in
     lse2, delta = (torch.empty(1, rows, dtype=torch.float32) for _ in range(2))
     descs = dict(zip(("desc_q", "desc_k", "desc_v", "desc_do", "desc_l", "desc_d"),
                      _descriptors(q4, k4, v4, do4, lse2, delta, rows, block_m, block_n), strict=True))
+    descs["desc_dq"] = _dq_descriptor(torch.empty(rows, head_dim), block_m)
+    kernel = _fused_kernel if with_dq else _dkdv_kernel
     consts = {"HEAD_DIM": head_dim, "BLOCK_M": block_m, "BLOCK_N": block_n, "STAGES": stages, "CAUSAL": causal,
               "NUM_WARPS": num_warps}
-    names = _dkdv_kernel.arg_names
+    names = kernel.arg_names
     signature = {}
     for name in names:
         if name in consts:
@@ -247,5 +420,5 @@ def compile_sm90(head_dim: int, block_m: int = 64, block_n: int = 64, stages: in
         else:
             signature[name] = {"DK": "*bf16", "DV": "*bf16", "qk_scale": "fp32", "sm_scale": "fp32"}.get(name, "i32")
     constexprs = {(names.index(n),): v for n, v in consts.items()}
-    return triton.compile(GluonASTSource(fn=_dkdv_kernel, signature=signature, constexprs=constexprs),
+    return triton.compile(GluonASTSource(fn=kernel, signature=signature, constexprs=constexprs),
                           target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})

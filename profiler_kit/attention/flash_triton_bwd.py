@@ -301,6 +301,7 @@ def flash_backward(
     tma: bool | None = None,
     configs_by_kernel: dict[str, triton.Config] | None = None,
     gluon_dkdv: dict | None = None,
+    gluon_fused: dict | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the three backward kernels on (Z, H, seq, d) views of q, k, v, o; `grad_out` has the shape of
     the original q and `lse` is the forward's fp32 L.
@@ -308,6 +309,8 @@ def flash_backward(
     `tma` as in `flash_forward`. `configs_by_kernel` pins a config per kernel name ("dkdv", "dq") instead of
     autotuning, for tuning sweeps. `gluon_dkdv` (keyword arguments of `flash_gluon_bwd.dkdv`: block sizes,
     stages, warps) runs the Gluon dK/dV kernel instead of the Triton one where `flash_gluon_bwd.usable`.
+    `gluon_fused` (the same keywords) runs `flash_gluon_bwd.fused` instead of both the dK/dV and the dQ
+    kernel where it applies (d = 64): dQ then comes from an fp32 accumulator and is not bitwise reproducible.
     Returns dQ, dK, dV as contiguous (Z, H, seq, d) tensors in the input dtype.
     """
     z, h, n_q, d = q4.shape
@@ -335,6 +338,11 @@ def flash_backward(
     consts = {"HEAD_DIM": d, "BLOCK_D": bd, "CAUSAL": causal, "TMA": tma}
     dkdv_args = (q4, k4, v4, do4, lse2, delta, dk, dv, *descs, *stat_descs, *common, *strides3(dk), *scalars)
     dq_args = (q4, k4, v4, do4, lse2, delta, dq, *descs, *common, *strides3(dq), *scalars)
+    if gluon_fused is not None and flash_gluon_bwd.usable(q4, k4, v4, do4, flash_gluon_bwd.FUSED_HEAD_DIMS):
+        dq_acc = torch.zeros((z * h * n_q, d), dtype=torch.float32, device=q4.device)
+        flash_gluon_bwd.fused(q4, k4, v4, do4, lse2, delta, dq_acc, dk, dv, causal, **gluon_fused)
+        torch.mul(dq_acc.view(z, h, n_q, d), 1.0 / math.sqrt(d), out=dq)
+        return dq, dk, dv
     if gluon_dkdv is not None and flash_gluon_bwd.usable(q4, k4, v4, do4):
         flash_gluon_bwd.dkdv(q4, k4, v4, do4, lse2, delta, dk, dv, causal, **gluon_dkdv)
     else:
