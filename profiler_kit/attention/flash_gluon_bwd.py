@@ -28,6 +28,11 @@ and masking follow `flash_triton_bwd`; rows and keys past the ends, and the caus
 on the tiles that need it (q and dO tiles come from (Z·H·N, d) views, so rows past N belong to the next
 head and must be masked, which `needs_mask` does).
 
+`fused` (d = 64) is the same kernel with dQ added: each tile's dSᵀ also goes to shared memory, dQ = dS K is a
+fifth matmul, and its fp32 tile is added into a global accumulator by a TMA reduction, so that the backward
+needs 5 matmuls and one exp2 per score instead of 7 and two. On the H100 it was slower than the two Triton
+kernels it replaces (docs/results/attention-h100.md, step 17), so it too is opt-in.
+
 Scope: 16-bit q, k, v, dO that are contiguous (Z, H, N, d) tensors with d ∈ {64, 128}, on compute
 capability 9.0 with Triton's Gluon (3.6). `usable` says whether a call qualifies.
 """
