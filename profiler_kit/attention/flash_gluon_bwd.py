@@ -112,6 +112,33 @@ if gluon is not None:
         return p
 
     @gluon.jit
+    def _start_key_tile(desc_q, desc_k, desc_v, desc_do, desc_l, desc_d, pid_bh, start_n, q_row0, lo, n_tiles, N_K,
+                        HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                        STAGES: gl.constexpr):
+        """Allocate a key tile's K, V and the ring of query-tile slots with their mbarriers, and start the TMA
+        loads of K, V and the first STAGES query tiles."""
+        dtype: gl.constexpr = desc_q.dtype
+        k_s = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], desc_k.layout)
+        v_s = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], desc_v.layout)
+        q_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], desc_q.layout)
+        do_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], desc_do.layout)
+        l_s = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], desc_l.layout)
+        d_s = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], desc_d.layout)
+        kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(kv_bar, count=1)
+        for s in gl.static_range(STAGES):
+            mbarrier.init(bars.index(s), count=1)
+        fence_async_shared()
+        mbarrier.expect(kv_bar, 2 * desc_k.block_type.nbytes)
+        tma_load(desc_k, [pid_bh * N_K + start_n, 0], kv_bar, k_s)
+        tma_load(desc_v, [pid_bh * N_K + start_n, 0], kv_bar, v_s)
+        for t in gl.static_range(STAGES):
+            _load_query_tile(desc_q, desc_do, desc_l, desc_d, q_s, do_s, l_s, d_s, bars, t,
+                             q_row0 + lo + t * BLOCK_M, pid_bh, lo + t * BLOCK_M, t < n_tiles)
+        return k_s, v_s, q_s, do_s, l_s, d_s, kv_bar, bars
+
+    @gluon.jit
     def _store_dkdv(DK, DV, dk, dv, pid_bh, start_n, stride_gz, stride_gh, stride_gn, H, N_K, layout: gl.constexpr):
         """Store one key tile's dK and dV (already scaled and cast) into (Z, H, N_K, d) tensors."""
         out_rows = start_n + gl.arange(0, dk.shape[0], layout=gl.SliceLayout(1, layout))
@@ -147,25 +174,9 @@ if gluon is not None:
         lo = (start_n // BLOCK_M) * BLOCK_M if CAUSAL else 0
         n_tiles = gl.cdiv(N_Q - lo, BLOCK_M)
 
-        k_s = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], desc_k.layout)
-        v_s = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], desc_v.layout)
-        q_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], desc_q.layout)
-        do_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], desc_do.layout)
-        l_s = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], desc_l.layout)
-        d_s = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], desc_d.layout)
-        kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(kv_bar, count=1)
-        for s in gl.static_range(STAGES):
-            mbarrier.init(bars.index(s), count=1)
-        fence_async_shared()
-
-        mbarrier.expect(kv_bar, 2 * desc_k.block_type.nbytes)
-        tma_load(desc_k, [pid_bh * N_K + start_n, 0], kv_bar, k_s)
-        tma_load(desc_v, [pid_bh * N_K + start_n, 0], kv_bar, v_s)
-        for t in gl.static_range(STAGES):
-            _load_query_tile(desc_q, desc_do, desc_l, desc_d, q_s, do_s, l_s, d_s, bars, t,
-                             q_row0 + lo + t * BLOCK_M, pid_bh, lo + t * BLOCK_M, t < n_tiles)
+        k_s, v_s, q_s, do_s, l_s, d_s, kv_bar, bars = _start_key_tile(
+            desc_q, desc_k, desc_v, desc_do, desc_l, desc_d, pid_bh, start_n, q_row0, lo, n_tiles, N_K,
+            HEAD_DIM, BLOCK_M, BLOCK_N, STAGES)
 
         keys = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma_s))
         queries = gl.arange(0, BLOCK_M, layout=cols_of)
@@ -241,31 +252,16 @@ if gluon is not None:
         lo = (start_n // BLOCK_M) * BLOCK_M if CAUSAL else 0
         n_tiles = gl.cdiv(N_Q - lo, BLOCK_M)
 
-        k_s = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], desc_k.layout)
-        v_s = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], desc_v.layout)
-        q_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], desc_q.layout)
-        do_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], desc_do.layout)
-        l_s = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], desc_l.layout)
-        d_s = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], desc_d.layout)
+        k_s, v_s, q_s, do_s, l_s, d_s, kv_bar, bars = _start_key_tile(
+            desc_q, desc_k, desc_v, desc_do, desc_l, desc_d, pid_bh, start_n, q_row0, lo, n_tiles, N_K,
+            HEAD_DIM, BLOCK_M, BLOCK_N, STAGES)
         # dSᵀ of the previous tile (A of dK, transposed A of dQ) and the dQ tile on its way out.
         ds_s = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M],
                                          gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype))
         dq_s = gl.allocate_shared_memory(gl.float32, [BLOCK_M, HEAD_DIM], desc_dq.layout)
-        kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(kv_bar, count=1)
-        for s in gl.static_range(STAGES):
-            mbarrier.init(bars.index(s), count=1)
         ds_s.store(gl.zeros([BLOCK_N, BLOCK_M], dtype, mma_s))
         fence_async_shared()
         cta_barrier()
-
-        mbarrier.expect(kv_bar, 2 * desc_k.block_type.nbytes)
-        tma_load(desc_k, [pid_bh * N_K + start_n, 0], kv_bar, k_s)
-        tma_load(desc_v, [pid_bh * N_K + start_n, 0], kv_bar, v_s)
-        for t in gl.static_range(STAGES):
-            _load_query_tile(desc_q, desc_do, desc_l, desc_d, q_s, do_s, l_s, d_s, bars, t,
-                             q_row0 + lo + t * BLOCK_M, pid_bh, lo + t * BLOCK_M, t < n_tiles)
 
         keys = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma_s))
         queries = gl.arange(0, BLOCK_M, layout=cols_of)
