@@ -112,12 +112,19 @@ if gluon is not None:
         return p
 
     @gluon.jit
-    def _start_key_tile(desc_q, desc_k, desc_v, desc_do, desc_l, desc_d, pid_bh, start_n, q_row0, lo, n_tiles, N_K,
+    def _start_key_tile(desc_q, desc_k, desc_v, desc_do, desc_l, desc_d, N_Q, N_K, CAUSAL: gl.constexpr,
                         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                         STAGES: gl.constexpr):
-        """Allocate a key tile's K, V and the ring of query-tile slots with their mbarriers, and start the TMA
-        loads of K, V and the first STAGES query tiles."""
+        """The program's (key tile, batch·head) and the query tiles it visits (from `lo`, `n_tiles` of them);
+        K, V and the ring of query-tile slots with their mbarriers, allocated, and the TMA loads of K, V and
+        the first STAGES query tiles started."""
         dtype: gl.constexpr = desc_q.dtype
+        pid_bh = gl.program_id(1)
+        start_n = gl.program_id(0) * BLOCK_N
+        q_row0 = pid_bh * N_Q
+        # Causal: query tiles before the key tile see none of its keys.
+        lo = (start_n // BLOCK_M) * BLOCK_M if CAUSAL else 0
+        n_tiles = gl.cdiv(N_Q - lo, BLOCK_M)
         k_s = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], desc_k.layout)
         v_s = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], desc_v.layout)
         q_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], desc_q.layout)
@@ -136,7 +143,7 @@ if gluon is not None:
         for t in gl.static_range(STAGES):
             _load_query_tile(desc_q, desc_do, desc_l, desc_d, q_s, do_s, l_s, d_s, bars, t,
                              q_row0 + lo + t * BLOCK_M, pid_bh, lo + t * BLOCK_M, t < n_tiles)
-        return k_s, v_s, q_s, do_s, l_s, d_s, kv_bar, bars
+        return pid_bh, start_n, q_row0, lo, n_tiles, k_s, v_s, q_s, do_s, l_s, d_s, kv_bar, bars
 
     @gluon.jit
     def _store_dkdv(DK, DV, dk, dv, pid_bh, start_n, stride_gz, stride_gh, stride_gn, H, N_K, layout: gl.constexpr):
@@ -166,17 +173,8 @@ if gluon is not None:
         a_regs: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_o, k_width=2)
         cols_of: gl.constexpr = gl.SliceLayout(0, mma_s)
 
-        pid_n = gl.program_id(0)
-        pid_bh = gl.program_id(1)
-        start_n = pid_n * BLOCK_N
-        q_row0 = pid_bh * N_Q
-        # Causal: query tiles before the key tile see none of its keys.
-        lo = (start_n // BLOCK_M) * BLOCK_M if CAUSAL else 0
-        n_tiles = gl.cdiv(N_Q - lo, BLOCK_M)
-
-        k_s, v_s, q_s, do_s, l_s, d_s, kv_bar, bars = _start_key_tile(
-            desc_q, desc_k, desc_v, desc_do, desc_l, desc_d, pid_bh, start_n, q_row0, lo, n_tiles, N_K,
-            HEAD_DIM, BLOCK_M, BLOCK_N, STAGES)
+        pid_bh, start_n, q_row0, lo, n_tiles, k_s, v_s, q_s, do_s, l_s, d_s, kv_bar, bars = _start_key_tile(
+            desc_q, desc_k, desc_v, desc_do, desc_l, desc_d, N_Q, N_K, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES)
 
         keys = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma_s))
         queries = gl.arange(0, BLOCK_M, layout=cols_of)
@@ -245,16 +243,8 @@ if gluon is not None:
         a_regs: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_o, k_width=2)
         cols_of: gl.constexpr = gl.SliceLayout(0, mma_s)
 
-        pid_n = gl.program_id(0)
-        pid_bh = gl.program_id(1)
-        start_n = pid_n * BLOCK_N
-        q_row0 = pid_bh * N_Q
-        lo = (start_n // BLOCK_M) * BLOCK_M if CAUSAL else 0
-        n_tiles = gl.cdiv(N_Q - lo, BLOCK_M)
-
-        k_s, v_s, q_s, do_s, l_s, d_s, kv_bar, bars = _start_key_tile(
-            desc_q, desc_k, desc_v, desc_do, desc_l, desc_d, pid_bh, start_n, q_row0, lo, n_tiles, N_K,
-            HEAD_DIM, BLOCK_M, BLOCK_N, STAGES)
+        pid_bh, start_n, q_row0, lo, n_tiles, k_s, v_s, q_s, do_s, l_s, d_s, kv_bar, bars = _start_key_tile(
+            desc_q, desc_k, desc_v, desc_do, desc_l, desc_d, N_Q, N_K, CAUSAL, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES)
         # dSᵀ of the previous tile (A of dK, transposed A of dQ) and the dQ tile on its way out.
         ds_s = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M],
                                          gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype))
