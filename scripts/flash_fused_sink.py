@@ -16,14 +16,13 @@ import functools
 import importlib.util
 import json
 import re
-import statistics
 import sys
 import tempfile
 from pathlib import Path
 
 import torch
 import triton
-from flash_gluon_dkdv import SHAPES, cudnn_backward, gluon_kwargs, kernel_times_ms
+from flash_gluon_dkdv import SHAPES, cudnn_backward, gluon_kwargs, kernel_times_ms, max_rel_diff, time_rounds
 from flash_tune import write_rows
 
 from profiler_kit.attention import flash_gluon_bwd, flash_triton_bwd
@@ -80,17 +79,10 @@ def main() -> int:
            "sdpa-cudnn": cudnn_backward(q, k, v, do, causal)}
     reference = fns["triton"]()
     rows = []
-    times: dict[str, list[float]] = {label: [] for label in fns}
-    for _ in range(args.rounds):
-        for label, fn in fns.items():
-            times[label].append(triton.testing.do_bench(fn, warmup=25, rep=100))
+    times = time_rounds(fns, args.rounds)
     for label, fn in fns.items():
-        got = fn()
-        diff = max(((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
-                   for a, b in zip(got, reference, strict=True))
-        rows.append({"variant": label, "config": args.config, "bwd_ms": statistics.median(times[label]),
-                     "bwd_ms_min": min(times[label]), "bwd_ms_max": max(times[label]),
-                     "max_rel_diff_vs_triton": diff, "kernels_ms": kernel_times_ms(fn)})
+        rows.append({"variant": label, "config": args.config, **times[label],
+                     "max_rel_diff_vs_triton": max_rel_diff(fn(), reference), "kernels_ms": kernel_times_ms(fn)})
         print(json.dumps(rows[-1]), file=sys.stderr)
     flash_triton_bwd.flash_gluon_bwd = flash_gluon_bwd
 

@@ -58,6 +58,22 @@ def kernel_times_ms(fn, calls: int = 5) -> dict[str, float]:
     return {e.key: e.device_time_total / calls / 1e3 for e in prof.key_averages() if e.device_time_total > 0}
 
 
+def max_rel_diff(got, reference) -> float:
+    """Largest difference over the largest magnitude, over the tensors of two results (dQ, dK, dV)."""
+    return max(((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
+               for a, b in zip(got, reference, strict=True))
+
+
+def time_rounds(fns: dict, rounds: int) -> dict[str, dict[str, float]]:
+    """do_bench each callable once per round, the callables interleaved; median, min and max ms per label."""
+    times: dict[str, list[float]] = {label: [] for label in fns}
+    for _ in range(rounds):
+        for label, fn in fns.items():
+            times[label].append(triton.testing.do_bench(fn, warmup=25, rep=100))
+    return {label: {"bwd_ms": statistics.median(t), "bwd_ms_min": min(t), "bwd_ms_max": max(t)}
+            for label, t in times.items()}
+
+
 def cudnn_backward(q, k, v, do, causal: bool):
     """dQ, dK, dV of cuDNN's SDPA on the same inputs, the forward recorded once (what its backward costs)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -93,21 +109,16 @@ def main() -> int:
         errors = {}
         for label, fn in fns.items():
             try:
-                got = fn()
-                errors[label] = max(((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
-                                    for a, b in zip(got, reference, strict=True))
+                errors[label] = max_rel_diff(fn(), reference)
             except Exception as exc:  # noqa: BLE001 - a config that fails is a result here
                 errors[label] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
-        times: dict[str, list[float]] = {label: [] for label in fns if not isinstance(errors[label], str)}
-        for _ in range(args.rounds):
-            for label in times:
-                times[label].append(triton.testing.do_bench(fns[label], warmup=25, rep=100))
+        times = time_rounds({label: fn for label, fn in fns.items() if not isinstance(errors[label], str)},
+                            args.rounds)
         for label in fns:
             row = {"shape": name, "variant": label, "error": errors[label] if isinstance(errors[label], str) else None,
                    "max_rel_diff_vs_triton": None if isinstance(errors[label], str) else errors[label]}
             if label in times:
-                row.update(bwd_ms=statistics.median(times[label]), bwd_ms_min=min(times[label]),
-                           bwd_ms_max=max(times[label]), kernels_ms=kernel_times_ms(fns[label]))
+                row.update(**times[label], kernels_ms=kernel_times_ms(fns[label]))
             rows.append(row)
             print(json.dumps(row), file=sys.stderr)
         del fns, reference
