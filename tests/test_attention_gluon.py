@@ -1,4 +1,5 @@
-"""The Gluon dK/dV kernel's schedule, read from its sm_90 machine code on any machine (no GPU needed).
+"""The Gluon dK/dV and fused backward kernels' schedules, read from their sm_90 machine code on any machine
+(no GPU needed).
 
 Its point is the order of the tensor-core work (`flash_gluon_bwd`): each iteration issues q·kᵀ, dPᵀ and the
 previous tile's dK and dV, then waits for q·kᵀ with three matmul groups still in flight and for dPᵀ with two.
