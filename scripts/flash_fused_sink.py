@@ -46,6 +46,16 @@ def load_variant(source: str, name: str, workdir: Path):
     return module
 
 
+def backward_with(module, q, k, v, out, lse, do, causal: bool, **gluon):
+    """The backward with `module` (a version of flash_gluon_bwd) standing in for the library's Gluon kernels, and
+    `gluon` passed on to flash_backward (gluon_dkdv=... or gluon_fused=...); the library's module is put back."""
+    flash_triton_bwd.flash_gluon_bwd = module
+    try:
+        return flash_triton_bwd.flash_backward(q, k, v, out, lse, do, causal, **gluon)
+    finally:
+        flash_triton_bwd.flash_gluon_bwd = flash_gluon_bwd
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="64,64,3,4", help="block_m,block_n,stages,warps")
@@ -70,12 +80,9 @@ def main() -> int:
         source = Path(path).read_text()
         modules[f"module {Path(path).name}"] = load_variant(source, f"fused_alt_{len(modules)}", workdir)
 
-    def with_module(module):
-        flash_triton_bwd.flash_gluon_bwd = module
-        return flash_triton_bwd.flash_backward(q, k, v, out, lse, do, causal, gluon_fused=config)
-
     fns = {"triton": functools.partial(flash_triton_bwd.flash_backward, q, k, v, out, lse, do, causal),
-           **{label: functools.partial(with_module, m) for label, m in modules.items()},
+           **{label: functools.partial(backward_with, m, q, k, v, out, lse, do, causal, gluon_fused=config)
+              for label, m in modules.items()},
            "sdpa-cudnn": cudnn_backward(q, k, v, do, causal)}
     reference = fns["triton"]()
     rows = []
@@ -84,7 +91,6 @@ def main() -> int:
         rows.append({"variant": label, "config": args.config, **times[label],
                      "max_rel_diff_vs_triton": max_rel_diff(fn(), reference), "kernels_ms": kernel_times_ms(fn)})
         print(json.dumps(rows[-1]), file=sys.stderr)
-    flash_triton_bwd.flash_gluon_bwd = flash_gluon_bwd
 
     print(f"# flash_fused_sink: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton "
           f"{triton.__version__}, leaderboard shape, config {args.config}\n")

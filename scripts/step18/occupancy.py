@@ -13,9 +13,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from flash_fused_sink import load_variant  # noqa: E402
+from flash_fused_sink import backward_with, load_variant  # noqa: E402
 
-from profiler_kit.attention import flash_gluon_bwd, flash_triton_bwd  # noqa: E402
 from profiler_kit.attention.flash_triton_fwd import flash_forward  # noqa: E402
 
 
@@ -27,11 +26,9 @@ def main() -> int:
     for i, arg in enumerate(sys.argv[1:]):
         path, stages = arg.rsplit(":", 1)
         module = load_variant(Path(path).read_text(), f"occupancy_{i}", workdir)
-        flash_triton_bwd.flash_gluon_bwd = module
-        flash_triton_bwd.flash_backward(q, k, v, out, lse, do, True, gluon_fused=dict(
-            block_m=64, block_n=64, stages=int(stages), num_warps=4))
+        backward_with(module, q, k, v, out, lse, do, True,
+                      gluon_fused=dict(block_m=64, block_n=64, stages=int(stages), num_warps=4))
         torch.cuda.synchronize()
-        flash_triton_bwd.flash_gluon_bwd = flash_gluon_bwd
         for cache in module._fused_kernel.device_caches.values():
             kernels = next(c for c in cache if isinstance(c, dict) and c)  # the compiled kernels, by key
             for compiled in kernels.values():

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from flash_fused_sink import load_variant  # noqa: E402
+from flash_fused_sink import backward_with, load_variant  # noqa: E402
 from flash_gluon_dkdv import cudnn_backward, kernel_times_ms, max_rel_diff, time_rounds  # noqa: E402
 
 from profiler_kit.attention import flash_gluon_bwd, flash_triton_bwd  # noqa: E402
@@ -30,12 +30,8 @@ STAGES = (3, 4)
 
 def run(module, q, k, v, out, lse, do, causal, stages):
     """The backward with `module` standing in for flash_gluon_bwd (its `dkdv` is the variant's kernel)."""
-    flash_triton_bwd.flash_gluon_bwd = module
-    try:
-        return flash_triton_bwd.flash_backward(q, k, v, out, lse, do, causal,
-                                               gluon_dkdv=dict(block_m=64, block_n=64, stages=stages, num_warps=4))
-    finally:
-        flash_triton_bwd.flash_gluon_bwd = flash_gluon_bwd
+    return backward_with(module, q, k, v, out, lse, do, causal,
+                         gluon_dkdv=dict(block_m=64, block_n=64, stages=stages, num_warps=4))
 
 
 def inputs(z, h, n, causal, seed):
