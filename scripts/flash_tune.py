@@ -8,9 +8,9 @@ version with the partner configs on the same inputs. A backward row times both k
 pre-pass): the kernel named runs the config of the row, the other its fixed partner.
 
 Usage (GPU machine): python3 scripts/flash_tune.py [--shapes leaderboard,causal4096,full8192] [--loads tma]
-    [--orders both] [--overlap both] [--kernels dkdv] [--candidates shipped] [--output F.json]
-    (--orders both: every config on both grid orders; --overlap both: every config with and without the
-    "overlap" flag, see `flash_triton_launch.configs`; --candidates shipped: the kernels' own config lists,
+    [--orders both] [--overlap both] [--regs both] [--kernels dkdv] [--candidates shipped] [--output F.json]
+    (--orders both: every config on both grid orders; --overlap both, --regs both: every config with and
+    without that flag, see `flash_triton_launch.configs`; --candidates shipped: the kernels' own config lists,
     flags included, instead of the sweep's lists)
 """
 
@@ -30,7 +30,7 @@ from profiler_kit.attention.flash_triton import JIT_KERNELS as KERNELS
 from profiler_kit.attention.flash_triton import SHIPPED_SHAPES
 from profiler_kit.attention.flash_triton_bwd import flash_backward
 from profiler_kit.attention.flash_triton_fwd import flash_forward
-from profiler_kit.attention.flash_triton_launch import configs
+from profiler_kit.attention.flash_triton_launch import CONFIG_FLAGS, configs
 
 # name: (Z, H, N, d, causal); bf16 throughout, as in issue 6.
 SHAPES = {
@@ -83,18 +83,26 @@ def inputs(name: str, seed: int = 0):
     return q, k, v, do, out, lse, causal
 
 
-def with_flags(shape: tuple, head_first: bool, overlap: bool) -> tuple:
-    """The same config, on a (Z·H, tiles) grid and/or with the "overlap" flag where asked (a flag the config
-    already names is not named twice)."""
-    extra = [*(["head_first"] if head_first else []), *(["overlap"] if overlap else [])]
-    return (*shape, *(f for f in extra if f not in shape))
+def with_flags(shape: tuple, flags: list[str]) -> tuple:
+    """The same config with `flags` added (a flag the config already names is not named twice)."""
+    return (*shape, *(f for f in flags if f not in shape))
 
 
-def jobs(loads: tuple[bool, ...], orders: tuple[bool, ...] = (False,), overlaps: tuple[bool, ...] = (False,),
-         shipped: bool = False) -> list[tuple]:
+def flag_sets(kernel: str, orders: tuple[bool, ...], toggles: dict[str, tuple[bool, ...]]) -> list[list[str]]:
+    """Every combination of extra flags a config runs with: "head_first" per `orders`, and each flag of
+    `toggles` (e.g. {"overlap": (False, True)}) per its choices, for the kernels that declare its constexpr."""
+    sets = [["head_first"] if order else [] for order in orders]
+    for flag, choices in toggles.items():
+        if CONFIG_FLAGS[flag] in KERNELS[kernel].arg_names:
+            sets = [[*s, *([flag] if on else [])] for s in sets for on in choices]
+    return sets
+
+
+def jobs(loads: tuple[bool, ...], orders: tuple[bool, ...] = (False,),
+         toggles: dict[str, tuple[bool, ...]] | None = None, shipped: bool = False) -> list[tuple]:
     """Every (shape, kernel, TMA loads, config, partner config) to compile and time; with True in `orders`
-    each config also on a head-first grid, with True in `overlaps` also with the "overlap" flag (for the
-    kernels that have it). `shipped` takes the kernels' own lists."""
+    each config also on a head-first grid, and each config with the flag sets of `flag_sets`. `shipped` takes
+    the kernels' own lists."""
     todo = []
     for name in SHAPES:
         partners = PARTNERS[SHAPES[name][3]]
@@ -106,10 +114,9 @@ def jobs(loads: tuple[bool, ...], orders: tuple[bool, ...] = (False,), overlaps:
         for kernel, shapes in candidates.items():
             partner = {"fwd": None, "dkdv": partners["dq"], "dq": partners["dkdv"]}[kernel]
             for c in shapes:
-                for order in orders:
-                    for overlap in overlaps if "OVERLAP" in KERNELS[kernel].arg_names else (False,):
-                        todo += [(name, kernel, tma, with_flags(c, order, overlap), partner) for tma in loads
-                                 if tma or "ws" not in c]  # warp-specialised configs run with TMA loads only
+                for flags in flag_sets(kernel, orders, toggles or {}):
+                    todo += [(name, kernel, tma, with_flags(c, flags), partner) for tma in loads
+                             if tma or "ws" not in c]  # warp-specialised configs run with TMA loads only
     return todo
 
 
@@ -168,6 +175,8 @@ def main() -> int:
                         help="grid order: (tiles, Z·H) as before, head-first (Z·H, tiles), or both")
     parser.add_argument("--overlap", choices=["both", "off", "on"], default="off",
                         help="the \"overlap\" config flag: off as before, on, or every config both ways")
+    parser.add_argument("--regs", choices=["both", "off", "on"], default="off",
+                        help="the \"regs\" config flag (resident tiles in registers), as --overlap")
     parser.add_argument("--candidates", choices=["sweep", "shipped"], default="sweep",
                         help="this script's candidate lists, or the kernels' shipped lists")
     parser.add_argument("--output", default=None, help="write the rows as JSON here")
@@ -175,9 +184,10 @@ def main() -> int:
     names = args.shapes.split(",")
     loads = {"both": (False, True), "tma": (True,), "pointer": (False,)}[args.loads]
     orders = {"both": (False, True), "tile": (False,), "head": (True,)}[args.orders]
-    overlaps = {"both": (False, True), "off": (False,), "on": (True,)}[args.overlap]
+    choices = {"both": (False, True), "off": (False,), "on": (True,)}
+    toggles = {"overlap": choices[args.overlap], "regs": choices[args.regs]}
     kernels = args.kernels.split(",")
-    todo = [j for j in jobs(loads, orders, overlaps, args.candidates == "shipped")
+    todo = [j for j in jobs(loads, orders, toggles, args.candidates == "shipped")
             if j[0] in names and j[1] in kernels]
     todo = list(dict.fromkeys(todo))  # a flag asked for that a shipped config already names
 

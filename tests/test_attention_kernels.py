@@ -316,6 +316,15 @@ def test_warp_specialised_configs_only_where_they_were_tuned(dtype, d, tma, offe
         assert kept and all(c.num_warps == 8 for c in kept if c.kwargs["WS"])
 
 
+@pytest.mark.parametrize("d,offered", [(32, True), (64, True), (128, False)])
+def test_regs_configs_only_where_they_were_tuned(d, offered):
+    """Configs feeding the resident tiles from registers are offered at d ≤ 64 (they spilled and lost at 128)."""
+    q = torch.empty(1, 1, 16, d, dtype=torch.bfloat16)
+    kernel = flash_triton_bwd._dkdv
+    kept = kernel.pruner(kernel.configs, {"Q": q}, HEAD_DIM=d, TMA=True, CAUSAL=True)
+    assert kept and any(c.kwargs["REGS"] for c in kept) == offered
+
+
 @pytest.mark.parametrize("d,causal,head_first", [(64, True, True), (32, True, True), (64, False, False),
                                                  (128, True, False), (128, False, False)])
 def test_forward_and_dq_grid_order_follows_the_shape(d, causal, head_first):
@@ -407,6 +416,27 @@ def test_tma_and_pointer_loads_gpu(tma):
     want = _reference(q, k, v, grad_out, True)
     for name, expected in want.items():
         assert _rel_err(got[name], expected) <= TOLERANCE["cuda"][torch.bfloat16], name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_regs_flag_computes_the_same_bits_gpu(causal):
+    """The "regs" flag only moves the resident tiles' matmul operand from shared memory into registers: every
+    kernel must compute exactly what the same config without it computes (ragged lengths, d = 64)."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the flag is for wgmma (compute capability 9.0+)")
+    (q, k, v), grad_out = _inputs((2, 3), 1000, 777, 64, torch.bfloat16)
+    shapes = {"fwd": (128, 64, 8, 3), "dkdv": (64, 64, 4, 4, "overlap"), "dq": (64, 64, 4, 3)}
+    results = []
+    for extra in ((), ("regs",)):
+        pinned = {name: flash_triton_launch.configs([(*shape, *extra)], jit.arg_names)[0]
+                  for name, shape in shapes.items() for jit in [flash_triton_module.JIT_KERNELS[name]]}
+        out, lse = flash_triton_fwd.flash_forward(q, k, v, causal, pinned["fwd"])
+        grads = flash_triton_bwd.flash_backward(q, k, v, out, lse, grad_out, causal,
+                                                configs_by_kernel={"dkdv": pinned["dkdv"], "dq": pinned["dq"]})
+        results.append((out, lse, *grads))
+    for name, without, with_regs in zip(("O", "L", "dQ", "dK", "dV"), *results, strict=True):
+        assert torch.equal(without, with_regs), name
 
 
 @pytest.mark.gpu

@@ -35,6 +35,7 @@ from profiler_kit.attention.flash_triton_fwd import (
     load_tile,
     program_head,
     query_tile_index,
+    register_operand,
     seq_bucket,
     store_tile,
     strides3,
@@ -141,7 +142,7 @@ def _flash_attn_bwd_dkdv_kernel(
     H, N_Q, N_K, qk_scale, sm_scale, SEQ_BUCKET,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WS: tl.constexpr, HEAD_FIRST: tl.constexpr,
-    OVERLAP: tl.constexpr,
+    OVERLAP: tl.constexpr, REGS: tl.constexpr,
 ):
     """dK, dV for one (key tile, batch·head). DK and DV share the strides (stride_g*) of their allocation.
     With TMA, q, k, v and dO tiles move through the DESC_* descriptors (see `load_rows`), and each query
@@ -165,6 +166,7 @@ def _flash_attn_bwd_dkdv_kernel(
                   HEAD_DIM, BLOCK_D, True, TMA)
     v = load_rows(DESC_V, V + off_z * stride_vz + off_h * stride_vh, z, h, start_n, N_K, stride_vn, BLOCK_N,
                   HEAD_DIM, BLOCK_D, True, TMA)
+    k, v = register_operand(k, REGS), register_operand(v, REGS)
     q_base = Q + off_z * stride_qz + off_h * stride_qh
     do_base = DO + off_z * stride_dz + off_h * stride_dh
     l_base = LSE2 + stat_offset(pid_bh, N_Q)
@@ -230,7 +232,7 @@ def _flash_attn_bwd_dq_kernel(
     stride_gz, stride_gh, stride_gn,
     H, N_Q, N_K, qk_scale, sm_scale, SEQ_BUCKET,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WS: tl.constexpr, HEAD_FIRST: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WS: tl.constexpr, HEAD_FIRST: tl.constexpr, REGS: tl.constexpr,
 ):
     """dQ for one (query tile, batch·head), key tiles split as in the forward (BLOCK_M % BLOCK_N == 0)."""
     pid_bh, z, h, off_z, off_h = program_head(H, HEAD_FIRST)
@@ -241,6 +243,7 @@ def _flash_attn_bwd_dq_kernel(
                   HEAD_DIM, BLOCK_D, True, TMA)
     do = load_rows(DESC_DO, DO + off_z * stride_dz + off_h * stride_dh, z, h, start_m, N_Q, stride_dn, BLOCK_M,
                    HEAD_DIM, BLOCK_D, True, TMA)
+    q, do = register_operand(q, REGS), register_operand(do, REGS)
     lse2 = tl.load(LSE2 + stat_offset(pid_bh, N_Q) + rows, mask=rows < N_Q, other=0.0)
     delta = tl.load(Delta + stat_offset(pid_bh, N_Q) + rows, mask=rows < N_Q, other=0.0)
     k_base = K + off_z * stride_kz + off_h * stride_kh
@@ -266,8 +269,11 @@ def _flash_attn_bwd_dq_kernel(
 # all three issue 6 shapes, by 1.4–2.7% (docs/results/attention-h100.md, step 11). At d = 128, 64×64 tiles with 2 stages
 # (99 KB of shared memory, so two blocks per SM where 3 stages fit one) took the non-causal N = 8192 backward from 13.65
 # to 12.66 ms (step 12). With LSE2 and Delta loaded by TMA (step 13) the same tiles spill more at d = 128 (96 bytes);
-# capped at 168 registers they won again (12.23 ms).
+# capped at 168 registers they won again (12.23 ms). With K and V fed to the matmuls from registers ("regs", step 19)
+# the leaderboard's backward took 3.29 ms against 3.50 for the best config without (offered at d ≤ 64 only, see
+# `regs_allowed`).
 _DKDV_SHAPES = [
+    (64, 64, 4, 4, "overlap", "regs"), (64, 64, 4, 3, "overlap", "regs"),
     (64, 128, 8, 3, "overlap"), (64, 128, 8, 2, "overlap"), (64, 128, 8, 3, "ws", "overlap"),
     (64, 64, 4, 3, "overlap"), (64, 64, 4, 4, "overlap"), (32, 128, 4, 3, "head_first", "overlap"),
     (64, 64, 4, 2, "overlap"), (64, 64, 4, 2, "overlap", "maxnreg=168"),
@@ -284,10 +290,11 @@ _DQ_SHAPES = [
 _preprocess = Kernel(_flash_attn_bwd_preprocess_kernel)
 _dkdv = Kernel(_flash_attn_bwd_dkdv_kernel, _DKDV_SHAPES,
                smem_pruner(resident=("BLOCK_N", "BLOCK_N"), streamed=("BLOCK_M", "BLOCK_M")),
-               interpret_blocks={"BLOCK_M": 16, "BLOCK_N": 32, "WS": False, "HEAD_FIRST": False, "OVERLAP": False})
+               interpret_blocks={"BLOCK_M": 16, "BLOCK_N": 32, "WS": False, "HEAD_FIRST": False, "OVERLAP": False,
+                                "REGS": False})
 _dq = Kernel(_flash_attn_bwd_dq_kernel, _DQ_SHAPES,
              smem_pruner(resident=("BLOCK_M", "BLOCK_M"), streamed=("BLOCK_N", "BLOCK_N"), order_by_shape=True),
-             interpret_blocks={"BLOCK_M": 32, "BLOCK_N": 16, "WS": False, "HEAD_FIRST": False})
+             interpret_blocks={"BLOCK_M": 32, "BLOCK_N": 16, "WS": False, "HEAD_FIRST": False, "REGS": False})
 
 
 def flash_backward(

@@ -56,6 +56,8 @@ LOG2E = math.log2(math.e)
 # ln(2) turns a base-2 logsumexp into a natural one inside kernels.
 _LN2: tl.constexpr = tl.constexpr(math.log(2.0))
 _LOG2E: tl.constexpr = tl.constexpr(LOG2E)
+# The interpreter runs no inline PTX (`register_operand`); tests may patch the launcher's INTERPRET, not this.
+_INTERPRETED: tl.constexpr = tl.constexpr(INTERPRET)
 
 # Sequence lengths up to this share one tuning (short runs are dominated by launch overhead anyway);
 # lengths past the cap reuse the cap's tuning.
@@ -187,6 +189,20 @@ def load_rows(desc, base, z, h, start, n_rows, stride_row, BLOCK: tl.constexpr, 
 
 
 @triton.jit
+def register_operand(tile, REGS: tl.constexpr):
+    """`tile`, or with REGS a copy of it made by an opaque identity (one PTX mov per 32 bits), for a resident
+    tile used as the first operand of tl.dot in a loop. Triton 3.6 feeds a wgmma's first operand from shared
+    memory when the tile was loaded there (the "SS" form) and from registers when it was computed ("RS"); the
+    copy makes a loaded tile count as computed. The bet (the "regs" config flag, docs/results/attention-h100.md
+    step 19): at 64×64×16 an SS wgmma reads 2 KB of each operand per 32 tensor-core clocks, which is the SM's
+    whole shared-memory bandwidth (128 B per clock), so the TMA writes of the streamed tiles would slow it."""
+    if REGS and not _INTERPRETED:
+        tile = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [tile], dtype=tile.dtype, is_pure=True,
+                                         pack=32 // tile.dtype.primitive_bitwidth)
+    return tile
+
+
+@triton.jit
 def store_rows(desc, base, tile, z, h, start, n_rows, stride_row, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr,
                BLOCK_D: tl.constexpr, TMA: tl.constexpr):
     """Store a (BLOCK, BLOCK_D) tile as rows [start, start + BLOCK) of head (z, h), the counterpart of load_rows;
@@ -236,7 +252,7 @@ def _flash_attn_fwd_kernel(
     stride_oz, stride_oh, stride_on,
     H, N_Q, N_K, qk_scale, SEQ_BUCKET,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WS: tl.constexpr, HEAD_FIRST: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WS: tl.constexpr, HEAD_FIRST: tl.constexpr, REGS: tl.constexpr,
 ):
     """One program per (query tile, batch·head): O = softmax(q kᵀ/√d) v and L = logsumexp of each row.
 
@@ -255,6 +271,7 @@ def _flash_attn_fwd_kernel(
     k_base = K + off_z * stride_kz + off_h * stride_kh
     v_base = V + off_z * stride_vz + off_h * stride_vh
     q = load_rows(DESC_Q, q_base, z, h, start_m, N_Q, stride_qn, BLOCK_M, HEAD_DIM, BLOCK_D, True, TMA)
+    q = register_operand(q, REGS)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -281,15 +298,16 @@ def _flash_attn_fwd_kernel(
 # The two-stage and 64-row configs keep fp32 at d = 128 within shared memory. The head-first one (a (Z·H,
 # tiles) grid) won by 5% on the causal d = 64 leaderboard shape and lost by 8–24% on the d = 128 ones, whose
 # 64 heads no longer share the L2 (docs/results/attention-h100.md, step 9): the pruner offers it alone where
-# `head_first_wanted` (causal, d ≤ 64) and drops it elsewhere.
+# `head_first_wanted` (causal, d ≤ 64) and drops it elsewhere. It feeds q to q·kᵀ from registers ("regs",
+# `register_operand`): 1.224–1.225 against 1.241–1.255 ms without, in two sweeps (step 19).
 _FWD_SHAPES = [
-    (128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2), (128, 64, 8, 3, "head_first"),
+    (128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2), (128, 64, 8, 3, "head_first", "regs"),
     (64, 64, 4, 3), (128, 64, 4, 3), (128, 64, 4, 2), (64, 64, 4, 2),
 ]
 # Interpreter tiles: small (fast on CPU) yet with BLOCK_M = 2·BLOCK_N, so the causal diagonal spans two tiles.
 _fwd = Kernel(_flash_attn_fwd_kernel, _FWD_SHAPES,
               smem_pruner(resident=("BLOCK_M",), streamed=("BLOCK_N", "BLOCK_N"), order_by_shape=True),
-              interpret_blocks={"BLOCK_M": 32, "BLOCK_N": 16, "WS": False, "HEAD_FIRST": False})
+              interpret_blocks={"BLOCK_M": 32, "BLOCK_N": 16, "WS": False, "HEAD_FIRST": False, "REGS": False})
 
 
 def flash_forward(

@@ -66,6 +66,13 @@ def ws_allowed(elem_bytes: int, head_dim: int, tma: bool) -> bool:
     return elem_bytes == 2 and head_dim == 128 and tma
 
 
+def regs_allowed(head_dim: int) -> bool:
+    """Where configs with the "regs" flag (resident tiles in registers) are offered: d ≤ 64. At d = 128 the
+    dK/dV kernel's K and V then take 64 more registers per thread and it spills (248 bytes); there every
+    such config lost, by 12–60% (H100, docs/results/attention-h100.md, step 19)."""
+    return head_dim <= 64
+
+
 def head_first_wanted(head_dim: int, causal: bool) -> bool:
     """The grid order of the forward and dQ kernels: head-first where it won, i.e. causal at d ≤ 64, and tiles
     first elsewhere, where programs that run together share K and V in the L2.
@@ -79,9 +86,9 @@ def head_first_wanted(head_dim: int, causal: bool) -> bool:
 
 
 def smem_pruner(resident: tuple[str, ...], streamed: tuple[str, ...], order_by_shape: bool = False) -> Callable:
-    """An `early_config_prune` keeping the configs whose tiles fit in SMEM_BUDGET_BYTES (and warp-specialised
-    ones only where `ws_allowed`; with `order_by_shape`, only those on the grid order `head_first_wanted`
-    picks, where the list offers any).
+    """An `early_config_prune` keeping the configs whose tiles fit in SMEM_BUDGET_BYTES (warp-specialised
+    ones only where `ws_allowed`, "regs" ones only where `regs_allowed`; with `order_by_shape`, only those on
+    the grid order `head_first_wanted` picks, where the list offers any).
 
     `resident` names the block sizes of the (rows × BLOCK_D) tiles a program loads once, `streamed` those the
     pipeliner keeps `num_stages` copies of. For these kernels the estimate equals Triton's allocation for the
@@ -97,6 +104,8 @@ def smem_pruner(resident: tuple[str, ...], streamed: tuple[str, ...], order_by_s
         elem, width = named_args["Q"].element_size(), block_d(kwargs["HEAD_DIM"])
         if not ws_allowed(elem, kwargs["HEAD_DIM"], kwargs["TMA"]):
             configs = [c for c in configs if not c.kwargs["WS"]]
+        if not regs_allowed(kwargs["HEAD_DIM"]):
+            configs = [c for c in configs if not c.kwargs["REGS"]]
         if order_by_shape:
             wanted = head_first_wanted(kwargs["HEAD_DIM"], kwargs["CAUSAL"])
             configs = [c for c in configs if c.kwargs["HEAD_FIRST"] == wanted] or configs
@@ -125,7 +134,7 @@ def size_descriptors(nargs: dict) -> None:
 
 
 # The config flags a shape tuple may name, and the constexpr each one sets (all off unless named).
-CONFIG_FLAGS = {"ws": "WS", "head_first": "HEAD_FIRST", "overlap": "OVERLAP"}
+CONFIG_FLAGS = {"ws": "WS", "head_first": "HEAD_FIRST", "overlap": "OVERLAP", "regs": "REGS"}
 
 
 def configs(shapes: list[tuple], params: list[str]) -> list[triton.Config]:
@@ -138,7 +147,9 @@ def configs(shapes: list[tuple], params: list[str]) -> list[triton.Config]:
     warps doing the math, where Triton can partition it. "head_first" launches a (Z·H, tiles) grid instead
     of (tiles, Z·H), so that the longest causal tiles of all heads start before any shorter one (see
     `tile_program`). "overlap" issues a matmul that does not depend on the exp2 before it, so that the
-    tensor cores work while the exp2 runs (the dK/dV kernel's OVERLAP says which matmul).
+    tensor cores work while the exp2 runs (the dK/dV kernel's OVERLAP says which matmul). "regs" feeds the
+    matmuls of the resident tiles (q; k and v; q and dO) from registers, not shared memory (see
+    `flash_triton_fwd.register_operand`).
     """
     known = {name: const for name, const in CONFIG_FLAGS.items() if const in params}
     out = []

@@ -3,7 +3,10 @@ against the warp-specialised one (`.gpu/s18/dkdv_ws.py`, 3 stages). Each backwar
 twice, alternating; `nvidia-smi` is sampled every 50 ms meanwhile. One row per loop: ms per call (CUDA events
 around the loop), mean SM clock (MHz) and power (W) over the loop's samples.
 
-Usage (GPU machine, repository root): python3 scripts/step18/clock_loop.py [--seconds 3]
+Step 19: `--impl flash-triton,sdpa-cudnn` loops the forward+backward of `attention bench`'s implementations
+instead (as bench times it, without the L2 flush), on the leaderboard shape.
+
+Usage (GPU machine, repository root): python3 scripts/step18/clock_loop.py [--seconds 3] [--impl A,B]
 """
 
 from __future__ import annotations
@@ -26,16 +29,35 @@ from flash_fused_sink import load_variant  # noqa: E402
 from run_ws import inputs, run  # noqa: E402
 
 from profiler_kit.attention import flash_triton_bwd  # noqa: E402
+from profiler_kit.attention.bench import make_impl  # noqa: E402
+
+
+def fwd_bwd(names: list[str]) -> dict:
+    """Each implementation's forward+backward on the leaderboard shape (bf16, causal), as a callable."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, do = (torch.randn(1, 16, 16384, 64, device="cuda", dtype=torch.bfloat16, generator=gen)
+                   for _ in range(4))
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    def call(f) -> None:
+        q.grad = k.grad = v.grad = None  # as do_bench's grad_to_none: no accumulation kernels
+        f(q, k, v).backward(do)
+
+    return {name: functools.partial(call, make_impl(name, True, torch.device("cuda"))) for name in names}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--impl", default=None, help="forward+backward of these bench implementations instead")
     args = parser.parse_args()
-    ws = load_variant(Path(".gpu/s18/dkdv_ws.py").read_text(), "dkdv_ws_clock", Path(tempfile.mkdtemp()))
-    case = inputs(1, 16, 16384, True, seed=0)
-    fns = {"triton": functools.partial(flash_triton_bwd.flash_backward, *case),
-           "ws s3": functools.partial(run, ws, *case, 3)}
+    if args.impl:
+        fns, what = fwd_bwd(args.impl.split(",")), "leaderboard forward+backward"
+    else:
+        ws = load_variant(Path(".gpu/s18/dkdv_ws.py").read_text(), "dkdv_ws_clock", Path(tempfile.mkdtemp()))
+        case = inputs(1, 16, 16384, True, seed=0)
+        fns = {"triton": functools.partial(flash_triton_bwd.flash_backward, *case),
+               "ws s3": functools.partial(run, ws, *case, 3)}
+        what = "leaderboard backward"
     samples: list[tuple[float, float, float]] = []
     smi = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
                             "-lms", "50"], stdout=subprocess.PIPE, text=True)
@@ -52,8 +74,8 @@ def main() -> int:
     for fn in fns.values():  # compile and warm up
         fn()
     torch.cuda.synchronize()
-    print(f"# step18/clock_loop: {torch.cuda.get_device_name()}, leaderboard backward, {args.seconds} s loops\n")
-    print("| backward | loop | ms per call | mean SM clock MHz | mean power W | samples |")
+    print(f"# step18/clock_loop: {torch.cuda.get_device_name()}, {what}, {args.seconds} s loops\n")
+    print("| call | loop | ms per call | mean SM clock MHz | mean power W | samples |")
     print("|---|---:|---:|---:|---:|---:|")
     for loop in range(2):
         for label, fn in fns.items():

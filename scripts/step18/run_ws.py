@@ -1,9 +1,10 @@
 """Issue 6, step 18: the warp-specialised dK/dV kernels (.gpu/s18/dkdv_ws*.py, built by make_variants.sh) in
 place of `flash_gluon_bwd.dkdv`. Each is checked against the Triton backward on three d = 64 shapes, then the
 whole backward is timed on the leaderboard shape beside the Triton one, the committed Gluon dK/dV kernel and
-cuDNN's (do_bench medians of 3 rounds; kernel times from torch.profiler).
+cuDNN's (do_bench medians of 3 rounds; kernel times from torch.profiler). `--variant NAME=PATH` runs other
+versions of the module instead (step 19: K and V in registers, .gpu/s19/dkdv_regs.py).
 
-Usage (GPU machine, repository root): python3 scripts/step18/run_ws.py [--output F.json]
+Usage (GPU machine, repository root): python3 scripts/step18/run_ws.py [--variant NAME=PATH ...] [--output F.json]
 """
 
 from __future__ import annotations
@@ -43,11 +44,14 @@ def inputs(z, h, n, causal, seed):
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--variant", action="append", default=[],
+                        help="NAME=PATH of a flash_gluon_bwd version (default: step 18's ws and ws_pp)")
     parser.add_argument("--output", default=None)
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp())
-    variants = {name: load_variant(Path(f".gpu/s18/dkdv_{name}.py").read_text(), f"dkdv_{name}_variant", workdir)
-                for name in ("ws", "ws_pp")}
+    paths = dict(v.split("=", 1) for v in args.variant) or {n: f".gpu/s18/dkdv_{n}.py" for n in ("ws", "ws_pp")}
+    variants = {name: load_variant(Path(path).read_text(), f"dkdv_{name}_variant", workdir)
+                for name, path in paths.items()}
     rows = []
     for z, h, n, causal in CHECKS:
         case = inputs(z, h, n, causal, seed=1)
@@ -66,7 +70,7 @@ def main() -> int:
            **{f"{name} s{s}": functools.partial(run, m, *case, s) for name, m in variants.items() for s in STAGES},
            "sdpa-cudnn": cudnn_backward(case[0], case[1], case[2], case[5], True)}
     times = time_rounds(fns, 3)
-    print(f"\n# step18/run_ws: {torch.cuda.get_device_name()}, leaderboard shape, bf16\n")
+    print(f"\n# step18/run_ws ({', '.join(paths)}): {torch.cuda.get_device_name()}, leaderboard shape, bf16\n")
     print("| backward | ms, median [min, max] | dK/dV kernel ms | dQ kernel ms |\n|---|---|---:|---:|")
     for label, fn in fns.items():
         kernels = kernel_times_ms(fn)
