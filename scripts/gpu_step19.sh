@@ -11,6 +11,8 @@
 # `bash scripts/gpu_step19.sh clock`: SM clock and power while our forward+backward and cuDNN's run back to back
 # (scripts/step18/clock_loop.py --impl), then the forward's shipped configs with and without "regs", twice.
 # `bash scripts/gpu_step19.sh dq`: the dQ kernel's sweep candidates on the head-first grid, with and without "regs".
+# `bash scripts/gpu_step19.sh final`: the section 1 commands on the committed config lists (leaderboard three
+# times, the two d = 128 configurations), then the clock loop again.
 # `bash scripts/gpu_step19.sh tests`: the GPU tests of the attention kernels.
 # Run on the GPU machine from the repository root (writes to $OUT).
 . scripts/gpu_common.sh
@@ -40,6 +42,13 @@ if [ "${1:-all}" = clock ]; then
     grep "| fwd" "$OUT/attention-tune-fwd-regs-step19-run$run-h100.md" | head -4; stamp "forward sweep $run"
   done
   exit 0
+fi
+if [ "${1:-all}" = final ]; then
+  for run in 1 2 3; do leaderboard "attention-leaderboard-step19-final-run$run-h100.jsonl"; stamp "leaderboard $run"; done
+  issue6_configs "attention-issue6-step19-h100.jsonl"; stamp "issue 6 configurations"
+  PROFILER_KIT_FLASH_CPP=1 timeout 120 python3 scripts/step18/clock_loop.py --impl flash-triton,sdpa-cudnn \
+      2>/tmp/c.err | tee "$OUT/attention-clock-fwd-bwd-step19-final-h100.md"; grep -i "error" /tmp/c.err | tail -3
+  stamp "clock"; exit 0
 fi
 if [ "${1:-all}" = dq ]; then
   timeout 200 python3 scripts/flash_tune.py --loads tma --orders head --regs both --kernels dq --shapes leaderboard \
