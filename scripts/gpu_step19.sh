@@ -19,6 +19,15 @@
 mkdir -p .gpu/s19
 cp profiler_kit/attention/flash_gluon_bwd.py .gpu/s19/dkdv_regs.py
 patch --quiet .gpu/s19/dkdv_regs.py < scripts/step19/dkdv_regs.patch
+clock_fwd_bwd() {  # $1: the .md file name under $OUT
+  PROFILER_KIT_FLASH_CPP=1 timeout 120 python3 scripts/step18/clock_loop.py --impl flash-triton,sdpa-cudnn \
+      2>/tmp/c.err | tee "$OUT/$1"; grep -i "error" /tmp/c.err | tail -3
+}
+gluon_regs() {  # $1: the file name under $OUT, without .json or .md; $2: the timeout in s (200)
+  timeout "${2:-200}" python3 scripts/step18/run_ws.py --variant regs=.gpu/s19/dkdv_regs.py \
+      --output "$OUT/$1.json" 2>/tmp/w.err | tee "$OUT/$1.md"
+  grep -v "Warning\|warn_once" /tmp/w.err | tail -4
+}
 if [ "${1:-all}" = host ]; then
   timeout 150 python3 scripts/flash_timeline.py 2>/tmp/tl.err > "$OUT/attention-timeline-step19-python-h100.txt"
   tail -4 "$OUT/attention-timeline-step19-python-h100.txt"; grep -i "error" /tmp/tl.err | tail -3
@@ -33,9 +42,7 @@ if [ "${1:-all}" = host ]; then
   exit 0
 fi
 if [ "${1:-all}" = clock ]; then
-  PROFILER_KIT_FLASH_CPP=1 timeout 120 python3 scripts/step18/clock_loop.py --impl flash-triton,sdpa-cudnn \
-      2>/tmp/c.err | tee "$OUT/attention-clock-fwd-bwd-step19-h100.md"; grep -i "error" /tmp/c.err | tail -3
-  stamp "clock"
+  clock_fwd_bwd "attention-clock-fwd-bwd-step19-h100.md"; stamp "clock"
   for run in 1 2; do
     timeout 150 python3 scripts/flash_tune.py --candidates shipped --loads tma --regs both --kernels fwd \
         --shapes leaderboard --workers 14 2>/dev/null > "$OUT/attention-tune-fwd-regs-step19-run$run-h100.md"
@@ -46,9 +53,7 @@ fi
 if [ "${1:-all}" = final ]; then
   for run in 1 2 3; do leaderboard "attention-leaderboard-step19-final-run$run-h100.jsonl"; stamp "leaderboard $run"; done
   issue6_configs "attention-issue6-step19-h100.jsonl"; stamp "issue 6 configurations"
-  PROFILER_KIT_FLASH_CPP=1 timeout 120 python3 scripts/step18/clock_loop.py --impl flash-triton,sdpa-cudnn \
-      2>/tmp/c.err | tee "$OUT/attention-clock-fwd-bwd-step19-final-h100.md"; grep -i "error" /tmp/c.err | tail -3
-  stamp "clock"; exit 0
+  clock_fwd_bwd "attention-clock-fwd-bwd-step19-final-h100.md"; stamp "clock"; exit 0
 fi
 if [ "${1:-all}" = dq ]; then
   timeout 200 python3 scripts/flash_tune.py --loads tma --orders head --regs both --kernels dq --shapes leaderboard \
@@ -63,16 +68,10 @@ if [ "${1:-all}" = confirm ]; then
   timeout 240 python3 -m pytest -q tests/test_attention_kernels.py tests/test_attention_machine_code.py 2>&1 | tail -3
   stamp "tests"
   for run in 1 2; do leaderboard "attention-leaderboard-step19-run$run-h100.jsonl"; stamp "leaderboard $run"; done
-  timeout 150 python3 scripts/step18/run_ws.py --variant regs=.gpu/s19/dkdv_regs.py \
-      --output "$OUT/attention-dkdv-regs-step19-confirm-h100.json" 2>/tmp/w.err \
-      | tee "$OUT/attention-dkdv-regs-step19-confirm-h100.md" | tail -7
-  stamp "run_ws"; exit 0
+  gluon_regs "attention-dkdv-regs-step19-confirm-h100" 150; stamp "run_ws"; exit 0
 fi
 timeout 360 python3 scripts/flash_tune.py --candidates shipped --loads tma --regs both --workers 14 \
     --output "$OUT/attention-tune-regs-step19-h100.json" > "$OUT/attention-tune-regs-step19-h100.md" 2>/tmp/t.err
 grep -v '^{' /tmp/t.err | grep -v "Warning\|warn_once" | tail -5
 stamp "tune"
-timeout 200 python3 scripts/step18/run_ws.py --variant regs=.gpu/s19/dkdv_regs.py \
-    --output "$OUT/attention-dkdv-regs-step19-h100.json" 2>/tmp/w.err | tee "$OUT/attention-dkdv-regs-step19-h100.md"
-grep -v "Warning\|warn_once" /tmp/w.err | tail -4
-stamp "gluon dK/dV with K and V in registers"
+gluon_regs "attention-dkdv-regs-step19-h100"; stamp "gluon dK/dV with K and V in registers"

@@ -193,9 +193,10 @@ def register_operand(tile, REGS: tl.constexpr):
     """`tile`, or with REGS a copy of it made by an opaque identity (one PTX mov per 32 bits), for a resident
     tile used as the first operand of tl.dot in a loop. Triton 3.6 feeds a wgmma's first operand from shared
     memory when the tile was loaded there (the "SS" form) and from registers when it was computed ("RS"); the
-    copy makes a loaded tile count as computed. The bet (the "regs" config flag, docs/results/attention-h100.md
-    step 19): at 64×64×16 an SS wgmma reads 2 KB of each operand per 32 tensor-core clocks, which is the SM's
-    whole shared-memory bandwidth (128 B per clock), so the TMA writes of the streamed tiles would slow it."""
+    copy makes a loaded tile count as computed. Why (the "regs" config flag, docs/results/attention-h100.md
+    step 19): at 64×64×16 an SS wgmma reads 2 KB of each operand per 32 tensor-core clocks, the SM's whole
+    shared-memory bandwidth (128 B per clock, derived). On the H100 it made the d = 64 dK/dV kernel 4.3%
+    faster and the head-first forward ~2%; the dQ kernel gained nothing."""
     if REGS and not _INTERPRETED:
         tile = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [tile], dtype=tile.dtype, is_pure=True,
                                          pack=32 // tile.dtype.primitive_bitwidth)
