@@ -1,0 +1,32 @@
+# Issue 6, step 20 (thirteenth session): the d = 128 forward+backward and the host.
+# Every issue 6 run so far timed our causal N = 4096 forward+backward 0.03–0.16 ms slower than its forward and
+# backward timed apart (cuDNN's within ±0.06 of its sum). The forward there takes 0.58 ms of GPU time, about
+# what the Python path's backward spends on the host before its first launch.
+# `bash scripts/gpu_step20.sh` (default mode):
+# - the GPU timeline of that shape (scripts/flash_timeline.py) on the Python host path and the C++ one;
+# - the two d = 128 configurations of issue 6 (section 1 command) once on the Python path and twice with
+#   PROFILER_KIT_FLASH_CPP=1;
+# - then, on a patched copy of the kernels (scripts/step20/dkdv_regs_k.patch: only K as a register operand in
+#   the dK/dV kernel, offered at d = 128 too), the dK/dV kernel's shipped configs with and without "regs" on
+#   the d = 128 shapes.
+# Run on the GPU machine from the repository root (writes to $OUT).
+. scripts/gpu_common.sh
+timeline_d128() {  # $1: the .txt file name under $OUT; the environment picks the host path
+  timeout 150 python3 scripts/flash_timeline.py --batch 4 --seq 4096 --d 128 2>/tmp/tl.err > "$OUT/$1"
+  grep "calls; span" "$OUT/$1"; grep -i "error" /tmp/tl.err | tail -3
+}
+if [ "${1:-all}" = all ]; then
+  timeline_d128 "attention-timeline-d128-step20-python-h100.txt"; stamp "timeline, Python path"
+  PROFILER_KIT_FLASH_CPP=1 timeline_d128 "attention-timeline-d128-step20-cpp-h100.txt"; stamp "timeline, C++ path"
+  issue6_configs "attention-issue6-step20-python-h100.jsonl"; stamp "issue 6 configurations, Python path"
+  for run in 1 2; do
+    PROFILER_KIT_FLASH_CPP=1 issue6_configs "attention-issue6-step20-cpp-run$run-h100.jsonl"
+    stamp "issue 6 configurations, C++ path, run $run"
+  done
+  patch --quiet -p1 < scripts/step20/dkdv_regs_k.patch
+  timeout 200 python3 scripts/flash_tune.py --candidates shipped --loads tma --regs both --kernels dkdv \
+      --shapes causal4096,full8192 --workers 14 > "$OUT/attention-tune-dkdv-regs-k-step20-h100.md" 2>/tmp/t.err
+  awk '/^## /{print; n=0} /^\| dkdv/{if (n++ < 6) print}' "$OUT/attention-tune-dkdv-regs-k-step20-h100.md"
+  grep -v '^{' /tmp/t.err | grep -v "Warning\|warn_once" | tail -3
+  stamp "dK/dV sweep with K in registers"
+fi
