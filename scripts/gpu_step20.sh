@@ -9,6 +9,9 @@
 # - then, on a patched copy of the kernels (scripts/step20/dkdv_regs_k.patch: only K as a register operand in
 #   the dK/dV kernel, offered at d = 128 too), the dK/dV kernel's shipped configs with and without "regs" on
 #   the d = 128 shapes.
+# `bash scripts/gpu_step20.sh host`: the four host-bound shapes the eager grid lost in step 15 (batch 8, no heads,
+# causal, d 16 and 64, N 256 and 4096), on the C++ host path: the timeline back to back and one at a time
+# (scripts/flash_timeline.py), the host time per call (scripts/flash_host_time.py) and `attention bench`.
 # Run on the GPU machine from the repository root (writes to $OUT).
 . scripts/gpu_common.sh
 timeline_d128() {  # $1: the .txt file name under $OUT; the environment picks the host path
@@ -29,4 +32,24 @@ if [ "${1:-all}" = all ]; then
   awk '/^## /{print; n=0} /^\| dkdv/{if (n++ < 6) print}' "$OUT/attention-tune-dkdv-regs-k-step20-h100.md"
   grep -v '^{' /tmp/t.err | grep -v "Warning\|warn_once" | tail -3
   stamp "dK/dV sweep with K in registers"
+fi
+if [ "${1:-all}" = host ]; then
+  export PROFILER_KIT_FLASH_CPP=1
+  for shape in "16 4096" "64 4096" "16 256" "64 256"; do
+    set -- $shape
+    for mode in --back-to-back ""; do
+      name="attention-timeline-grid-d$1-n$2${mode:+-b2b}-step20-h100.txt"
+      timeout 100 python3 scripts/flash_timeline.py --impl flash-triton,sdpa-flash --batch 8 --heads 0 --d $1 \
+          --seq $2 --iterations 30 $mode 2>/tmp/tl.err > "$OUT/$name"
+      echo "$name"; grep "calls; span" "$OUT/$name"; grep -i "error" /tmp/tl.err | tail -3
+    done
+    stamp "timelines d=$1 N=$2"
+  done
+  timeout 120 python3 scripts/flash_host_time.py --batch 8 --seq 4096 --d 16 2>&1 \
+      | tee "$OUT/attention-host-time-d16-n4096-step20-h100.txt" | tail -12
+  stamp "host time"
+  timeout 200 python3 -m profiler_kit attention bench --impl flash-triton,sdpa-flash --batch 8 --d 16,64 \
+      --seq 256,4096 --dtype bf16 --output "$OUT/attention-grid-host-bound-step20-h100.jsonl" --format markdown \
+      2>/tmp/b.err | grep "flash-triton\|sdpa-flash" | head -8
+  tail -3 /tmp/b.err; stamp "bench"
 fi
