@@ -12,6 +12,8 @@
 # `bash scripts/gpu_step20.sh host`: the four host-bound shapes the eager grid lost in step 15 (batch 8, no heads,
 # causal, d 16 and 64, N 256 and 4096), on the C++ host path: the timeline back to back and one at a time
 # (scripts/flash_timeline.py), the host time per call (scripts/flash_host_time.py) and `attention bench`.
+# `bash scripts/gpu_step20.sh rounds`: those shapes' forward+backward timed as the bench times it, in alternating
+# rounds, with Python's garbage collector on and off (scripts/step20/host_rounds.py).
 # Run on the GPU machine from the repository root (writes to $OUT).
 . scripts/gpu_common.sh
 timeline_d128() {  # $1: the .txt file name under $OUT; the environment picks the host path
@@ -52,4 +54,9 @@ if [ "${1:-all}" = host ]; then
       --seq 256,4096 --dtype bf16 --output "$OUT/attention-grid-host-bound-step20-h100.jsonl" --format markdown \
       2>/tmp/b.err | grep "flash-triton\|sdpa-flash" | head -8
   tail -3 /tmp/b.err; stamp "bench"
+fi
+if [ "${1:-all}" = rounds ]; then
+  PROFILER_KIT_FLASH_CPP=1 timeout 400 python3 scripts/step20/host_rounds.py 2>/tmp/r.err \
+      | tee "$OUT/attention-host-rounds-step20-h100.txt"
+  grep -v "Warning\|warn_once\|loading the C++" /tmp/r.err | tail -3; stamp "rounds"
 fi
