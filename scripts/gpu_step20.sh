@@ -14,6 +14,11 @@
 # (scripts/flash_timeline.py), the host time per call (scripts/flash_host_time.py) and `attention bench`.
 # `bash scripts/gpu_step20.sh rounds`: those shapes' forward+backward timed as the bench times it, in alternating
 # rounds, with Python's garbage collector on and off (scripts/step20/host_rounds.py).
+# `bash scripts/gpu_step20.sh group`: causal launches take their heads in groups of CAUSAL_HEAD_GROUP (4) instead
+# of one after another (`flash_triton_fwd.grid_position`). The two d = 128 configurations of issue 6 alternately
+# with groups of 4 and of 1 (the old order, by editing the constant), twice each; then the shipped configs of the
+# three kernels on the causal N = 4096 shape with each (scripts/flash_tune.py).
+# `bash scripts/gpu_step20.sh final`: the leaderboard three times and the d = 128 configurations twice.
 # Run on the GPU machine from the repository root (writes to $OUT).
 . scripts/gpu_common.sh
 timeline_d128() {  # $1: the .txt file name under $OUT; the environment picks the host path
@@ -59,4 +64,24 @@ if [ "${1:-all}" = rounds ]; then
   PROFILER_KIT_FLASH_CPP=1 timeout 400 python3 scripts/step20/host_rounds.py 2>/tmp/r.err \
       | tee "$OUT/attention-host-rounds-step20-h100.txt"
   grep -v "Warning\|warn_once\|loading the C++" /tmp/r.err | tail -3; stamp "rounds"
+fi
+group_size() { sed -i "s/^CAUSAL_HEAD_GROUP = .*/CAUSAL_HEAD_GROUP = $1/" profiler_kit/attention/flash_triton_launch.py; }
+if [ "${1:-all}" = group ]; then
+  for run in 1 2; do
+    for g in 4 1; do
+      group_size $g; issue6_configs "attention-issue6-step20-group$g-run$run-h100.jsonl"; stamp "group $g, run $run"
+    done
+  done
+  for g in 4 1; do
+    group_size $g
+    timeout 120 python3 scripts/flash_tune.py --candidates shipped --loads tma --shapes causal4096 --workers 14 \
+        > "$OUT/attention-tune-causal4096-group$g-step20-h100.md" 2>/tmp/t.err
+    awk '/^\| (fwd|dkdv|dq) /{k=$2; if (n[k]++ < 3) print}' "$OUT/attention-tune-causal4096-group$g-step20-h100.md"
+    stamp "sweep, group $g"
+  done
+  group_size 4
+fi
+if [ "${1:-all}" = final ]; then
+  for run in 1 2 3; do leaderboard "attention-leaderboard-step20-run$run-h100.jsonl"; stamp "leaderboard $run"; done
+  for run in 1 2; do issue6_configs "attention-issue6-step20-final-run$run-h100.jsonl"; stamp "issue 6 configurations $run"; done
 fi

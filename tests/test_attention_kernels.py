@@ -13,6 +13,8 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 
 import profiler_kit.attention.flash_triton as flash_triton_module
 from profiler_kit.attention import (
@@ -28,7 +30,7 @@ from profiler_kit.attention import (
     tuned_configs,
 )
 from profiler_kit.attention.bench import capture_graph
-from profiler_kit.attention.flash_triton_fwd import as_4d
+from profiler_kit.attention.flash_triton_fwd import as_4d, grid_position
 from profiler_kit.attention.flash_triton_launch import AUTOTUNE_ENV, INTERPRET
 from profiler_kit.errors import ProfilerKitError
 
@@ -337,6 +339,31 @@ def test_forward_and_dq_grid_order_follows_the_shape(d, causal, head_first):
     orders = {c.kwargs["HEAD_FIRST"] for c in flash_triton_bwd._dkdv.pruner(
         flash_triton_bwd._dkdv.configs, {"Q": q}, HEAD_DIM=64, TMA=True, CAUSAL=True)}
     assert orders == {False, True}
+
+
+@triton.jit
+def _record_grid_positions(Out, HEAD_FIRST: tl.constexpr, HEAD_GROUP: tl.constexpr):
+    tile, _, head = grid_position(HEAD_FIRST, HEAD_GROUP)
+    linear = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)  # the order the GPU starts blocks in
+    tl.store(Out + 2 * linear, tile)
+    tl.store(Out + 2 * linear + 1, head)
+
+
+@pytest.mark.parametrize("head_first,group", [(False, 1), (False, 4), (True, 1)])
+def test_grid_position_orders_tiles_and_heads(head_first, group):
+    """Blocks in launch order own: one head's tiles after another's (group 1); tile by tile across a group of
+    heads, group after group, the last one smaller (group 4 of 6 heads); tile by tile across all heads
+    (head-first). Every (tile, head) exactly once."""
+    tiles, heads = 5, 6
+    out = torch.full((tiles * heads, 2), -1, dtype=torch.int32, device=DEVICE)
+    _record_grid_positions[(heads, tiles) if head_first else (tiles, heads)](out, head_first, group)
+    if head_first:
+        expected = [(t, h) for t in range(tiles) for h in range(heads)]
+    elif group == 1:
+        expected = [(t, h) for h in range(heads) for t in range(tiles)]
+    else:
+        expected = [(t, h) for first in (0, 4) for t in range(tiles) for h in range(first, min(heads, first + 4))]
+    assert [tuple(row) for row in out.tolist()] == expected
 
 
 @pytest.mark.parametrize(

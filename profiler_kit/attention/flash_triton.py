@@ -18,7 +18,7 @@ from profiler_kit.attention.flash_torch import (
 )
 from profiler_kit.attention.flash_triton_bwd import flash_backward
 from profiler_kit.attention.flash_triton_fwd import as_4d, flash_forward
-from profiler_kit.attention.flash_triton_launch import CONFIG_FLAGS, DESCRIPTOR_ROWS, INTERPRET, configs
+from profiler_kit.attention.flash_triton_launch import CONFIG_FLAGS, DESCRIPTOR_ROWS, INTERPRET, configs, head_group
 
 
 def _check_triton_device(q: torch.Tensor) -> None:
@@ -117,7 +117,8 @@ def compile_sm90(kernel: str, shape: tuple, d: int, causal: bool, tma: bool) -> 
 
     fn = JIT_KERNELS[kernel]
     config = configs([shape], fn.arg_names)[0]
-    consts = {**config.kwargs, "HEAD_DIM": d, "BLOCK_D": d, "CAUSAL": causal, "TMA": tma}
+    consts = {**config.kwargs, "HEAD_DIM": d, "BLOCK_D": d, "CAUSAL": causal, "TMA": tma,
+              "HEAD_GROUP": head_group(causal)}
     pointers = fn.arg_names[:fn.arg_names.index("DESC_Q")]
     signature = {}
     for name in fn.arg_names:

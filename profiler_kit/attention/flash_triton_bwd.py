@@ -47,6 +47,7 @@ from profiler_kit.attention.flash_triton_launch import (
     block_d,
     descriptors,
     grid_2d,
+    head_group,
     row_descriptors,
     smem_pruner,
     tensor_signature,
@@ -81,7 +82,7 @@ def _flash_attn_bwd_preprocess_kernel(
     """Delta_i = Σ_d dO_id · O_id and LSE2_i = L_i · log2(e) in fp32, one program per (query tile,
     batch·head). LSE2 is L in the exp2 domain: the dK/dV kernel would otherwise rescale each query tile's L
     once per key tile."""
-    pid_bh, _, _, off_z, off_h = program_head(H, False)
+    pid_bh, _, _, off_z, off_h = program_head(H, False, 1)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     o = load_tile(Out + off_z * stride_oz + off_h * stride_oh, rows, N_Q, stride_on, HEAD_DIM, BLOCK_D, True)
     do = load_tile(DO + off_z * stride_dz + off_h * stride_dh, rows, N_Q, stride_dn, HEAD_DIM, BLOCK_D, True)
@@ -142,7 +143,7 @@ def _flash_attn_bwd_dkdv_kernel(
     H, N_Q, N_K, qk_scale, sm_scale, SEQ_BUCKET,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WS: tl.constexpr, HEAD_FIRST: tl.constexpr,
-    OVERLAP: tl.constexpr, REGS: tl.constexpr,
+    OVERLAP: tl.constexpr, REGS: tl.constexpr, HEAD_GROUP: tl.constexpr,
 ):
     """dK, dV for one (key tile, batch·head). DK and DV share the strides (stride_g*) of their allocation.
     With TMA, q, k, v and dO tiles move through the DESC_* descriptors (see `load_rows`), and each query
@@ -158,8 +159,8 @@ def _flash_attn_bwd_dkdv_kernel(
     matmul's result only where it is first used, so the tensor cores then compute dPᵀ while the exp2 runs,
     and dV's matmul while dSᵀ is formed; the cost is dPᵀ's registers, live across the exp2.
     """
-    pid_bh, z, h, off_z, off_h = program_head(H, HEAD_FIRST)
-    start_n = tile_program(HEAD_FIRST)[0] * BLOCK_N
+    pid_bh, z, h, off_z, off_h = program_head(H, HEAD_FIRST, HEAD_GROUP)
+    start_n = tile_program(HEAD_FIRST, HEAD_GROUP)[0] * BLOCK_N
     cols = start_n + tl.arange(0, BLOCK_N)
 
     k = load_rows(DESC_K, K + off_z * stride_kz + off_h * stride_kh, z, h, start_n, N_K, stride_kn, BLOCK_N,
@@ -233,10 +234,11 @@ def _flash_attn_bwd_dq_kernel(
     H, N_Q, N_K, qk_scale, sm_scale, SEQ_BUCKET,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WS: tl.constexpr, HEAD_FIRST: tl.constexpr, REGS: tl.constexpr,
+    HEAD_GROUP: tl.constexpr,
 ):
     """dQ for one (query tile, batch·head), key tiles split as in the forward (BLOCK_M % BLOCK_N == 0)."""
-    pid_bh, z, h, off_z, off_h = program_head(H, HEAD_FIRST)
-    start_m = query_tile_index(CAUSAL, HEAD_FIRST) * BLOCK_M
+    pid_bh, z, h, off_z, off_h = program_head(H, HEAD_FIRST, HEAD_GROUP)
+    start_m = query_tile_index(CAUSAL, HEAD_FIRST, HEAD_GROUP) * BLOCK_M
     rows = start_m + tl.arange(0, BLOCK_M)
 
     q = load_rows(DESC_Q, Q + off_z * stride_qz + off_h * stride_qh, z, h, start_m, N_Q, stride_qn, BLOCK_M,
@@ -342,7 +344,7 @@ def flash_backward(
                 {"HEAD_DIM": d, "BLOCK_D": bd, "BLOCK_M": PREPROCESS_BLOCK_M}, signature)
     common = (*strides3(q4), *strides3(k4), *strides3(v4), *strides3(do4))
     scalars = (h, n_q, n_k, LOG2E / math.sqrt(d), 1.0 / math.sqrt(d), seq_bucket(max(n_q, n_k)))
-    consts = {"HEAD_DIM": d, "BLOCK_D": bd, "CAUSAL": causal, "TMA": tma}
+    consts = {"HEAD_DIM": d, "BLOCK_D": bd, "CAUSAL": causal, "TMA": tma, "HEAD_GROUP": head_group(causal)}
     dkdv_args = (q4, k4, v4, do4, lse2, delta, dk, dv, *descs, *stat_descs, *common, *strides3(dk), *scalars)
     dq_args = (q4, k4, v4, do4, lse2, delta, dq, *descs, *common, *strides3(dq), *scalars)
     if gluon_fused is not None and flash_gluon_bwd.usable(q4, k4, v4, do4, flash_gluon_bwd.FUSED_HEAD_DIMS):

@@ -47,6 +47,7 @@ from profiler_kit.attention.flash_triton_launch import (
     block_d,
     descriptors,
     grid_2d,
+    head_group,
     smem_pruner,
     tensor_signature,
     tma_usable,
@@ -89,36 +90,56 @@ def strides3(t: torch.Tensor) -> tuple[int, int, int]:
 
 
 @triton.jit
-def tile_program(HEAD_FIRST: tl.constexpr):
-    """(index, count) of this program along the grid axis that numbers a kernel's tiles: axis 0 of a
-    (tiles, Z·H) grid, or axis 1 of a (Z·H, tiles) grid (HEAD_FIRST). The GPU starts blocks in the order of
-    their linear index, axis 0 fastest, so HEAD_FIRST starts tile 0 of every head before tile 1 of any."""
+def grid_position(HEAD_FIRST: tl.constexpr, HEAD_GROUP: tl.constexpr):
+    """(tile, tiles, batch·head) of this program. The GPU starts blocks in the order of their linear index,
+    axis 0 fastest, so the grid order decides which programs run together and which run last:
+    - HEAD_FIRST, a (Z·H, tiles) grid: tile 0 of every head before tile 1 of any;
+    - else a (tiles, Z·H) grid, taken in groups of HEAD_GROUP heads: within a group tile 0 of each of its
+      heads, then tile 1, and so on; group after group. HEAD_GROUP = 1 is one head's tiles after another's.
+    With causal masks a kernel's tiles differ in length (the kernels start the longest first), and only an
+    order that interleaves heads ends with the short ones: one head after another ends a causal launch with
+    that head's long tiles. Small groups keep what runs together within a few heads' K and V, which stay in
+    the L2 (`flash_triton_launch.head_group`)."""
     if HEAD_FIRST:
-        pid = tl.program_id(1)
-        count = tl.num_programs(1)
+        tile = tl.program_id(1)
+        tiles = tl.num_programs(1)
+        bh = tl.program_id(0)
     else:
-        pid = tl.program_id(0)
-        count = tl.num_programs(0)
-    return pid, count
+        tiles = tl.num_programs(0)
+        if HEAD_GROUP == 1:
+            tile = tl.program_id(0)
+            bh = tl.program_id(1)
+        else:
+            linear = tl.program_id(1) * tiles + tl.program_id(0)
+            first = linear // (HEAD_GROUP * tiles) * HEAD_GROUP  # the group's first head
+            rest = linear - first * tiles
+            size = tl.minimum(tl.num_programs(1) - first, HEAD_GROUP)  # the last group may be smaller
+            tile = rest // size
+            bh = first + rest % size
+    return tile, tiles, bh
 
 
 @triton.jit
-def program_head(H, HEAD_FIRST: tl.constexpr):
-    """This program's batch·head index (the grid axis `tile_program` does not use) and its (z, h): int32 for
-    descriptor offsets, int64 for pointer offsets, which can pass 2³¹ elements."""
-    if HEAD_FIRST:
-        pid_bh = tl.program_id(0)
-    else:
-        pid_bh = tl.program_id(1)
+def tile_program(HEAD_FIRST: tl.constexpr, HEAD_GROUP: tl.constexpr):
+    """(index, count) of this program's tile along the kernel's tile axis (`grid_position`)."""
+    tile, tiles, _ = grid_position(HEAD_FIRST, HEAD_GROUP)
+    return tile, tiles
+
+
+@triton.jit
+def program_head(H, HEAD_FIRST: tl.constexpr, HEAD_GROUP: tl.constexpr):
+    """This program's batch·head index (`grid_position`) and its (z, h): int32 for descriptor offsets, int64
+    for pointer offsets, which can pass 2³¹ elements."""
+    _, _, pid_bh = grid_position(HEAD_FIRST, HEAD_GROUP)
     z = pid_bh // H
     h = pid_bh % H
     return pid_bh, z, h, z.to(tl.int64), h.to(tl.int64)
 
 
 @triton.jit
-def query_tile_index(CAUSAL: tl.constexpr, HEAD_FIRST: tl.constexpr):
+def query_tile_index(CAUSAL: tl.constexpr, HEAD_FIRST: tl.constexpr, HEAD_GROUP: tl.constexpr):
     """The query tile a program owns, last-first when causal so that the longest programs start first."""
-    pid, count = tile_program(HEAD_FIRST)
+    pid, count = tile_program(HEAD_FIRST, HEAD_GROUP)
     if CAUSAL:
         pid = count - 1 - pid
     return pid
@@ -254,6 +275,7 @@ def _flash_attn_fwd_kernel(
     H, N_Q, N_K, qk_scale, SEQ_BUCKET,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WS: tl.constexpr, HEAD_FIRST: tl.constexpr, REGS: tl.constexpr,
+    HEAD_GROUP: tl.constexpr,
 ):
     """One program per (query tile, batch·head): O = softmax(q kᵀ/√d) v and L = logsumexp of each row.
 
@@ -264,8 +286,8 @@ def _flash_attn_fwd_kernel(
     are taken last-first when causal so that the longest programs start first. SEQ_BUCKET is never read: it
     only keys the autotuner.
     """
-    pid_bh, z, h, off_z, off_h = program_head(H, HEAD_FIRST)
-    start_m = query_tile_index(CAUSAL, HEAD_FIRST) * BLOCK_M
+    pid_bh, z, h, off_z, off_h = program_head(H, HEAD_FIRST, HEAD_GROUP)
+    start_m = query_tile_index(CAUSAL, HEAD_FIRST, HEAD_GROUP) * BLOCK_M
     rows = start_m + tl.arange(0, BLOCK_M)
 
     q_base = Q + off_z * stride_qz + off_h * stride_qh
@@ -332,7 +354,7 @@ def flash_forward(
         q4, k4, v4, out, lse, *descs, *strides3(q4), *strides3(k4), *strides3(v4), *strides3(out),
         h, n_q, n_k, LOG2E / math.sqrt(d), seq_bucket(max(n_q, n_k)),
     )
-    consts = {"HEAD_DIM": d, "BLOCK_D": block_d(d), "CAUSAL": causal, "TMA": tma}
+    consts = {"HEAD_DIM": d, "BLOCK_D": block_d(d), "CAUSAL": causal, "TMA": tma, "HEAD_GROUP": head_group(causal)}
     grid = lambda meta: grid_2d(triton.cdiv(n_q, meta["BLOCK_M"]), z * h, meta)
     _fwd(grid, args, consts, (causal, tma, *map(tensor_signature, (q4, k4, v4))), config)
     return out, lse

@@ -85,6 +85,19 @@ def head_first_wanted(head_dim: int, causal: bool) -> bool:
     return causal and head_dim <= 64
 
 
+# Heads per group of a causal launch's tiles-first grid (`flash_triton_fwd.grid_position`). A list-scheduling
+# model of the causal d = 128 shapes of issue 6 (64 heads of 32 or 64 tiles, one or two blocks per SM) puts the
+# makespan of one head after another 5–7% above its ideal and that of groups of 4–8 heads within 0.2% of it;
+# 4 heads of K and V at N = 4096, d = 128 take 8 MB of the L2 (docs/results/attention-h100.md, step 20).
+CAUSAL_HEAD_GROUP = 4
+
+
+def head_group(causal: bool) -> int:
+    """The HEAD_GROUP constexpr of the tiled kernels: CAUSAL_HEAD_GROUP when causal, else 1 (every program of a
+    non-causal launch does the same work, so one head after another loses nothing and shares the most L2)."""
+    return CAUSAL_HEAD_GROUP if causal else 1
+
+
 def smem_pruner(resident: tuple[str, ...], streamed: tuple[str, ...], order_by_shape: bool = False) -> Callable:
     """An `early_config_prune` keeping the configs whose tiles fit in SMEM_BUDGET_BYTES (warp-specialised
     ones only where `ws_allowed`, "regs" ones only where `regs_allowed`; with `order_by_shape`, only those on
