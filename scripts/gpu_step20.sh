@@ -19,6 +19,10 @@
 # with groups of 4 and of 1 (the old order, by editing the constant), twice each; then the shipped configs of the
 # three kernels on the causal N = 4096 shape with each (scripts/flash_tune.py).
 # `bash scripts/gpu_step20.sh final`: the leaderboard three times and the d = 128 configurations twice.
+# `bash scripts/gpu_step20.sh tests`: the GPU tests of the attention kernels.
+# `bash scripts/gpu_step20.sh grid D[,D...] [SECONDS]`: the eager grid of step 15 (batch 8, no heads, causal, bf16,
+# flash-triton against SDPA's FlashAttention-2 backend, C++ host path) for those head dims, resuming
+# docs/results/data/attention-grid-fa2-step20-h100.jsonl where an earlier call left it.
 # Run on the GPU machine from the repository root (writes to $OUT).
 . scripts/gpu_common.sh
 timeline_d128() {  # $1: the .txt file name under $OUT; the environment picks the host path
@@ -84,4 +88,16 @@ fi
 if [ "${1:-all}" = final ]; then
   for run in 1 2 3; do leaderboard "attention-leaderboard-step20-run$run-h100.jsonl"; stamp "leaderboard $run"; done
   for run in 1 2; do issue6_configs "attention-issue6-step20-final-run$run-h100.jsonl"; stamp "issue 6 configurations $run"; done
+fi
+if [ "${1:-all}" = tests ]; then
+  timeout 330 python3 -m pytest -q tests/test_attention_kernels.py tests/test_attention_cpp.py -k gpu 2>&1 | tail -4
+  stamp "tests"
+fi
+if [ "${1:-all}" = grid ]; then
+  grid=attention-grid-fa2-step20-h100.jsonl
+  if [ -f "docs/results/data/$grid" ]; then cp "docs/results/data/$grid" "$OUT/$grid"; fi
+  PROFILER_KIT_FLASH_CPP=1 timeout "${3:-500}" python3 -m profiler_kit attention bench --impl flash-triton,sdpa-flash \
+      --batch 8 --d "$2" --seq 256,1024,4096,8192,16384 --dtype bf16 --resume --output "$OUT/$grid" \
+      --format markdown 2>/tmp/g.err | grep -v "^| seq" | tail -24
+  grep -v "Warning\|warn_once\|loading the C++" /tmp/g.err | tail -3; stamp "grid d=$2"
 fi
