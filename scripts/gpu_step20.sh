@@ -17,7 +17,7 @@
 # `bash scripts/gpu_step20.sh group`: causal launches take their heads in groups of CAUSAL_HEAD_GROUP (4) instead
 # of one after another (`flash_triton_fwd.grid_position`). The two d = 128 configurations of issue 6 alternately
 # with groups of 4 and of 1 (the old order, by editing the constant), twice each; then the shipped configs of the
-# three kernels on the causal N = 4096 shape with each (scripts/flash_tune.py). `RUNS= GROUPS="2 8" bash
+# three kernels on the causal N = 4096 shape with each (scripts/flash_tune.py). `RUNS= SIZES="2 8" bash
 # scripts/gpu_step20.sh group` runs only the sweep, with groups of 2 and 8.
 # `bash scripts/gpu_step20.sh final`: the leaderboard three times and the d = 128 configurations twice.
 # `bash scripts/gpu_step20.sh tests`: the GPU tests of the attention kernels.
@@ -72,12 +72,12 @@ if [ "${1:-all}" = rounds ]; then
 fi
 group_size() { sed -i "s/^CAUSAL_HEAD_GROUP = .*/CAUSAL_HEAD_GROUP = $1/" profiler_kit/attention/flash_triton_launch.py; }
 if [ "${1:-all}" = group ]; then
-  for run in ${RUNS:-1 2}; do
+  for run in ${RUNS-1 2}; do
     for g in 4 1; do
       group_size $g; issue6_configs "attention-issue6-step20-group$g-run$run-h100.jsonl"; stamp "group $g, run $run"
     done
   done
-  for g in ${GROUPS:-4 1}; do
+  for g in ${SIZES-4 1}; do
     group_size $g
     timeout 120 python3 scripts/flash_tune.py --candidates shipped --loads tma --shapes causal4096 --workers 14 \
         > "$OUT/attention-tune-causal4096-group$g-step20-h100.md" 2>/tmp/t.err
