@@ -196,6 +196,98 @@ def test_clock_fallback_statistics_and_grad_reset():
     assert x.grad.tolist() == [2.0, 2.0, 2.0]  # reset before each call: no accumulation
 
 
+def cpu_config(impl: str, seq: int = 32) -> bench.AttentionConfig:
+    return bench.AttentionConfig(impl, "fp32", True, 1, 2, seq, 16, device="cpu")
+
+
+def test_rounds_alternate_the_order_and_split_the_budget(monkeypatch):
+    order, budgets = [], []
+    real = bench._time_round
+
+    def logged(fn, inputs, samples, device, warmup_ms, rep_ms):
+        order.append(fn.impl_name)
+        budgets.append(rep_ms)
+        real(fn, inputs, samples, device, warmup_ms, rep_ms)
+
+    real_make = bench.make_impl
+
+    def named(name, causal, device):
+        fn = real_make(name, causal, device)
+        wrapper = lambda q, k, v: fn(q, k, v)  # noqa: E731
+        wrapper.impl_name = name
+        return wrapper
+
+    monkeypatch.setattr(bench, "_time_round", logged)
+    monkeypatch.setattr(bench, "make_impl", named)
+    rows = bench.run_shape([cpu_config("naive"), cpu_config("flash-torch")], warmup_ms=1, rep_ms=6, rounds=3)
+    assert order == ["naive", "flash-torch", "flash-torch", "naive", "naive", "flash-torch"]
+    assert budgets == [2.0] * 6
+    for row in rows:
+        assert row["status"] == "ok" and row["rounds"] == 3
+        for timing in bench.TIMINGS:
+            assert 0 < row[f"{timing}_p20_ms"] <= row[f"{timing}_ms"] <= row[f"{timing}_p80_ms"]
+
+
+def test_rounds_pool_every_call(monkeypatch):
+    readings = iter([[1.0, 1.0, 1.0], [5.0], [5.0], [3.0, 3.0, 3.0], [5.0], [5.0]])
+    monkeypatch.setattr(bench, "sample_ms", lambda *args, **kwargs: next(readings))
+    row, = bench.run_shape([cpu_config("naive")], warmup_ms=1, rep_ms=2, rounds=2)
+    # Six forward calls, 1 1 1 3 3 3: the median interpolates between the third and fourth.
+    assert (row["fwd_ms"], row["fwd_p20_ms"], row["fwd_p80_ms"]) == pytest.approx((2.0, 1.0, 3.0))
+    assert row["bwd_ms"] == row["fwd_bwd_ms"] == 5.0
+
+
+def test_a_failure_in_a_later_round_keeps_the_earlier_rounds_and_the_other_impl(monkeypatch):
+    real_make = bench.make_impl
+    calls = 0
+
+    def breaks_later(name, causal, device):
+        fn = real_make(name, causal, device)
+        if name != "flash-torch":
+            return fn
+
+        def counted(q, k, v):
+            nonlocal calls
+            calls += 1
+            if calls > 25:
+                raise torch.cuda.OutOfMemoryError("out of memory (on purpose)")
+            return fn(q, k, v)
+
+        return counted
+
+    monkeypatch.setattr(bench, "make_impl", breaks_later)
+    monkeypatch.setattr(bench, "sample_ms", lambda fn, *args: [(fn(), 1.0)[1] for _ in range(10)])
+    ok, broken = bench.run_shape([cpu_config("naive"), cpu_config("flash-torch")], 1, 10, rounds=3)
+    assert ok["status"] == "ok" and ok["fwd_bwd_ms"] == 1.0
+    assert broken["status"] == "oom" and "on purpose" in broken["message"]
+    # The warm-up call and round 1's 10 + 1 + 10 forward calls pass; round 2 fails in its forward.
+    assert broken["fwd_ms"] == broken["bwd_ms"] == broken["fwd_bwd_ms"] == 1.0
+
+
+def test_run_shape_refuses_two_shapes():
+    with pytest.raises(ValueError, match="differ only in their implementation"):
+        bench.run_shape([cpu_config("naive", 32), cpu_config("flash-torch", 48)], 1, 1)
+
+
+def test_shape_groups_keep_the_order():
+    cfgs = [cpu_config(impl, seq) for seq in (32, 48) for impl in ("naive", "flash-torch")]
+    assert bench.shape_groups(cfgs, together=False) == [[c] for c in cfgs]
+    assert bench.shape_groups(cfgs, together=True) == [cfgs[:2], cfgs[2:]]
+
+
+def test_bench_with_rounds_through_the_cli(tmp_path):
+    out = tmp_path / "rounds.jsonl"
+    result = invoke("bench", "--impl", "naive,flash-torch,sdpa-cudnn", "--batch", "1", "--seq", "16,32",
+                    "--d", "16", "--dtype", "fp32", "--rounds", "2", "--output", str(out), *FAST)
+    assert result.exit_code == 0, result.output
+    assert "2 interleaved rounds per shape" in result.stdout
+    rows = read_rows(out)
+    assert [(r["impl"], r["seq"], r["status"], r["rounds"]) for r in rows] == [
+        (impl, seq, "error" if impl == "sdpa-cudnn" else "ok", 2)
+        for seq in (16, 32) for impl in ("naive", "flash-torch", "sdpa-cudnn")
+    ]
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -203,6 +295,7 @@ def test_clock_fallback_statistics_and_grad_reset():
         (["bench", "--impl", "naive,magic"], "'magic': choose from naive, compiled"),
         (["bench", "--dtype", "fp8"], "'fp8': choose from fp32, bf16, fp16"),
         (["bench", "--resume"], "--resume needs --output"),
+        (["leaderboard", "--rounds", "0"], "0 is not in the range x>=1"),
         (["leaderboard", "--dtype", "fp32,bf16"], "takes one value here"),
     ],
 )
@@ -240,6 +333,20 @@ def test_gpu_measured_saved_memory_matches_the_analytic_size(impl):
         assert 0 < row[f"{timing}_p20_ms"] <= row[f"{timing}_ms"] <= row[f"{timing}_p80_ms"]
     if impl == "flash-triton":  # the row names the configs the autotuner ran, e.g. "fwd 128x64 w8 s3; dkdv …"
         assert [part.split()[0] for part in row["message"].split("; ")] == ["fwd", "dkdv", "dq"], row["message"]
+
+
+@pytest.mark.gpu
+def test_gpu_rounds_share_the_inputs_and_give_all_memory_back():
+    before = torch.cuda.memory_allocated()
+    rows = bench.run_shape([gpu_config(impl) for impl in ("flash-triton", "sdpa-flash", "sdpa-cudnn")], 5, 30,
+                           rounds=3)
+    assert [(row["status"], row["rounds"]) for row in rows] == [("ok", 3)] * 3, [r["message"] for r in rows]
+    assert len({row["mem_inputs_mb"] for row in rows}) == 1  # one set of inputs, measured alike for each
+    for row in rows:
+        assert row["saved_mb"] == pytest.approx(row["saved_analytic_mb"], rel=0.01)
+        for timing in bench.TIMINGS:
+            assert 0 < row[f"{timing}_p20_ms"] <= row[f"{timing}_ms"] <= row[f"{timing}_p80_ms"]
+    assert torch.cuda.memory_allocated() == before
 
 
 @pytest.mark.gpu

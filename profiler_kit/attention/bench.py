@@ -5,6 +5,9 @@ Timing. On CUDA every number is a `triton.testing.do_bench` median with its 20th
 flushes the L2 cache before each call and times with CUDA events). Elsewhere a host-clock fallback follows
 do_bench's recipe (5 calls to estimate, warm-up and repetitions sized from `warmup_ms`/`rep_ms`, the same
 quantiles), so the command and its tests run on a CPU. Gradients are reset to None outside the timed region.
+With `rounds` > 1 the implementations of a shape are timed in interleaved rounds and their calls pooled
+(`run_shape`): one reading of a host-bound shape moves by up to 2× from one tenth of a second to the next on
+an H100 host, and rounds share that drift among the implementations instead of handing it to one of them.
 The forward is timed as training runs it, with inputs that require grad (autograd records the graph); the
 backward alone replays one retained graph. In fp32, PyTorch's matmuls (naive, compiled) run in full fp32
 unless TF32 is enabled, while Triton's `tl.dot` uses TF32: compare fp32 rows with that in mind.
@@ -19,8 +22,9 @@ keeps for the backward; `fwd_peak_mb`/`bwd_peak_mb` the allocator's peak during 
 included). `saved_analytic_mb` is the same quantity derived by hand (see `saved_bytes`), so the two columns
 side by side show whether an implementation keeps what it should.
 
-Each config runs in isolation: an OOM gives status `oom`, any other failure (an SDPA backend that cannot run
-the config, a head dim a kernel does not support) status `error` with the message, and the sweep goes on.
+The implementations of a shape take the same inputs (seed 0). Each config fails on its own: an OOM gives status
+`oom`, any other failure (an SDPA backend that cannot run the config, a head dim a kernel does not support)
+status `error` with the message, and the sweep goes on.
 """
 
 from __future__ import annotations
@@ -64,7 +68,7 @@ TIMING_COLUMNS = tuple(f"{t}_{s}" for t in TIMINGS for s in ("ms", "p20_ms", "p8
 TFLOPS_COLUMNS = tuple(f"{t}_tflops" for t in TIMINGS)
 MEMORY_COLUMNS = ("mem_inputs_mb", "mem_before_bwd_mb", "saved_mb", "saved_analytic_mb", "fwd_peak_mb",
                   "bwd_peak_mb")
-COLUMNS = (*KEY_COLUMNS, "device", "status", *TIMING_COLUMNS, *TFLOPS_COLUMNS, *MEMORY_COLUMNS, "message")
+COLUMNS = (*KEY_COLUMNS, "device", "status", "rounds", *TIMING_COLUMNS, *TFLOPS_COLUMNS, *MEMORY_COLUMNS, "message")
 
 
 @dataclass(frozen=True)
@@ -177,9 +181,16 @@ class Timing:
     p20_ms: float
     p80_ms: float
 
+    @classmethod
+    def of(cls, samples_ms: list[float]) -> Timing:
+        """The median and the 20th/80th percentiles of per-call times (linear interpolation, as do_bench)."""
+        quantiles = torch.quantile(torch.tensor(samples_ms, dtype=torch.float64),
+                                   torch.tensor(QUANTILES, dtype=torch.float64))
+        return cls(*quantiles.tolist())
 
-def _clock_bench(fn: Callable[[], object], warmup_ms: float, rep_ms: float,
-                 grad_to_none: list[torch.Tensor]) -> Timing:
+
+def _clock_samples(fn: Callable[[], object], warmup_ms: float, rep_ms: float,
+                   grad_to_none: list[torch.Tensor]) -> list[float]:
     """do_bench's recipe with the host clock, for devices without CUDA events."""
 
     def timed_call() -> float:
@@ -192,10 +203,25 @@ def _clock_bench(fn: Callable[[], object], warmup_ms: float, rep_ms: float,
     estimate_ms = statistics.fmean(timed_call() for _ in range(ESTIMATE_CALLS))
     for _ in range(max(1, int(warmup_ms / estimate_ms))):
         timed_call()
-    times = [timed_call() for _ in range(max(1, int(rep_ms / estimate_ms)))]
-    quantiles = torch.quantile(torch.tensor(times, dtype=torch.float64),
-                               torch.tensor(QUANTILES, dtype=torch.float64))
-    return Timing(*quantiles.tolist())
+    return [timed_call() for _ in range(max(1, int(rep_ms / estimate_ms)))]
+
+
+def sample_ms(fn: Callable[[], object], device: torch.device, warmup_ms: float, rep_ms: float,
+              grad_to_none: list[torch.Tensor] | None = None) -> list[float]:
+    """Each timed call's ms: do_bench's own samples on CUDA (L2 flushed before each call, CUDA events), the
+    host clock elsewhere."""
+    grad_to_none = grad_to_none or []
+    if device.type == "cuda":
+        from triton.testing import do_bench
+
+        return list(do_bench(fn, warmup=warmup_ms, rep=rep_ms, grad_to_none=grad_to_none, return_mode="all"))
+    return _clock_samples(fn, warmup_ms, rep_ms, grad_to_none)
+
+
+def bench_ms(fn: Callable[[], object], device: torch.device, warmup_ms: float, rep_ms: float,
+             grad_to_none: list[torch.Tensor] | None = None) -> Timing:
+    """Median, 20th and 80th percentile of `fn`'s time in ms (do_bench on CUDA, the host clock elsewhere)."""
+    return Timing.of(sample_ms(fn, device, warmup_ms, rep_ms, grad_to_none))
 
 
 def capture_graph(body: Callable[[], object]) -> torch.cuda.CUDAGraph:
@@ -212,19 +238,7 @@ def capture_graph(body: Callable[[], object]) -> torch.cuda.CUDAGraph:
     return graph
 
 
-def bench_ms(fn: Callable[[], object], device: torch.device, warmup_ms: float, rep_ms: float,
-             grad_to_none: list[torch.Tensor] | None = None) -> Timing:
-    """Median, 20th and 80th percentile of `fn`'s time in ms (do_bench on CUDA, the host clock elsewhere)."""
-    grad_to_none = grad_to_none or []
-    if device.type == "cuda":
-        from triton.testing import do_bench
-
-        return Timing(*do_bench(fn, warmup=warmup_ms, rep=rep_ms, grad_to_none=grad_to_none,
-                                quantiles=list(QUANTILES)))
-    return _clock_bench(fn, warmup_ms, rep_ms, grad_to_none)
-
-
-# ---------------------------------------------------------------------------------------------- one config
+# ---------------------------------------------------------------------------------------------- one shape
 
 
 def _reasons(caught: list[warnings.WarningMessage]) -> str:
@@ -271,16 +285,19 @@ def _measure_memory(fn: AttentionFn, q: torch.Tensor, k: torch.Tensor, v: torch.
             "bwd_peak_mb": bwd_peak / MB}
 
 
-def _measure_into(row: dict, cfg: AttentionConfig, device: torch.device, warmup_ms: float,
-                  rep_ms: float) -> None:
-    """Fill `row` step by step, so whatever was measured before a failure stays in it."""
-    fn = make_impl(cfg.impl, cfg.causal, device)
+def _inputs(cfg: AttentionConfig, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """q, k, v (requiring grad) and the output gradient of a shape, the same for every implementation."""
     generator = torch.Generator(device=device).manual_seed(0)
     q, k, v, grad_out = (torch.randn(cfg.shape, dtype=DTYPES[cfg.dtype], device=device, generator=generator)
                          for _ in range(4))
-    for t in (q, k, v):
-        t.requires_grad_(True)
-    params = [q, k, v]
+    return q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), grad_out
+
+
+def _prepare(row: dict, cfg: AttentionConfig, inputs: tuple[torch.Tensor, ...],
+             device: torch.device) -> AttentionFn:
+    """The implementation, compiled, autotuned and warmed up on `inputs`, with its memory in `row`."""
+    fn = make_impl(cfg.impl, cfg.causal, device)
+    q, k, v, grad_out = inputs
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
@@ -296,39 +313,115 @@ def _measure_into(row: dict, cfg: AttentionConfig, device: torch.device, warmup_
         # The configs the autotuner picked for this shape, and which host path the timed calls take.
         host = "; C++ host path" if flash_cpp.has_plan(q, k, v, cfg.causal) else ""
         row["message"] = describe_last_configs() + host
-    for t in params:
+    for t in (q, k, v):
         t.grad = None
     if device.type == "cuda":
         row.update(_measure_memory(fn, q, k, v, grad_out, device))
-    forward = bench_ms(lambda: fn(q, k, v), device, warmup_ms, rep_ms)
+    return fn
+
+
+def _time_round(fn: AttentionFn, inputs: tuple[torch.Tensor, ...], samples: dict[str, list[float]],
+                device: torch.device, warmup_ms: float, rep_ms: float) -> None:
+    """Append one round of forward, backward and forward+backward calls to `samples` (ms per call)."""
+    q, k, v, grad_out = inputs
+    params = [q, k, v]
+    samples["fwd"] += sample_ms(lambda: fn(q, k, v), device, warmup_ms, rep_ms)
     # One graph backpropagated again and again; the output and what it saved live as long as this partial.
     backward_again = functools.partial(fn(q, k, v).backward, grad_out, retain_graph=True)
-    backward = bench_ms(backward_again, device, warmup_ms, rep_ms, params)
+    samples["bwd"] += sample_ms(backward_again, device, warmup_ms, rep_ms, params)
     del backward_again
-    both = bench_ms(lambda: fn(q, k, v).backward(grad_out), device, warmup_ms, rep_ms, params)
-    for timing, result in zip(TIMINGS, (forward, backward, both), strict=True):
+    samples["fwd_bwd"] += sample_ms(lambda: fn(q, k, v).backward(grad_out), device, warmup_ms, rep_ms, params)
+    for t in params:
+        t.grad = None
+
+
+def _fill_timings(row: dict, cfg: AttentionConfig, samples: dict[str, list[float]]) -> None:
+    """The timing and TFLOP/s columns of every pass that has samples (a failure keeps what came before it)."""
+    for timing, times in samples.items():
+        if not times:
+            continue
+        result = Timing.of(times)
         row.update({f"{timing}_ms": result.median_ms, f"{timing}_p20_ms": result.p20_ms,
                     f"{timing}_p80_ms": result.p80_ms,
                     f"{timing}_tflops": attention_flops(cfg.batch_heads, cfg.seq, cfg.d, cfg.causal, timing)
                     / result.median_ms / 1e9})
 
 
-def run_config(cfg: AttentionConfig, warmup_ms: float, rep_ms: float) -> dict:
-    """Benchmark one config; OOMs and other failures become the row's status instead of exceptions."""
-    device = resolve_device(cfg.device)
+def _new_row(cfg: AttentionConfig, device: torch.device, rounds: int) -> dict:
     row: dict = dict.fromkeys(COLUMNS)
     row.update({k: getattr(cfg, k) for k in KEY_COLUMNS})
     row.update(device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", message="",
+               rounds=rounds,
                saved_analytic_mb=saved_bytes(cfg.impl, cfg.batch_heads, cfg.seq, cfg.d, DTYPES[cfg.dtype],
                                              cfg.causal) / MB)
-    try:
-        _measure_into(row, cfg, device, warmup_ms, rep_ms)
-        row["status"] = "ok"
-    except Exception as exc:  # one config must never end the sweep: record it and go on
-        row.update(failure_fields(exc, row["message"]))
-    finally:
-        release(None)  # the failed frame's tensors are gone once the exception is: give their memory back
     return row
+
+
+def shape_of(cfg: AttentionConfig) -> tuple:
+    """What the implementations of one shape share: every field but the implementation."""
+    return tuple(v for k, v in cfg.as_dict().items() if k != "impl")
+
+
+def run_shape(cfgs: list[AttentionConfig], warmup_ms: float, rep_ms: float, rounds: int = 1) -> list[dict]:
+    """Benchmark the implementations of one shape together, one row each.
+
+    Each is compiled and warmed up on the same inputs; then all are timed in `rounds` rounds whose order
+    alternates (first to last, then last to first), each round's do_bench measuring `rep_ms / rounds`. A row's
+    median and percentiles pool the calls of all its rounds. Interleaving puts every implementation under the
+    same drift of the host's and the GPU's state, which one reading of a host-bound shape cannot tell apart
+    from the implementations (docs/results/attention-h100.md, step 20).
+
+    OOMs and other failures become a row's status instead of exceptions, keeping the timings of the rounds
+    before; the other implementations go on.
+    """
+    if len({shape_of(cfg) for cfg in cfgs}) != 1:
+        raise ValueError("run_shape takes configs that differ only in their implementation")
+    device = resolve_device(cfgs[0].device)
+    rows = [_new_row(cfg, device, rounds) for cfg in cfgs]
+    samples = [{timing: [] for timing in TIMINGS} for _ in cfgs]
+    live: list[tuple[int, AttentionFn]] = []
+
+    def fail(i: int, exc: Exception) -> None:
+        _fill_timings(rows[i], cfgs[i], samples[i])
+        rows[i].update(failure_fields(exc, rows[i]["message"]))
+
+    try:
+        inputs = _inputs(cfgs[0], device)
+        for i, cfg in enumerate(cfgs):
+            try:
+                live.append((i, _prepare(rows[i], cfg, inputs, device)))
+            except Exception as exc:  # one implementation must never end the others: record it and go on
+                fail(i, exc)
+        for r in range(rounds):
+            for i, fn in list(live) if r % 2 == 0 else live[::-1]:
+                try:
+                    _time_round(fn, inputs, samples[i], device, warmup_ms, rep_ms / rounds)
+                except Exception as exc:
+                    fail(i, exc)
+                    live.remove((i, fn))
+        for i, _ in live:
+            _fill_timings(rows[i], cfgs[i], samples[i])
+            rows[i]["status"] = "ok"
+    except Exception as exc:  # the inputs themselves did not fit: every row fails alike
+        for i, row in enumerate(rows):
+            if row["status"] is None:
+                fail(i, exc)
+    finally:
+        live.clear()
+        release(None)  # the failed frames' tensors are gone once the exceptions are: give their memory back
+    return rows
+
+
+def run_config(cfg: AttentionConfig, warmup_ms: float, rep_ms: float) -> dict:
+    """Benchmark one config; OOMs and other failures become the row's status instead of exceptions."""
+    return run_shape([cfg], warmup_ms, rep_ms)[0]
+
+
+def shape_groups(cfgs: list[AttentionConfig], together: bool) -> list[list[AttentionConfig]]:
+    """The configs in order, in runs of one shape each when `together` (for `run_shape`), else one by one."""
+    if not together:
+        return [[cfg] for cfg in cfgs]
+    return [list(group) for _, group in itertools.groupby(cfgs, key=shape_of)]
 
 
 # ---------------------------------------------------------------------------------------------- sweeps

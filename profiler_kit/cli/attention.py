@@ -16,7 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from profiler_kit.cli.common import comma_list, format_option, non_negative_int, one_of, positive_int, single
 from profiler_kit.render import console_err, emit_tables, records
-from profiler_kit.results_io import RowWriter, pending, read_rows, rows_of, run_sweep
+from profiler_kit.results_io import RowWriter, pending, read_rows, rows_of
 from profiler_kit.workload import resolve_device
 
 KEY_VIEW = ["impl", "dtype", "seq", "d", "status"]
@@ -49,6 +49,10 @@ def _run_options(fn: Callable) -> Callable:
                      help="Warm-up time per measurement in ms (do_bench's warmup)."),
         click.option("--rep", type=positive_int, default=100, show_default=True,
                      help="Measured time per measurement in ms (do_bench's rep)."),
+        click.option("--rounds", type=positive_int, default=1, show_default=True,
+                     help="Time each shape's implementations together in this many rounds, their order "
+                          "alternating, each round measuring rep/rounds ms; medians pool the rounds' calls. "
+                          "For shapes whose time is the host's, whose state drifts between readings."),
         click.option("--output", type=click.Path(dir_okay=False, path_type=Path),
                      help="Append one row per config as soon as it finishes (.jsonl, .csv or .md)."),
         click.option("--resume", is_flag=True, help="Skip configs already in --output (and show them)."),
@@ -59,9 +63,10 @@ def _run_options(fn: Callable) -> Callable:
     return fn
 
 
-def _measure(configs: list, warmup: int, rep: int, output: Path | None, resume: bool,
+def _measure(configs: list, warmup: int, rep: int, rounds: int, output: Path | None, resume: bool,
              fmt: str) -> pd.DataFrame:
-    """Run the configs not yet in --output (all of them without --resume), appending each row as it comes."""
+    """Run the configs not yet in --output (all of them without --resume), appending each row as it comes; with
+    several rounds, a shape's implementations run together and their rows come together."""
     from profiler_kit.attention import bench
 
     if resume and output is None:
@@ -72,32 +77,32 @@ def _measure(configs: list, warmup: int, rep: int, output: Path | None, resume: 
     if done:
         console_err.print(f"resume: {len(configs) - len(todo)} of {len(configs)} configs already in {output}")
     writer = RowWriter(output, bench.COLUMNS) if output else None
+    rows = list(done)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console_err, transient=fmt != "table") as progress:
         task = progress.add_task("attention", total=len(todo))
-
-        def on_start(cfg) -> None:
-            progress.update(task, description=f"{cfg.impl} {cfg.dtype} seq={cfg.seq} d={cfg.d}")
-
-        def on_row(row: dict) -> None:
-            if writer:
-                writer.append(row)
-            if row["status"] != "ok":
-                progress.console.print(f"[yellow]{row['impl']} {row['dtype']} seq={row['seq']} d={row['d']}: "
-                                       f"{row['status']}: {row['message']}")
-            progress.advance(task)
-
-        run = lambda cfg: bench.run_config(cfg, warmup, rep)
-        rows = done + list(run_sweep(todo, run, on_start=on_start, on_row=on_row))
+        for group in bench.shape_groups(todo, together=rounds > 1):
+            cfg = group[0]
+            what = ",".join(c.impl for c in group) + (f" ×{rounds} rounds" if rounds > 1 else "")
+            progress.update(task, description=f"{what} {cfg.dtype} seq={cfg.seq} d={cfg.d}")
+            for row in bench.run_shape(group, warmup, rep, rounds):
+                if writer:
+                    writer.append(row)
+                if row["status"] != "ok":
+                    progress.console.print(f"[yellow]{row['impl']} {row['dtype']} seq={row['seq']} "
+                                           f"d={row['d']}: {row['status']}: {row['message']}")
+                rows.append(row)
+                progress.advance(task)
     return pd.DataFrame(rows, columns=list(bench.COLUMNS))
 
 
-def _caption(results: pd.DataFrame, warmup: int, rep: int) -> str:
+def _caption(results: pd.DataFrame, warmup: int, rep: int, rounds: int) -> str:
     first = results.iloc[0]
     heads = "no heads" if pd.isna(first["heads"]) else f"{int(first['heads'])} heads"
+    interleaved = f", {rounds} interleaved rounds per shape" if rounds > 1 else ""
     return (f"batch {first['batch']}, {heads}, {'causal' if first['causal'] else 'non-causal'}, "
             f"device {first['device']}; medians (do_bench on CUDA, host clock elsewhere; warmup {warmup} ms, "
-            f"rep {rep} ms); "
+            f"rep {rep} ms{interleaved}); "
             "memory in MiB allocated; speedups are ref_ms / impl_ms")
 
 
@@ -128,14 +133,14 @@ def attention() -> None:
               help="fp32, bf16, fp16 (comma list).")
 @click.option("--causal/--no-causal", default=True, show_default=True)
 @_run_options
-def bench_cmd(impls, batch, heads, ds, seqs, dtypes, causal, device, warmup, rep, output, resume,
+def bench_cmd(impls, batch, heads, ds, seqs, dtypes, causal, device, warmup, rep, rounds, output, resume,
               fmt) -> None:
     """Forward, backward and forward+backward of each implementation over dtype × d × seq."""
     from profiler_kit.attention import bench
     from profiler_kit.attention.bench_tables import pivot_tables
 
     configs = bench.sweep_configs(impls or bench.IMPLS, dtypes, ds, seqs, batch, heads, causal, device)
-    results = _measure(configs, warmup, rep, output, resume, fmt)
+    results = _measure(configs, warmup, rep, rounds, output, resume, fmt)
     pivots = pivot_tables(results)
     if fmt == "json":
         emit_tables([], fmt, json_obj={"results": records(results),
@@ -144,7 +149,7 @@ def bench_cmd(impls, batch, heads, ds, seqs, dtypes, causal, device, warmup, rep
         emit_tables([("attention", results)], fmt)
     else:
         emit_tables([("timings", results[TIMING_VIEW]), ("memory", results[MEMORY_VIEW]), *pivots], fmt,
-                    caption=_caption(results, warmup, rep))
+                    caption=_caption(results, warmup, rep, rounds))
     _exit_if_nothing_ran(results)
 
 
@@ -158,21 +163,21 @@ def bench_cmd(impls, batch, heads, ds, seqs, dtypes, causal, device, warmup, rep
 @click.option("--dtype", default="bf16", show_default=True, callback=single(one_of(dtype_names)))
 @click.option("--causal/--no-causal", default=True, show_default=True)
 @_run_options
-def leaderboard_cmd(impls, batch, heads, seq, d, dtype, causal, device, warmup, rep, output, resume,
+def leaderboard_cmd(impls, batch, heads, seq, d, dtype, causal, device, warmup, rep, rounds, output, resume,
                     fmt) -> None:
     """Forward+backward of flash-triton against the SDPA backends on one config, fastest first."""
     from profiler_kit.attention import bench
     from profiler_kit.attention.bench_tables import leaderboard_table
 
     configs = bench.sweep_configs(impls, [dtype], [d], [seq], batch, heads, causal, device)
-    results = _measure(configs, warmup, rep, output, resume, fmt)
+    results = _measure(configs, warmup, rep, rounds, output, resume, fmt)
     board = leaderboard_table(results)
     if fmt == "json":
         emit_tables([], fmt, json_obj={"leaderboard": records(board), "results": records(results)})
     else:
         mask = "causal" if causal else "non-causal"
         title = f"leaderboard: B={batch} H={heads} N={seq} d={d} {dtype} {mask}"
-        emit_tables([(title, board)], fmt, caption=_caption(results, warmup, rep))
+        emit_tables([(title, board)], fmt, caption=_caption(results, warmup, rep, rounds))
     _exit_if_nothing_ran(results)
 
 
