@@ -1,7 +1,8 @@
 # What the GPU scripts of issue 6 share (from step 13 on). Source it from the repository root on the GPU
 # machine: `. scripts/gpu_common.sh`. It sets up the carried tools (.gpu/), puts the checkout on PYTHONPATH,
 # and defines `stamp`, the Nsight Compute binary and sections, and the section 1 commands of
-# docs/results/attention-h100.md as functions writing into $OUT.
+# docs/results/attention-h100.md as functions writing into $OUT (BENCH_ARGS adds options to them, e.g.
+# BENCH_ARGS="--rounds 5").
 set -uo pipefail
 . .gpu/setup.sh >/dev/null
 export PYTHONPATH=$PWD:${PYTHONPATH:-}
@@ -12,14 +13,15 @@ NCU_SECTIONS=(--section SpeedOfLight --section ComputeWorkloadAnalysis --section
               --section SchedulerStats --section Occupancy --section LaunchStats --section InstructionStats)
 
 leaderboard() {  # $1: the .jsonl file name under $OUT
-  timeout 110 python3 -m profiler_kit attention leaderboard --output "$OUT/$1" --format markdown 2>/tmp/lb.err \
+  timeout 110 python3 -m profiler_kit attention leaderboard ${BENCH_ARGS:-} --output "$OUT/$1" --format markdown \
+      2>/tmp/lb.err \
       | grep "flash-triton\|sdpa-cudnn" || tail -5 /tmp/lb.err
 }
 
 issue6_configs() {  # $1: the .jsonl file name under $OUT; the two d = 128 configurations of issue 6
   for args in "--seq 4096 --causal" "--seq 8192 --no-causal"; do
     timeout 80 python3 -m profiler_kit attention bench --impl flash-triton,sdpa-cudnn,sdpa-flash --batch 4 \
-        --heads 16 --d 128 --dtype bf16 $args --output "$OUT/$1" --format markdown 2>/tmp/b.err \
+        --heads 16 --d 128 --dtype bf16 $args ${BENCH_ARGS:-} --output "$OUT/$1" --format markdown 2>/tmp/b.err \
         | grep "flash-triton\|sdpa-cudnn" || tail -5 /tmp/b.err
   done
 }

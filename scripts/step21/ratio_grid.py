@@ -1,0 +1,38 @@
+"""Issue 6, step 21: the eager grid's ratios (SDPA FA2's ms over ours) from `attention bench` result files.
+
+One table per file: rows d, columns N, cells FA2's fwd+bwd median over flash-triton's, then how many shapes are
+below 1 for the forward, the backward and fwd+bwd.
+
+Usage: python3 scripts/step21/ratio_grid.py RESULT.jsonl [RESULT.jsonl ...]
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pandas as pd
+
+from profiler_kit.results_io import read_rows
+
+
+def ratios(path: str) -> pd.DataFrame:
+    rows = pd.DataFrame(read_rows(path))
+    rows = rows[rows["status"] == "ok"]
+    wide = rows.pivot_table(index=["d", "seq"], columns="impl",
+                            values=["fwd_ms", "bwd_ms", "fwd_bwd_ms"], aggfunc="last")
+    return pd.DataFrame({timing: wide[(f"{timing}_ms", "sdpa-flash")] / wide[(f"{timing}_ms", "flash-triton")]
+                         for timing in ("fwd", "bwd", "fwd_bwd")})
+
+
+def main(paths: list[str]) -> int:
+    for path in paths:
+        table = ratios(path)
+        print(f"{path}: fwd+bwd, SDPA FA2 ms / ours")
+        print(table["fwd_bwd"].unstack("seq").round(2).to_string())
+        losses = {timing: int((table[timing] < 1).sum()) for timing in table}
+        print(f"slower than FA2 in {losses['fwd_bwd']} of {len(table)} (fwd {losses['fwd']}, bwd {losses['bwd']})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
