@@ -1,9 +1,11 @@
 # Issue 6, step 21 (fourteenth session): `attention bench --rounds`, the implementations of a shape timed in
 # interleaved rounds. Step 20 found that one reading of a host-bound shape moves by up to 2× from one tenth of a
 # second to the next, so the eager grid lost a different few shapes in each run.
-# `bash scripts/gpu_step21.sh` (default mode): the bench's GPU tests, then the grid's N ≤ 4096 shapes (batch 8, no
-# heads, causal, bf16, d 16–128, flash-triton against SDPA's FlashAttention-2 backend, C++ host path), alternately
-# with one reading (--rounds 1) and with five interleaved rounds (--rounds 5), RUNS times each (default 2).
+# `bash scripts/gpu_step21.sh` (default mode): the bench's GPU tests, then the eager grid (batch 8, no heads, causal,
+# bf16, d 16–128, N in SEQS, flash-triton against SDPA's FlashAttention-2 backend, C++ host path), alternately with
+# one reading (--rounds 1) and with five interleaved rounds (--rounds 5), once for each run named in RUNS (default
+# "1 2"). The first call ran only N 256, 1024 and 4096, into attention-grid-host-rounds{1,5}-run{1,2}-step21-h100.jsonl
+# (commit 4fa891b); `TESTS=0 RUNS="3 4 5" bash scripts/gpu_step21.sh` ran the whole grid without the tests.
 # `bash scripts/gpu_step21.sh grid D[,D...] [SECONDS]`: the whole eager grid with --rounds 5 for those head dims,
 # resuming docs/results/data/attention-grid-fa2-rounds5-step21-h100.jsonl where an earlier call left it.
 # `bash scripts/gpu_step21.sh final`: the leaderboard and the two d = 128 configurations of issue 6, alternately
@@ -18,10 +20,13 @@ grid_runs() {  # $1: the number of rounds, $2: the .jsonl file name under $OUT, 
   python3 scripts/step21/ratio_grid.py "$OUT/$2"
 }
 if [ "${1:-all}" = all ]; then
-  timeout 200 python3 -m pytest -q tests/test_attention_bench.py -k gpu 2>&1 | tail -3; stamp "bench tests"
-  for run in $(seq 1 "${RUNS:-2}"); do
+  if [ "${TESTS:-1}" = 1 ]; then
+    timeout 200 python3 -m pytest -q tests/test_attention_bench.py -k gpu 2>&1 | tail -3; stamp "bench tests"
+  fi
+  for run in ${RUNS:-1 2}; do
     for r in 1 5; do
-      grid_runs $r "attention-grid-host-rounds$r-run$run-step21-h100.jsonl" 16,32,64,128 256,1024,4096
+      grid_runs $r "attention-grid-rounds$r-run$run-step21-h100.jsonl" 16,32,64,128 \
+          "${SEQS:-256,1024,4096,8192,16384}" 120
       stamp "rounds $r, run $run"
     done
   done
