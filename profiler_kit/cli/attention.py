@@ -52,9 +52,10 @@ def _run_options(fn: Callable) -> Callable:
         click.option("--rounds", type=positive_int, default=1, show_default=True,
                      help="Time each shape's implementations together in this many rounds, their order "
                           "alternating, each round measuring rep/rounds ms; medians pool the rounds' calls. "
-                          "For shapes whose time is the host's, whose state drifts between readings."),
+                          "Use it on host-bound shapes, where one reading moves with the host's state."),
         click.option("--output", type=click.Path(dir_okay=False, path_type=Path),
-                     help="Append one row per config as soon as it finishes (.jsonl, .csv or .md)."),
+                     help="Append one row per config as soon as it finishes, with --rounds a shape's rows "
+                          "after its last round (.jsonl, .csv or .md)."),
         click.option("--resume", is_flag=True, help="Skip configs already in --output (and show them)."),
         format_option(),
     ]
