@@ -380,6 +380,7 @@ def run_shape(cfgs: list[AttentionConfig], warmup_ms: float, rep_ms: float, roun
     rows = [_new_row(cfg, device, rounds) for cfg in cfgs]
     samples = [{timing: [] for timing in TIMINGS} for _ in cfgs]
     live: list[tuple[int, AttentionFn]] = []
+    inputs: tuple[torch.Tensor, ...] = ()
 
     def fail(i: int, exc: Exception) -> None:
         _fill_timings(rows[i], cfgs[i], samples[i])
@@ -407,8 +408,11 @@ def run_shape(cfgs: list[AttentionConfig], warmup_ms: float, rep_ms: float, roun
             if row["status"] is None:
                 fail(i, exc)
     finally:
+        # Drop the inputs and the implementations before emptying the cache, so that their memory goes back too
+        # (the failed frames' tensors are gone once the exceptions are).
         live.clear()
-        release(None)  # the failed frames' tensors are gone once the exceptions are: give their memory back
+        del inputs
+        release(None)
     return rows
 
 
