@@ -12,16 +12,19 @@ import sys
 
 import pandas as pd
 
+from profiler_kit.attention.bench import COLUMNS, TIMINGS
+from profiler_kit.attention.bench_tables import pivot_tables
 from profiler_kit.results_io import read_rows
 
 
 def ratios(path: str) -> pd.DataFrame:
-    rows = pd.DataFrame(read_rows(path))
-    rows = rows[rows["status"] == "ok"]
-    wide = rows.pivot_table(index=["d", "seq"], columns="impl",
-                            values=["fwd_ms", "bwd_ms", "fwd_bwd_ms"], aggfunc="last")
-    return pd.DataFrame({timing: wide[(f"{timing}_ms", "sdpa-flash")] / wide[(f"{timing}_ms", "flash-triton")]
-                         for timing in ("fwd", "bwd", "fwd_bwd")})
+    """`pivot_tables`' flash-triton_vs_sdpa-flash speedups of one file's (one group's) rows: (d, seq) × timing."""
+    tables = dict(pivot_tables(pd.DataFrame(read_rows(path), columns=list(COLUMNS))))
+    columns = {}
+    for timing in TIMINGS:
+        speedups = next(table for title, table in tables.items() if title.startswith(f"{timing} speedup"))
+        columns[timing] = speedups.set_index(["d", "seq"])["flash-triton_vs_sdpa-flash"]
+    return pd.DataFrame(columns).sort_index()
 
 
 def main(paths: list[str]) -> int:
