@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from profiler_kit.attention import flash_gluon_bwd
+from profiler_kit.attention import flash_gluon_bwd, flash_gluon_fwd
 
 pytestmark = pytest.mark.skipif(flash_gluon_bwd.gluon is None, reason="this Triton has no Gluon")
 
@@ -53,3 +53,26 @@ def test_fused_kernel_keeps_four_matmuls_in_flight_and_reduces_dq_by_tma(compile
     assert {"0x4", "0x3"} <= set(got["waits"])
     assert len(got["waits"]) < got["wgmma"] // 2
     assert got["reductions"] == 2
+
+
+@pytest.mark.parametrize(("head_dim", "config"), [(128, (128, 2, True, True)), (64, (128, 3, False, True))])
+def test_forward_keeps_pv_in_flight_while_the_softmax_runs(compiled_facts, head_dim, config):
+    """The Gluon forward: each consumer waits for S = Q Kᵀ with the previous tile's P·V still in flight (one
+    group), then for all; the partitions' registers are reassigned within the launch's 3 × 168 per thread
+    (`flash_gluon_fwd.CONSUMER_REGS`), without spills."""
+    got = compiled_facts(
+        "import json, re\n"
+        "from profiler_kit.attention.flash_gluon_fwd import compile_sm90\n"
+        "from profiler_kit.attention.flash_triton import machine_code\n"
+        f"usage, sass = machine_code(compile_sm90({head_dim}, *{config!r}))\n"
+        "regs = lambda pattern: [int(r, 16) for r in re.findall(pattern, sass)]\n"
+        "print(json.dumps({'stack': int(re.search(r'STACK:(\\d+)', usage).group(1)),\n"
+        "                  'waits': re.findall(r'WARPGROUP.DEPBAR.LE gsb0, (0x[0-9a-f]+)', sass),\n"
+        "                  'allocs': regs(r'USETMAXREG.TRY_ALLOC.CTAPOOL \\w+, (0x[0-9a-f]+)'),\n"
+        "                  'deallocs': regs(r'USETMAXREG.DEALLOC.CTAPOOL (0x[0-9a-f]+)')}))\n"
+    )
+    assert got["stack"] == 0, "spills"
+    # Two consumers, each: S with one group (P·V) in flight, then all; plus the last tile's P·V.
+    assert got["waits"].count("0x1") == 2
+    assert flash_gluon_fwd.CONSUMER_REGS in got["allocs"] and flash_gluon_fwd.PRODUCER_REGS in got["deallocs"]
+    assert max(got["allocs"]) + flash_gluon_fwd.CONSUMER_REGS + flash_gluon_fwd.PRODUCER_REGS <= 3 * 168

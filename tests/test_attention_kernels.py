@@ -23,6 +23,7 @@ from profiler_kit.attention import (
     FlashAttentionTriton,
     flash_attention,
     flash_gluon_bwd,
+    flash_gluon_fwd,
     flash_triton_bwd,
     flash_triton_fwd,
     flash_triton_launch,
@@ -565,6 +566,30 @@ def test_gluon_dkdv_matches_reference_gpu(case):
         for name, got in (("dk", dk), ("dv", dv)):
             err = _rel_err(got, want[name])
             assert err <= TOLERANCE["cuda"][torch.bfloat16], f"{config} {name}: relative error {err:.2e}"
+
+
+# The Gluon forward's configs per head dim: (block_n, stages, pingpong).
+GLUON_FWD_CONFIGS = {64: [(128, 3, True), (64, 3, True), (128, 2, False)],
+                     128: [(128, 2, True), (64, 3, True), (128, 2, False)]}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [*GLUON_CASES, ((1, 2), 300, 140, 128, True), ((2, 1), 129, 129, 64, False)],
+                         ids=lambda c: "x".join(map(str, (*c[0], *c[1:4]))) + "-causal" * c[4])
+def test_gluon_forward_matches_reference_gpu(case):
+    """The Gluon forward (two consumer warp groups and a producer warp), every config, against float64: O and
+    L, bf16 tolerance, with ragged tails, more queries than keys and the reverse, causal and not."""
+    lead, n_q, n_k, d, causal = case
+    (q, k, v), grad_out = _inputs(lead, n_q, n_k, d, torch.bfloat16)
+    q4, k4, v4 = (as_4d(t.detach()) for t in (q, k, v))
+    if not flash_gluon_fwd.usable(q4, k4, v4):
+        pytest.skip("needs Gluon and a GPU of compute capability 9.x")
+    want = _reference(q, k, v, grad_out, causal)
+    for block_n, stages, pingpong in GLUON_FWD_CONFIGS[d]:
+        out, lse = flash_gluon_fwd.forward(q4, k4, v4, causal, block_n=block_n, stages=stages, pingpong=pingpong)
+        for name, got in (("o", out.view(want["o"].shape)), ("L", lse.view(want["L"].shape))):
+            err = _rel_err(got, want[name])
+            assert err <= TOLERANCE["cuda"][torch.bfloat16], f"{block_n, stages, pingpong} {name}: {err:.2e}"
 
 
 GLUON_FUSED_CONFIGS = [(64, 64, 3, 4), (64, 64, 2, 4)]

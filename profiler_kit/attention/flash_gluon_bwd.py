@@ -42,7 +42,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from profiler_kit.attention.flash_triton_fwd import LOG2E
+from profiler_kit.attention.flash_triton_launch import LOG2E
 
 try:  # Triton ≥ 3.5 ships Gluon; without it the Triton kernels run alone.
     from triton.experimental import gluon
@@ -388,19 +388,26 @@ def compile_sm90(head_dim: int, block_m: int = 64, block_n: int = 64, stages: in
     """Compile the dK/dV kernel (or, `with_dq`, the fused one) for sm_90 (bf16) on any machine, GPU or not, so
     that what ptxas makes of a config can be checked without one (tests, scripts). Returns a triton
     CompiledKernel, not loaded."""
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-    from triton.runtime.jit import mangle_type
-
     rows = 4 * max(block_m, block_n)
     q4, k4, v4, do4 = (torch.empty(1, 1, rows, head_dim, dtype=torch.bfloat16) for _ in range(4))
     lse2, delta = (torch.empty(1, rows, dtype=torch.float32) for _ in range(2))
     descs = dict(zip(("desc_q", "desc_k", "desc_v", "desc_do", "desc_l", "desc_d"),
                      _descriptors(q4, k4, v4, do4, lse2, delta, rows, block_m, block_n), strict=True))
     descs["desc_dq"] = _dq_descriptor(torch.empty(rows, head_dim), block_m)
-    kernel = _fused_kernel if with_dq else _dkdv_kernel
     consts = {"HEAD_DIM": head_dim, "BLOCK_M": block_m, "BLOCK_N": block_n, "STAGES": stages, "CAUSAL": causal,
               "NUM_WARPS": num_warps}
+    return compile_gluon(_fused_kernel if with_dq else _dkdv_kernel, descs, consts,
+                         {"DK": "*bf16", "DV": "*bf16", "qk_scale": "fp32", "sm_scale": "fp32"},
+                         {"num_warps": num_warps})
+
+
+def compile_gluon(kernel, descs: dict, consts: dict, types: dict[str, str], options: dict):
+    """Compile a Gluon kernel for sm_90 without a GPU: `descs` gives its descriptor parameters (by name), `consts`
+    its constexprs, `types` the Triton types of its other non-i32 parameters; `options` go to triton.compile."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import mangle_type
+
     names = kernel.arg_names
     signature = {}
     for name in names:
@@ -409,7 +416,7 @@ def compile_sm90(head_dim: int, block_m: int = 64, block_n: int = 64, stages: in
         elif name in descs:
             signature[name] = mangle_type(descs[name])
         else:
-            signature[name] = {"DK": "*bf16", "DV": "*bf16", "qk_scale": "fp32", "sm_scale": "fp32"}.get(name, "i32")
+            signature[name] = types.get(name, "i32")
     constexprs = {(names.index(n),): v for n, v in consts.items()}
     return triton.compile(GluonASTSource(fn=kernel, signature=signature, constexprs=constexprs),
-                          target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+                          target=GPUTarget("cuda", 90, 32), options=options)

@@ -41,8 +41,10 @@ import torch
 import triton
 import triton.language as tl
 
+from profiler_kit.attention import flash_gluon_fwd
 from profiler_kit.attention.flash_triton_launch import (
     INTERPRET,
+    LOG2E,
     Kernel,
     block_d,
     descriptors,
@@ -53,7 +55,6 @@ from profiler_kit.attention.flash_triton_launch import (
     tma_usable,
 )
 
-LOG2E = math.log2(math.e)
 # ln(2) turns a base-2 logsumexp into a natural one inside kernels.
 _LN2: tl.constexpr = tl.constexpr(math.log(2.0))
 _LOG2E: tl.constexpr = tl.constexpr(LOG2E)
@@ -341,8 +342,13 @@ def flash_forward(
 
     `config` pins the block sizes, warps and stages instead of autotuning (for tuning sweeps). `tma` picks
     descriptor (True) or pointer (False) loads; by default TMA wherever `tma_usable` allows it, except in the
-    interpreter, where tests choose.
+    interpreter, where tests choose. With neither given, the Gluon forward runs instead where
+    `flash_gluon_fwd.chosen` picks a config for the call.
     """
+    gluon = flash_gluon_fwd.chosen(q4, k4, v4, causal) if config is None and tma is None else None
+    if gluon is not None:
+        _fwd.last_config = _fwd.last_plan = None  # no Triton launch (and none for the C++ path) this call
+        return flash_gluon_fwd.forward(q4, k4, v4, causal, **gluon)
     z, h, n_q, d = q4.shape
     n_k = k4.shape[2]
     out = torch.empty((z, h, n_q, d), dtype=q4.dtype, device=q4.device)

@@ -26,6 +26,7 @@ order the forward and dQ kernels run per shape), and when and how tiles move by 
 from __future__ import annotations
 
 import functools
+import math
 import os
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
@@ -45,6 +46,8 @@ try:  # Triton ≥ 3.4 (its launch hooks live here); without it every launch goe
 except ImportError:  # pragma: no cover - depends on the installed Triton
     knobs = driver = None
 
+# Scores are kept in base-2 units: the softmax scale 1/√d is folded into log2(e) (see `flash_triton_fwd`).
+LOG2E = math.log2(math.e)
 # Read once, like Triton itself does when @triton.jit runs.
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 AUTOTUNE_ENV = "PROFILER_KIT_FLASH_AUTOTUNE"

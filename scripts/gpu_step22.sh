@@ -1,0 +1,37 @@
+# Issue 6, step 22 (fifteenth session): a FlashAttention-3-style forward in Gluon (`flash_gluon_fwd`): two
+# consumer warp groups of 64 query rows and a producer warp streaming K and V by TMA.
+# `bash scripts/gpu_step22.sh` (default mode): the Gluon forward's GPU tests, then `scripts/step22/fwd_bench.py`
+# (every Gluon config against the Triton forward and cuDNN's, five interleaved rounds, on the three issue 6 shapes),
+# which writes each shape's fastest Gluon config to $OUT/best-<shape>.txt.
+# `bash scripts/gpu_step22.sh pair [RUNS]`: each issue 6 command's fwd+bwd with the Gluon forward (the config in
+# best-<shape>.txt, or DEFAULTS when none) and with the Triton forward (PROFILER_KIT_FLASH_GLUON_FWD=0), alternately,
+# RUNS times (default 2).
+# Run on the GPU machine from the repository root (writes to $OUT).
+. scripts/gpu_common.sh
+if [ "${1:-all}" = all ]; then
+  timeout 240 python3 -m pytest -q tests/test_attention_kernels.py tests/test_attention_gluon.py -k "gluon" 2>&1 \
+      | tail -4; stamp "gluon tests"
+  timeout 330 python3 scripts/step22/fwd_bench.py --best-dir "$OUT" 2>&1 | grep -v "Warning\|warn_once" \
+      | tee "$OUT/attention-gluon-fwd-step22-h100.md"; stamp "forward bench"
+fi
+shape_bench() {  # $1: shape name, $2: the .jsonl file under $OUT, $3: PROFILER_KIT_FLASH_GLUON_FWD value
+  case $1 in
+    causal4096) args=(attention bench --impl flash-triton,sdpa-cudnn --batch 4 --heads 16 --d 128 --seq 4096 --causal);;
+    full8192) args=(attention bench --impl flash-triton,sdpa-cudnn --batch 4 --heads 16 --d 128 --seq 8192 --no-causal);;
+    leaderboard) args=(attention leaderboard);;
+  esac
+  PROFILER_KIT_FLASH_GLUON_FWD=$3 timeout 120 python3 -m profiler_kit "${args[@]}" --dtype bf16 \
+      --output "$OUT/$2" --format markdown 2>/tmp/b.err | grep "flash-triton\|sdpa-cudnn" || tail -5 /tmp/b.err
+}
+if [ "${1:-all}" = pair ]; then
+  for run in $(seq 1 "${2:-2}"); do
+    for shape in ${SHAPES:-causal4096 full8192 leaderboard}; do
+      best=$(cat "${BEST_DIR:-$OUT}/best-$shape.txt" 2>/dev/null || echo "")
+      echo "== $shape, Gluon forward ${best:-(defaults)}, run $run"
+      shape_bench "$shape" "attention-$shape-gluon-run$run-step22-h100.jsonl" "$best"
+      echo "== $shape, Triton forward, run $run"
+      shape_bench "$shape" "attention-$shape-triton-run$run-step22-h100.jsonl" 0
+      stamp "$shape run $run"
+    done
+  done
+fi
