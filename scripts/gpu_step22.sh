@@ -6,6 +6,8 @@
 # `bash scripts/gpu_step22.sh pair [RUNS]`: each issue 6 command's fwd+bwd with the Gluon forward (the config in
 # best-<shape>.txt, or DEFAULTS when none) and with the Triton forward (PROFILER_KIT_FLASH_GLUON_FWD=0), alternately,
 # RUNS times (default 2).
+# `bash scripts/gpu_step22.sh dkdv [RUNS]`: the two d = 128 commands with the Gluon forward (FWD, default
+# 128,3,1), alternately with the Gluon dK/dV kernel (DKDV, default 64,64,2,4) and the Triton one, RUNS times.
 # Run on the GPU machine from the repository root (writes to $OUT).
 . scripts/gpu_common.sh
 if [ "${1:-all}" = all ]; then
@@ -31,6 +33,18 @@ if [ "${1:-all}" = pair ]; then
       shape_bench "$shape" "attention-$shape-gluon-run$run-step22-h100.jsonl" "$best"
       echo "== $shape, Triton forward, run $run"
       shape_bench "$shape" "attention-$shape-triton-run$run-step22-h100.jsonl" 0
+      stamp "$shape run $run"
+    done
+  done
+fi
+if [ "${1:-all}" = dkdv ]; then
+  for run in $(seq 1 "${2:-2}"); do
+    for shape in causal4096 full8192; do
+      for dkdv in "${DKDV:-64,64,2,4}" 0; do
+        echo "== $shape, Gluon dK/dV ${dkdv/#0/off}, run $run"
+        PROFILER_KIT_FLASH_GLUON_DKDV=$dkdv shape_bench "$shape" \
+            "attention-$shape-dkdv${dkdv//,/x}-run$run-step22-h100.jsonl" "${FWD:-128,3,1}"
+      done
       stamp "$shape run $run"
     done
   done

@@ -39,6 +39,8 @@ capability 9.0 with Triton's Gluon (3.6). `usable` says whether a call qualifies
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 
@@ -317,6 +319,27 @@ if gluon is not None:
                     stride_gn, H, N_K, mma_o)
 
 
+DKDV_ENV = "PROFILER_KIT_FLASH_GLUON_DKDV"
+# The dK/dV config `flash_triton_bwd.flash_backward` runs by default per (head dim, causal); elsewhere the Triton
+# kernel. Keys of `dkdv`: block sizes, stages, warps.
+DKDV_DEFAULTS: dict[tuple[int, bool], dict] = {}
+# What the last Gluon launches ran, per kernel name ("fwd", "dkdv"), for `flash_triton.describe_last_configs`.
+last_launch: dict[str, str] = {}
+
+
+def chosen_dkdv(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, do4: torch.Tensor,
+                causal: bool) -> dict | None:
+    """The keyword arguments of `dkdv` for this call, or None where the Triton dK/dV kernel runs.
+    PROFILER_KIT_FLASH_GLUON_DKDV=0 always picks the Triton kernel; "BLOCK_M,BLOCK_N,STAGES,WARPS" (e.g.
+    "64,64,2,4") picks that config wherever `usable`; unset, DKDV_DEFAULTS decides per (head dim, causal)."""
+    setting = os.environ.get(DKDV_ENV, "")
+    if setting == "0" or not usable(q4, k4, v4, do4):
+        return None
+    if setting:
+        return dict(zip(("block_m", "block_n", "stages", "num_warps"), map(int, setting.split(",")), strict=True))
+    return DKDV_DEFAULTS.get((q4.shape[-1], causal))
+
+
 def usable(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, do4: torch.Tensor,
            head_dims: tuple[int, ...] = HEAD_DIMS) -> bool:
     """Whether `dkdv` (or, with FUSED_HEAD_DIMS, `fused`) takes these (Z, H, N, d) tensors: Gluon present, a
@@ -358,6 +381,7 @@ def dkdv(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, do4: torch.Tensor
     n_k = k4.shape[2]
     descs = _descriptors(q4, k4, v4, do4, lse2, delta, n_q, block_m, block_n)
     grid = (triton.cdiv(n_k, block_n), z * h)
+    last_launch["dkdv"] = f"gluon {block_m}x{block_n} w{num_warps} s{stages}"
     _dkdv_kernel[grid](*descs, dk, dv, *dk.stride()[:3], h, n_q, n_k, LOG2E / d ** 0.5, 1.0 / d ** 0.5,
                        HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, CAUSAL=causal,
                        NUM_WARPS=num_warps, num_warps=num_warps)

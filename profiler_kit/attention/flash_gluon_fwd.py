@@ -271,6 +271,7 @@ def forward(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, causal: bool, 
     out = torch.empty((z, h, n_q, d), dtype=q4.dtype, device=q4.device)
     lse = torch.empty((z * h, n_q), dtype=torch.float32, device=q4.device)
     grid = (triton.cdiv(n_q, 2 * GROUP_ROWS), z * h)
+    flash_gluon_bwd.last_launch["fwd"] = f"gluon 128x{block_n} s{stages}" + (" ping-pong" if pingpong else "")
     _fwd_kernel[grid](*_descriptors(q4, k4, v4, block_n), out, lse, n_q, n_k, LOG2E / math.sqrt(d),
                       **_consts(d, block_n, stages, causal, pingpong), num_warps=4, maxnreg=LAUNCH_MAXNREG)
     return out, lse

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from profiler_kit.attention import flash_cpp, flash_triton_bwd, flash_triton_fwd
+from profiler_kit.attention import flash_cpp, flash_gluon_bwd, flash_triton_bwd, flash_triton_fwd
 from profiler_kit.attention.flash_torch import (
     AttentionInputError,
     FlashAttentionPytorch,
@@ -166,13 +166,15 @@ def tuned_configs() -> dict[str, dict]:
 
 def describe_last_configs() -> str:
     """The configs the autotuner last ran, one line for a result row: "fwd 128x64 w8 s3; dkdv …; dq …"
-    (BLOCK_MxBLOCK_N, warps, stages, then the config's flags: "ws", "head-first", "overlap", "maxnreg=R").
-    Empty when nothing went through the autotuner (it was switched off)."""
+    (BLOCK_MxBLOCK_N, warps, stages, then the config's flags: "ws", "head-first", "overlap", "maxnreg=R"), or
+    "gluon …" for a kernel that ran in Gluon instead (`flash_gluon_fwd`, `flash_gluon_bwd`). Empty when
+    nothing went through the autotuner (it was switched off)."""
     last = {**flash_triton_fwd.last_configs(), **flash_triton_bwd.last_configs()}
     return "; ".join(
         f"{kernel} {c.kwargs['BLOCK_M']}x{c.kwargs['BLOCK_N']} w{c.num_warps} s{c.num_stages}"
         + "".join(f" {flag.replace('_', '-')}" for flag, const in CONFIG_FLAGS.items() if c.kwargs.get(const))
         + (f" maxnreg={c.maxnreg}" if c.maxnreg else "")
+        if c is not None else f"{kernel} {flash_gluon_bwd.last_launch[kernel]}"
         for kernel, c in last.items()
-        if c is not None
+        if c is not None or kernel in flash_gluon_bwd.last_launch
     )

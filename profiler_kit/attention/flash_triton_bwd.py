@@ -317,7 +317,8 @@ def flash_backward(
 
     `tma` as in `flash_forward`. `configs_by_kernel` pins a config per kernel name ("dkdv", "dq") instead of
     autotuning, for tuning sweeps. `gluon_dkdv` (keyword arguments of `flash_gluon_bwd.dkdv`: block sizes,
-    stages, warps) runs the Gluon dK/dV kernel instead of the Triton one where `flash_gluon_bwd.usable`.
+    stages, warps) runs the Gluon dK/dV kernel instead of the Triton one where `flash_gluon_bwd.usable`;
+    without it (and without pinned configs) `flash_gluon_bwd.chosen_dkdv` decides.
     `gluon_fused` (the same keywords) runs `flash_gluon_bwd.fused` instead of both the dK/dV and the dQ
     kernel where it applies (d = 64): dQ then comes from an fp32 accumulator and is not bitwise reproducible.
     Returns dQ, dK, dV as contiguous (Z, H, seq, d) tensors in the input dtype.
@@ -352,7 +353,10 @@ def flash_backward(
         flash_gluon_bwd.fused(q4, k4, v4, do4, lse2, delta, dq_acc, dk, dv, causal, **gluon_fused)
         torch.mul(dq_acc.view(z, h, n_q, d), 1.0 / math.sqrt(d), out=dq)
         return dq, dk, dv
+    if gluon_dkdv is None and not pinned:
+        gluon_dkdv = flash_gluon_bwd.chosen_dkdv(q4, k4, v4, do4, causal)
     if gluon_dkdv is not None and flash_gluon_bwd.usable(q4, k4, v4, do4):
+        _dkdv.last_config = _dkdv.last_plan = None  # no Triton launch (and none for the C++ path) this call
         flash_gluon_bwd.dkdv(q4, k4, v4, do4, lse2, delta, dk, dv, causal, **gluon_dkdv)
     else:
         _dkdv(lambda meta: grid_2d(triton.cdiv(n_k, meta["BLOCK_N"]), z * h, meta), dkdv_args, consts, signature,

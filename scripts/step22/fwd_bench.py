@@ -27,7 +27,8 @@ SHAPES = {
 }
 # (block_n, stages, pingpong) per head dim; 128-key tiles at d = 128 fit 3 stages in 224 KB.
 CONFIGS = {
-    128: [(128, 2, True), (128, 2, False), (128, 3, True), (64, 3, True), (64, 4, True), (64, 3, False)],
+    128: [(128, 3, True), (128, 3, False), (128, 2, True), (128, 2, False), (64, 3, True), (64, 4, True),
+          (64, 3, False)],
     64: [(128, 3, True), (128, 2, True), (128, 4, True), (128, 3, False), (64, 4, True), (64, 3, False)],
 }
 
