@@ -11,6 +11,7 @@ after every wgmma). Correctness against float64 is a GPU test in test_attention_
 from __future__ import annotations
 
 import pytest
+import torch
 
 from profiler_kit.attention import flash_gluon_bwd, flash_gluon_fwd
 
@@ -76,3 +77,32 @@ def test_forward_keeps_pv_in_flight_while_the_softmax_runs(compiled_facts, head_
     assert got["waits"].count("0x1") == 2
     assert flash_gluon_fwd.CONSUMER_REGS in got["allocs"] and flash_gluon_fwd.PRODUCER_REGS in got["deallocs"]
     assert max(got["allocs"]) + flash_gluon_fwd.CONSUMER_REGS + flash_gluon_fwd.PRODUCER_REGS <= 3 * 168
+
+
+@pytest.mark.parametrize(("setting", "shape", "causal", "want"), [
+    ("", (4, 16, 4096, 128), True, flash_gluon_fwd.DEFAULTS.get((128, True))),
+    ("", (4, 16, 8192, 128), False, flash_gluon_fwd.DEFAULTS.get((128, False))),
+    ("", (8, 1, 4096, 128), True, None),  # too little work to pay for the Python launch
+    ("", (1, 16, 16384, 64), True, None),  # d = 64: the Triton forward
+    ("0", (4, 16, 8192, 128), False, None),
+    ("64,4,1", (1, 1, 256, 64), True, {"block_n": 64, "stages": 4, "pingpong": True}),
+])
+def test_the_gluon_forward_runs_where_chosen(monkeypatch, setting, shape, causal, want):
+    """`flash_gluon_fwd.chosen`: the defaults at d = 128 on large calls, PROFILER_KIT_FLASH_GLUON_FWD=0 off, a
+    named config anywhere the kernel applies."""
+    monkeypatch.setattr(flash_gluon_fwd, "usable", lambda *tensors: True)
+    monkeypatch.setenv(flash_gluon_fwd.GLUON_ENV, setting)
+    q = torch.empty(shape, device="meta")
+    assert flash_gluon_fwd.chosen(q, q, q, causal) == want
+
+
+def test_the_gluon_dkdv_kernel_runs_only_when_named(monkeypatch):
+    """`flash_gluon_bwd.chosen_dkdv`: the Triton dK/dV kernel by default (no defaults: the Gluon one did not win
+    on the issue 6 shapes), a named config where it applies."""
+    monkeypatch.setattr(flash_gluon_bwd, "usable", lambda *tensors: True)
+    q = torch.empty((4, 16, 8192, 128), device="meta")
+    monkeypatch.delenv(flash_gluon_bwd.DKDV_ENV, raising=False)
+    assert flash_gluon_bwd.chosen_dkdv(q, q, q, q, False) is None
+    monkeypatch.setenv(flash_gluon_bwd.DKDV_ENV, "64,64,2,4")
+    assert flash_gluon_bwd.chosen_dkdv(q, q, q, q, False) == {"block_m": 64, "block_n": 64, "stages": 2,
+                                                              "num_warps": 4}

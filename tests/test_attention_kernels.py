@@ -592,6 +592,23 @@ def test_gluon_forward_matches_reference_gpu(case):
             assert err <= TOLERANCE["cuda"][torch.bfloat16], f"{block_n, stages, pingpong} {name}: {err:.2e}"
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [True, False])
+def test_gluon_forward_feeds_the_backward_gpu(monkeypatch, causal):
+    """FlashAttentionTriton with the Gluon forward chosen (as DEFAULTS chooses it at d = 128 on large calls):
+    O, L and all three gradients against float64, and the result row's config names the Gluon kernel."""
+    (q, k, v), grad_out = _inputs((2, 3), 333, 333, 128, torch.bfloat16)
+    if not flash_gluon_fwd.usable(*(t.detach() for t in (q, k, v))):
+        pytest.skip("needs Gluon and a GPU of compute capability 9.x")
+    monkeypatch.setenv(flash_gluon_fwd.GLUON_ENV, "128,3,0")
+    got = _run(FlashAttentionTriton, q, k, v, grad_out, causal)
+    want = _reference(q, k, v, grad_out, causal)
+    for name, expected in want.items():
+        err = _rel_err(got[name], expected)
+        assert err <= TOLERANCE["cuda"][torch.bfloat16], f"{name}: relative error {err:.2e}"
+    assert "fwd gluon 128x128 s3" in flash_triton_module.describe_last_configs()
+
+
 GLUON_FUSED_CONFIGS = [(64, 64, 3, 4), (64, 64, 2, 4)]
 
 

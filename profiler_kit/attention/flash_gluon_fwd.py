@@ -21,8 +21,8 @@ keys are read through (Z·H·N, d) views, so a tile reaching past N reads the ne
 are masked out of the scores, and rows past N_Q are computed and not stored.
 
 Scope: 16-bit, contiguous (Z, H, N, d) q, k, v with d ∈ {64, 128}, on compute capability 9.x with Triton's
-Gluon (3.6); `usable` says whether a call qualifies. Opt-in through `flash_triton_fwd.flash_forward(...,
-gluon=...)` until it wins on the H100.
+Gluon (3.6); `usable` says whether a call qualifies, `chosen` whether `flash_triton_fwd.flash_forward` runs
+it: by default at d = 128 on large calls, where it was 5–6% faster than the Triton forward on the H100.
 """
 
 from __future__ import annotations
@@ -40,7 +40,18 @@ from profiler_kit.attention.flash_triton_launch import LOG2E, head_group
 HEAD_DIMS = (64, 128)
 GLUON_ENV = "PROFILER_KIT_FLASH_GLUON_FWD"
 # The config `flash_triton_fwd.flash_forward` runs by default per (head dim, causal); elsewhere the Triton forward.
-DEFAULTS: dict[tuple[int, bool], dict] = {}
+# At d = 128 on the H100 it took the issue 6 forwards from 0.571 to 0.535 ms (causal N = 4096) and from 3.870 to
+# 3.656 ms (non-causal N = 8192), 128-key tiles with 3 stages; ping-pong read 0.539–0.543 and 3.659–3.672, no
+# better, so the simpler schedule runs. At d = 64 the Triton forward stayed ahead (1.247 against 1.259 ms on the
+# leaderboard shape). docs/results/attention-h100.md, step 22.
+DEFAULTS: dict[tuple[int, bool], dict] = {
+    (128, causal): {"block_n": 128, "stages": 3, "pingpong": False} for causal in (False, True)
+}
+# By default only calls with at least this much work (Z·H·N_Q·N_K·d) run in Gluon. Its launch goes through
+# Python and the C++ host path (`flash_cpp`) does not cover it, so a call that takes it pays Python's host time
+# for its forward and backward (~0.7 ms on the H100, against ~0.22 ms on the C++ path; steps 14 and 15). Below
+# ~1e11 (the batch-8 grid's N = 8192 at d = 128 is 6.9e10) the GPU work no longer hides that.
+MIN_WORK = 1e11
 # Rows per consumer warp group: one wgmma M of 64 per warp group of 4 warps.
 GROUP_ROWS = 64
 # Launch register cap: 12 warps (two 4-warp consumers and the producer, padded to a warp group) × 168 fit
@@ -226,14 +237,18 @@ if gluon is not None:
 def chosen(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, causal: bool) -> dict | None:
     """The keyword arguments of `forward` for this call, or None where the Triton forward runs.
     PROFILER_KIT_FLASH_GLUON_FWD=0 always picks the Triton forward; "BLOCK_N,STAGES,PINGPONG" (e.g. "128,2,1")
-    picks that config wherever `usable`; unset, DEFAULTS decides per (head dim, causal)."""
+    picks that config wherever `usable`; unset, DEFAULTS decides per (head dim, causal) for calls with at
+    least MIN_WORK."""
     setting = os.environ.get(GLUON_ENV, "")
     if setting == "0" or not usable(q4, k4, v4):
         return None
     if setting:
         block_n, stages, pingpong = (int(x) for x in setting.split(","))
         return {"block_n": block_n, "stages": stages, "pingpong": bool(pingpong)}
-    return DEFAULTS.get((q4.shape[-1], causal))
+    z, h, n_q, d = q4.shape
+    if z * h * n_q * k4.shape[2] * d < MIN_WORK:
+        return None
+    return DEFAULTS.get((d, causal))
 
 
 def usable(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor) -> bool:
