@@ -97,8 +97,8 @@ def test_the_gluon_forward_runs_where_chosen(monkeypatch, setting, shape, causal
 
 
 def test_the_gluon_dkdv_kernel_runs_only_when_named(monkeypatch):
-    """`flash_gluon_bwd.chosen_dkdv`: the Triton dK/dV kernel by default (no defaults: the Gluon one did not win
-    on the issue 6 shapes), a named config where it applies."""
+    """`flash_gluon_bwd.chosen_dkdv`: the Triton dK/dV kernel by default (the Gluon one did not win on the issue 6
+    shapes), a named config where it applies."""
     monkeypatch.setattr(flash_gluon_bwd, "usable", lambda *tensors: True)
     q = torch.empty((4, 16, 8192, 128), device="meta")
     monkeypatch.delenv(flash_gluon_bwd.DKDV_ENV, raising=False)

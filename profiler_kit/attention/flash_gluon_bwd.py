@@ -320,24 +320,20 @@ if gluon is not None:
 
 
 DKDV_ENV = "PROFILER_KIT_FLASH_GLUON_DKDV"
-# The dK/dV config `flash_triton_bwd.flash_backward` runs by default per (head dim, causal); elsewhere the Triton
-# kernel. Keys of `dkdv`: block sizes, stages, warps.
-DKDV_DEFAULTS: dict[tuple[int, bool], dict] = {}
 # What the last Gluon launches ran, per kernel name ("fwd", "dkdv"), for `flash_triton.describe_last_configs`.
 last_launch: dict[str, str] = {}
 
 
 def chosen_dkdv(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, do4: torch.Tensor,
                 causal: bool) -> dict | None:
-    """The keyword arguments of `dkdv` for this call, or None where the Triton dK/dV kernel runs.
-    PROFILER_KIT_FLASH_GLUON_DKDV=0 always picks the Triton kernel; "BLOCK_M,BLOCK_N,STAGES,WARPS" (e.g.
-    "64,64,2,4") picks that config wherever `usable`; unset, DKDV_DEFAULTS decides per (head dim, causal)."""
+    """The keyword arguments of `dkdv` for this call, or None where the Triton dK/dV kernel runs: by default,
+    since the Gluon kernel did not win on the issue 6 shapes (docs/results/attention-h100.md, steps 16 and 22).
+    PROFILER_KIT_FLASH_GLUON_DKDV="BLOCK_M,BLOCK_N,STAGES,WARPS" (e.g. "64,64,2,4") picks that config wherever
+    `usable`; "0" or unset, the Triton kernel."""
     setting = os.environ.get(DKDV_ENV, "")
-    if setting == "0" or not usable(q4, k4, v4, do4):
+    if setting in ("", "0") or not usable(q4, k4, v4, do4):
         return None
-    if setting:
-        return dict(zip(("block_m", "block_n", "stages", "num_warps"), map(int, setting.split(",")), strict=True))
-    return DKDV_DEFAULTS.get((q4.shape[-1], causal))
+    return dict(zip(("block_m", "block_n", "stages", "num_warps"), map(int, setting.split(",")), strict=True))
 
 
 def usable(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, do4: torch.Tensor,

@@ -240,15 +240,16 @@ def chosen(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, causal: bool) -
     picks that config wherever `usable`; unset, DEFAULTS decides per (head dim, causal) for calls with at
     least MIN_WORK."""
     setting = os.environ.get(GLUON_ENV, "")
-    if setting == "0" or not usable(q4, k4, v4):
+    if setting == "0":
         return None
     if setting:
         block_n, stages, pingpong = (int(x) for x in setting.split(","))
-        return {"block_n": block_n, "stages": stages, "pingpong": bool(pingpong)}
-    z, h, n_q, d = q4.shape
-    if z * h * n_q * k4.shape[2] * d < MIN_WORK:
-        return None
-    return DEFAULTS.get((d, causal))
+        config = {"block_n": block_n, "stages": stages, "pingpong": bool(pingpong)}
+    else:
+        z, h, n_q, d = q4.shape
+        config = DEFAULTS.get((d, causal)) if z * h * n_q * k4.shape[2] * d >= MIN_WORK else None
+    # Asked last: it queries the device, and this runs on every forward of the Python path.
+    return config if config is not None and usable(q4, k4, v4) else None
 
 
 def usable(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor) -> bool:
