@@ -345,18 +345,19 @@ def usable(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, do4: torch.Tens
             and all(t.is_contiguous() and t.dtype == q4.dtype for t in (q4, k4, v4, do4)))
 
 
+def tile_descriptor(t: torch.Tensor, rows: int):
+    """TMA descriptor of the (Z·H·N, d) view of a contiguous 16-bit (Z, H, N, d) tensor, in tiles of `rows` rows."""
+    d = t.shape[-1]
+    layout = gl.NVMMASharedLayout.get_default_for([rows, d], getattr(gl, GLUON_DTYPES[t.dtype]))
+    return TensorDescriptor.from_tensor(t.reshape(-1, d), [rows, d], layout)
+
+
 def _descriptors(q4, k4, v4, do4, lse2, delta, n_q: int, block_m: int, block_n: int) -> list:
     """TMA descriptors of (Z·H·N, d) views of q, k, v, dO and of the (Z·H, N_Q) statistics."""
-    d = q4.shape[-1]
-    dtype = getattr(gl, GLUON_DTYPES[q4.dtype])
-    rows = [gl.NVMMASharedLayout.get_default_for([b, d], dtype) for b in (block_m, block_n)]
     stats = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
-    flat = [t.reshape(-1, d) for t in (q4, k4, v4, do4)]
     return [
-        TensorDescriptor.from_tensor(flat[0], [block_m, d], rows[0]),
-        TensorDescriptor.from_tensor(flat[1], [block_n, d], rows[1]),
-        TensorDescriptor.from_tensor(flat[2], [block_n, d], rows[1]),
-        TensorDescriptor.from_tensor(flat[3], [block_m, d], rows[0]),
+        tile_descriptor(q4, block_m), tile_descriptor(k4, block_n), tile_descriptor(v4, block_n),
+        tile_descriptor(do4, block_m),
         *(TensorDescriptor(t, [t.shape[0], n_q], [t.stride(0), 1], [1, block_m], stats) for t in (lse2, delta)),
     ]
 

@@ -34,7 +34,7 @@ import torch
 import triton
 
 from profiler_kit.attention import flash_gluon_bwd
-from profiler_kit.attention.flash_gluon_bwd import GLUON_DTYPES, gluon
+from profiler_kit.attention.flash_gluon_bwd import gluon
 from profiler_kit.attention.flash_triton_launch import LOG2E, head_group
 
 HEAD_DIMS = (64, 128)
@@ -260,16 +260,8 @@ def usable(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor) -> bool:
 
 
 def _descriptors(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, block_n: int) -> list:
-    """TMA descriptors of (Z·H·N, d) views: q in blocks of GROUP_ROWS rows, k and v in blocks of block_n."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    d = q4.shape[-1]
-    dtype = getattr(gl, GLUON_DTYPES[q4.dtype])
-    out = []
-    for t, rows in ((q4, GROUP_ROWS), (k4, block_n), (v4, block_n)):
-        layout = gl.NVMMASharedLayout.get_default_for([rows, d], dtype)
-        out.append(TensorDescriptor.from_tensor(t.reshape(-1, d), [rows, d], layout))
-    return out
+    """TMA descriptors of (Z·H·N, d) views: q in tiles of GROUP_ROWS rows, k and v in tiles of block_n."""
+    return [flash_gluon_bwd.tile_descriptor(t, rows) for t, rows in ((q4, GROUP_ROWS), (k4, block_n), (v4, block_n))]
 
 
 def _consts(d: int, block_n: int, stages: int, causal: bool, pingpong: bool) -> dict:
@@ -286,8 +278,9 @@ def forward(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, causal: bool, 
     n_k = k4.shape[2]
     out = torch.empty((z, h, n_q, d), dtype=q4.dtype, device=q4.device)
     lse = torch.empty((z * h, n_q), dtype=torch.float32, device=q4.device)
-    grid = (triton.cdiv(n_q, 2 * GROUP_ROWS), z * h)
-    flash_gluon_bwd.last_launch["fwd"] = f"gluon 128x{block_n} s{stages}" + (" ping-pong" if pingpong else "")
+    block_m = 2 * GROUP_ROWS  # one 64-row group per consumer
+    grid = (triton.cdiv(n_q, block_m), z * h)
+    flash_gluon_bwd.last_launch["fwd"] = f"gluon {block_m}x{block_n} s{stages}" + (" ping-pong" if pingpong else "")
     _fwd_kernel[grid](*_descriptors(q4, k4, v4, block_n), out, lse, n_q, n_k, LOG2E / math.sqrt(d),
                       **_consts(d, block_n, stages, causal, pingpong), num_warps=4, maxnreg=LAUNCH_MAXNREG)
     return out, lse
