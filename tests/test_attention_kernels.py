@@ -23,6 +23,7 @@ from profiler_kit.attention import (
     FlashAttentionTriton,
     flash_attention,
     flash_gluon_bwd,
+    flash_gluon_fused,
     flash_gluon_fwd,
     flash_triton_bwd,
     flash_triton_fwd,
@@ -627,6 +628,29 @@ def test_gluon_fused_backward_matches_reference_gpu(case):
     for block_m, block_n, stages, warps in GLUON_FUSED_CONFIGS:
         config = {"block_m": block_m, "block_n": block_n, "stages": stages, "num_warps": warps}
         got = flash_triton_bwd.flash_backward(q4, k4, v4, out, lse, grad_out, causal, gluon_fused=config)
+        for name, value in zip(("dq", "dk", "dv"), got, strict=True):
+            err = _rel_err(value, want[name])
+            assert err <= TOLERANCE["cuda"][torch.bfloat16], f"{config} {name}: relative error {err:.2e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [*GLUON_CASES, ((1, 2), 300, 140, 128, True), ((2, 1), 129, 257, 64, False)],
+                         ids=lambda c: "x".join(map(str, (*c[0], *c[1:4]))) + "-causal" * c[4])
+def test_two_group_fused_backward_matches_reference_gpu(monkeypatch, case):
+    """The two-warp-group fused backward (`flash_gluon_fused`: 128-key blocks, dQ split by columns and added by TMA
+    reductions), every offered config, chosen through its environment switch: dQ, dK, dV against float64, with
+    ragged tails, more queries than keys and the reverse, causal and not."""
+    lead, n_q, n_k, d, causal = case
+    (q, k, v), grad_out = _inputs(lead, n_q, n_k, d, torch.bfloat16)
+    q4, k4, v4 = (t.detach() for t in (q, k, v))
+    if not flash_gluon_bwd.usable(q4, k4, v4, grad_out):
+        pytest.skip("needs Gluon and a GPU of compute capability 9.x")
+    out, lse = flash_triton_fwd.flash_forward(q4, k4, v4, causal)
+    want = _reference(q, k, v, grad_out, causal)
+    for config in flash_gluon_fused.CONFIGS[d]:
+        monkeypatch.setenv(flash_gluon_fused.BWD_ENV, f"{config['stages']},{int(config['defer'])}")
+        got = flash_triton_bwd.flash_backward(q4, k4, v4, out, lse, grad_out, causal)
+        assert flash_gluon_bwd.last_launch["dkdv"].startswith("gluon fused")
         for name, value in zip(("dq", "dk", "dv"), got, strict=True):
             err = _rel_err(value, want[name])
             assert err <= TOLERANCE["cuda"][torch.bfloat16], f"{config} {name}: relative error {err:.2e}"

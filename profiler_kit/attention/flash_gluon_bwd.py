@@ -362,11 +362,9 @@ def _descriptors(q4, k4, v4, do4, lse2, delta, n_q: int, block_m: int, block_n: 
     ]
 
 
-def _dq_descriptor(dq_acc: torch.Tensor, block_m: int):
-    """TMA descriptor of the fp32 (rows, d) dQ accumulator, in tiles of block_m rows."""
-    d = dq_acc.shape[-1]
-    return TensorDescriptor.from_tensor(dq_acc, [block_m, d],
-                                        gl.NVMMASharedLayout.get_default_for([block_m, d], gl.float32))
+def block_descriptor(t: torch.Tensor, block: list[int]):
+    """TMA descriptor of a 2-D fp32 tensor (a dQ accumulator) in tiles of shape `block`."""
+    return TensorDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, gl.float32))
 
 
 def dkdv(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, do4: torch.Tensor, lse2: torch.Tensor,
@@ -398,7 +396,7 @@ def fused(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, do4: torch.Tenso
     n_k = k4.shape[2]
     descs = _descriptors(q4, k4, v4, do4, lse2, delta, n_q, block_m, block_n)
     grid = (triton.cdiv(n_k, block_n), z * h)
-    _fused_kernel[grid](*descs, _dq_descriptor(dq_acc, block_m), dk, dv, *dk.stride()[:3], h, n_q, n_k,
+    _fused_kernel[grid](*descs, block_descriptor(dq_acc, [block_m, d]), dk, dv, *dk.stride()[:3], h, n_q, n_k,
                         LOG2E / d ** 0.5, 1.0 / d ** 0.5,
                         HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, CAUSAL=causal,
                         NUM_WARPS=num_warps, num_warps=num_warps)
@@ -414,7 +412,7 @@ def compile_sm90(head_dim: int, block_m: int = 64, block_n: int = 64, stages: in
     lse2, delta = (torch.empty(1, rows, dtype=torch.float32) for _ in range(2))
     descs = dict(zip(("desc_q", "desc_k", "desc_v", "desc_do", "desc_l", "desc_d"),
                      _descriptors(q4, k4, v4, do4, lse2, delta, rows, block_m, block_n), strict=True))
-    descs["desc_dq"] = _dq_descriptor(torch.empty(rows, head_dim), block_m)
+    descs["desc_dq"] = block_descriptor(torch.empty(rows, head_dim), [block_m, head_dim])
     consts = {"HEAD_DIM": head_dim, "BLOCK_M": block_m, "BLOCK_N": block_n, "STAGES": stages, "CAUSAL": causal,
               "NUM_WARPS": num_warps}
     return compile_gluon(_fused_kernel if with_dq else _dkdv_kernel, descs, consts,

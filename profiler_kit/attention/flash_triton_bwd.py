@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from profiler_kit.attention import flash_gluon_bwd
+from profiler_kit.attention import flash_gluon_bwd, flash_gluon_fused
 from profiler_kit.attention.flash_triton_fwd import (
     _LOG2E,
     LOG2E,
@@ -321,6 +321,8 @@ def flash_backward(
     without it (and without pinned configs) `flash_gluon_bwd.chosen_dkdv` decides.
     `gluon_fused` (the same keywords) runs `flash_gluon_bwd.fused` instead of both the dK/dV and the dQ
     kernel where it applies (d = 64): dQ then comes from an fp32 accumulator and is not bitwise reproducible.
+    Without either (and without pinned configs), `flash_gluon_fused.chosen` may pick the two-warp-group fused
+    kernel, which also returns such a dQ.
     Returns dQ, dK, dV as contiguous (Z, H, seq, d) tensors in the input dtype.
     """
     z, h, n_q, d = q4.shape
@@ -348,9 +350,16 @@ def flash_backward(
     consts = {"HEAD_DIM": d, "BLOCK_D": bd, "CAUSAL": causal, "TMA": tma, "HEAD_GROUP": head_group(causal)}
     dkdv_args = (q4, k4, v4, do4, lse2, delta, dk, dv, *descs, *stat_descs, *common, *strides3(dk), *scalars)
     dq_args = (q4, k4, v4, do4, lse2, delta, dq, *descs, *common, *strides3(dq), *scalars)
-    if gluon_fused is not None and flash_gluon_bwd.usable(q4, k4, v4, do4, flash_gluon_bwd.FUSED_HEAD_DIMS):
+    fused_ws = flash_gluon_fused.chosen(q4, k4, v4, do4, causal) if gluon_fused is None and not pinned else None
+    if fused_ws is not None or (gluon_fused is not None
+                                and flash_gluon_bwd.usable(q4, k4, v4, do4, flash_gluon_bwd.FUSED_HEAD_DIMS)):
         dq_acc = torch.zeros((z * h * n_q, d), dtype=torch.float32, device=q4.device)
-        flash_gluon_bwd.fused(q4, k4, v4, do4, lse2, delta, dq_acc, dk, dv, causal, **gluon_fused)
+        if fused_ws is not None:
+            flash_gluon_fused.fused(q4, k4, v4, do4, lse2, delta, dq_acc, dk, dv, causal, **fused_ws)
+        else:
+            flash_gluon_bwd.fused(q4, k4, v4, do4, lse2, delta, dq_acc, dk, dv, causal, **gluon_fused)
+        # No Triton dK/dV or dQ launch (and none for the C++ path) this call.
+        _dkdv.last_config = _dkdv.last_plan = _dq.last_config = _dq.last_plan = None
         torch.mul(dq_acc.view(z, h, n_q, d), 1.0 / math.sqrt(d), out=dq)
         return dq, dk, dv
     if gluon_dkdv is None and not pinned:

@@ -1,0 +1,36 @@
+# Issue 6, step 23 (sixteenth session): the backward in one Gluon kernel, two consumer warp groups sharing a
+# 128-key block and splitting dQ by columns (`flash_gluon_fused`).
+# `bash scripts/gpu_step23.sh` (default mode): its GPU tests, then `scripts/step23/bwd_bench.py` (every offered config
+# against the split Triton backward and cuDNN's, five interleaved rounds, on the three issue 6 shapes), which writes
+# each shape's fastest config to $OUT/bwd-best-<shape>.txt.
+# `bash scripts/gpu_step23.sh pair [RUNS]`: each issue 6 command's fwd+bwd with the fused backward (the config in
+# bwd-best-<shape>.txt under BEST_DIR, default $OUT) and with the split one, alternately, RUNS times (default 2).
+# Run on the GPU machine from the repository root (writes to $OUT).
+. scripts/gpu_common.sh
+if [ "${1:-all}" = all ]; then
+  timeout 240 python3 -m pytest -q tests/test_attention_kernels.py -k "two_group" 2>&1 | tail -4; stamp "tests"
+  timeout 330 python3 scripts/step23/bwd_bench.py --shapes "${SHAPES:-causal4096,full8192,leaderboard}" \
+      --best-dir "$OUT" 2>&1 | grep -v "Warning\|warn_once" | tee "$OUT/attention-gluon-bwd-step23-h100.md"
+  stamp "backward bench"
+fi
+shape_bench() {  # $1: shape name, $2: the .jsonl file under $OUT, $3: PROFILER_KIT_FLASH_GLUON_BWD value
+  case $1 in
+    causal4096) args=(attention bench --impl flash-triton,sdpa-cudnn --batch 4 --heads 16 --d 128 --seq 4096 --causal);;
+    full8192) args=(attention bench --impl flash-triton,sdpa-cudnn --batch 4 --heads 16 --d 128 --seq 8192 --no-causal);;
+    leaderboard) args=(attention leaderboard);;
+  esac
+  PROFILER_KIT_FLASH_GLUON_BWD=$3 timeout 120 python3 -m profiler_kit "${args[@]}" --dtype bf16 \
+      --output "$OUT/$2" --format markdown 2>/tmp/b.err | grep "flash-triton\|sdpa-cudnn" || tail -5 /tmp/b.err
+}
+if [ "${1:-all}" = pair ]; then
+  for run in $(seq 1 "${2:-2}"); do
+    for shape in ${PAIR_SHAPES:-causal4096 full8192 leaderboard}; do
+      best=$(cat "${BEST_DIR:-$OUT}/bwd-best-$shape.txt" 2>/dev/null || echo "2,0")
+      echo "== $shape, fused backward $best, run $run"
+      shape_bench "$shape" "attention-$shape-fused-run$run-step23-h100.jsonl" "$best"
+      echo "== $shape, split backward, run $run"
+      shape_bench "$shape" "attention-$shape-split-run$run-step23-h100.jsonl" 0
+      stamp "$shape run $run"
+    done
+  done
+fi
