@@ -31,7 +31,7 @@ import os
 import torch
 import triton
 
-from profiler_kit.attention import flash_gluon_bwd
+from profiler_kit.attention import flash_gluon_bwd, flash_gluon_fwd
 from profiler_kit.attention.flash_gluon_bwd import gluon
 from profiler_kit.attention.flash_triton_launch import LOG2E
 
@@ -43,6 +43,13 @@ CONFIGS: dict[int, list[dict]] = {
     64: [{"stages": 2, "defer": True}, {"stages": 3, "defer": True}, {"stages": 2, "defer": False}],
     128: [{"stages": 2, "defer": False}],
 }
+# The config `flash_triton_bwd.flash_backward` runs by default per head dim, on calls with at least
+# `flash_gluon_fwd.MIN_WORK` (its launch goes through Python, as the Gluon forward's does); elsewhere the split
+# backward. On the H100 it took the non-causal N = 8192, d = 128 backward from 13.12 to 10.33 ms (cuDNN's 10.53) and
+# the causal N = 4096 one from 1.737 to 1.645 (cuDNN's 1.602). At d = 64 (the leaderboard) it was within the runs'
+# spread of the split kernels (3.355–3.392 against 3.405 ms), so the split kernels stay there.
+# docs/results/attention-h100.md, step 23.
+DEFAULTS: dict[int, dict] = {128: {"stages": 2, "defer": False}}
 # Keys per consumer warp group and query rows per tile: one wgmma M of 64 per group of 4 warps.
 GROUP_ROWS = 64
 # Launch register cap and the per-partition split: 12 warps × 168 registers, i.e. 3 × 168 per thread of a warp
@@ -241,17 +248,23 @@ if gluon is not None:
             mbarrier.invalidate(ds_full.index(b))
 
 
-def chosen(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, do4: torch.Tensor, causal: bool) -> dict | None:
-    """The keyword arguments of `fused` for this call, or None where the split backward runs (by default).
-    PROFILER_KIT_FLASH_GLUON_BWD="STAGES,DEFER" (e.g. "2,0") picks that config of CONFIGS wherever
-    `flash_gluon_bwd.usable`; "0" or unset, the split backward."""
+def chosen(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, do4: torch.Tensor) -> dict | None:
+    """The keyword arguments of `fused` for this call, or None where the split backward runs.
+    PROFILER_KIT_FLASH_GLUON_BWD=0 always picks the split backward; "STAGES,DEFER" (e.g. "2,1") picks that config
+    of CONFIGS wherever `flash_gluon_bwd.usable`; unset, DEFAULTS decides per head dim for calls with at least
+    `flash_gluon_fwd.MIN_WORK`."""
     setting = os.environ.get(BWD_ENV, "")
-    if setting in ("", "0"):
+    if setting == "0":
         return None
-    stages, defer = (int(x) for x in setting.split(","))
-    config = {"stages": stages, "defer": bool(defer)}
-    usable = flash_gluon_bwd.usable(q4, k4, v4, do4) and config in CONFIGS[q4.shape[-1]]
-    return config if usable else None
+    z, h, n_q, d = q4.shape
+    if setting:
+        stages, defer = (int(x) for x in setting.split(","))
+        config = {"stages": stages, "defer": bool(defer)}
+        config = config if config in CONFIGS.get(d, []) else None
+    else:
+        config = DEFAULTS.get(d) if z * h * n_q * k4.shape[2] * d >= flash_gluon_fwd.MIN_WORK else None
+    # Asked last: it queries the device, and this runs on every backward of the Python path.
+    return config if config is not None and flash_gluon_bwd.usable(q4, k4, v4, do4) else None
 
 
 def _descriptors(q4, k4, v4, do4, lse2, delta, dq_acc) -> list:

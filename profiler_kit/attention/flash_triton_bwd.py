@@ -321,8 +321,8 @@ def flash_backward(
     without it (and without pinned configs) `flash_gluon_bwd.chosen_dkdv` decides.
     `gluon_fused` (the same keywords) runs `flash_gluon_bwd.fused` instead of both the dK/dV and the dQ
     kernel where it applies (d = 64): dQ then comes from an fp32 accumulator and is not bitwise reproducible.
-    Without either (and without pinned configs), `flash_gluon_fused.chosen` may pick the two-warp-group fused
-    kernel, which also returns such a dQ.
+    Without either (and without pinned configs), `flash_gluon_bwd.chosen_dkdv` and then `flash_gluon_fused.chosen`
+    decide; the latter's two-warp-group fused kernel (by default at d = 128 on large calls) also returns such a dQ.
     Returns dQ, dK, dV as contiguous (Z, H, seq, d) tensors in the input dtype.
     """
     z, h, n_q, d = q4.shape
@@ -350,7 +350,11 @@ def flash_backward(
     consts = {"HEAD_DIM": d, "BLOCK_D": bd, "CAUSAL": causal, "TMA": tma, "HEAD_GROUP": head_group(causal)}
     dkdv_args = (q4, k4, v4, do4, lse2, delta, dk, dv, *descs, *stat_descs, *common, *strides3(dk), *scalars)
     dq_args = (q4, k4, v4, do4, lse2, delta, dq, *descs, *common, *strides3(dq), *scalars)
-    fused_ws = flash_gluon_fused.chosen(q4, k4, v4, do4, causal) if gluon_fused is None and not pinned else None
+    fused_ws = None
+    if gluon_dkdv is None and gluon_fused is None and not pinned:
+        # A Gluon dK/dV kernel named by its switch runs; otherwise the fused kernel where chosen.
+        gluon_dkdv = flash_gluon_bwd.chosen_dkdv(q4, k4, v4, do4, causal)
+        fused_ws = flash_gluon_fused.chosen(q4, k4, v4, do4) if gluon_dkdv is None else None
     if fused_ws is not None or (gluon_fused is not None
                                 and flash_gluon_bwd.usable(q4, k4, v4, do4, flash_gluon_bwd.FUSED_HEAD_DIMS)):
         dq_acc = torch.zeros((z * h * n_q, d), dtype=torch.float32, device=q4.device)
@@ -362,8 +366,6 @@ def flash_backward(
         _dkdv.last_config = _dkdv.last_plan = _dq.last_config = _dq.last_plan = None
         torch.mul(dq_acc.view(z, h, n_q, d), 1.0 / math.sqrt(d), out=dq)
         return dq, dk, dv
-    if gluon_dkdv is None and not pinned:
-        gluon_dkdv = flash_gluon_bwd.chosen_dkdv(q4, k4, v4, do4, causal)
     if gluon_dkdv is not None and flash_gluon_bwd.usable(q4, k4, v4, do4):
         _dkdv.last_config = _dkdv.last_plan = None  # no Triton launch (and none for the C++ path) this call
         flash_gluon_bwd.dkdv(q4, k4, v4, do4, lse2, delta, dk, dv, causal, **gluon_dkdv)
