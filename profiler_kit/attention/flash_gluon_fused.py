@@ -21,7 +21,9 @@ finished tile j−1, dQ included, so buffer j % 2 is free again without a second
 an order set by timing, so dQ is not bitwise reproducible.
 
 Scope: 16-bit, contiguous (Z, H, N, d) q, k, v, dO with d ∈ {64, 128}, on compute capability 9.x with Triton's
-Gluon (3.6); `flash_gluon_bwd.usable` says whether a call qualifies.
+Gluon (3.6); `flash_gluon_bwd.usable` says whether a call qualifies, `chosen` whether `flash_triton_bwd.flash_backward`
+runs it: by default at d = 128 on large calls, where it beat the split backward by 5% (causal N = 4096) to 21%
+(non-causal N = 8192) on the H100.
 """
 
 from __future__ import annotations
