@@ -1,6 +1,6 @@
 # What the GPU scripts of issue 6 share (from step 13 on). Source it from the repository root on the GPU
 # machine: `. scripts/gpu_common.sh`. It sets up the carried tools (.gpu/), puts the checkout on PYTHONPATH,
-# and defines `stamp`, the Nsight Compute binary and sections, and the section 1 commands of
+# and defines `stamp`, the Nsight Compute binary and sections, `shape_bench` (one issue 6 shape) and the section 1 commands of
 # docs/results/attention-h100.md as functions writing into $OUT (BENCH_ARGS adds options to them, e.g.
 # BENCH_ARGS="--rounds 5").
 set -uo pipefail
@@ -24,4 +24,15 @@ issue6_configs() {  # $1: the .jsonl file name under $OUT; the two d = 128 confi
         --heads 16 --d 128 --dtype bf16 $args ${BENCH_ARGS:-} --output "$OUT/$1" --format markdown 2>/tmp/b.err \
         | grep "flash-triton\|sdpa-cudnn" || tail -5 /tmp/b.err
   done
+}
+
+shape_bench() {  # $1: an issue 6 shape (causal4096, full8192, leaderboard), $2: the .jsonl file under $OUT; the
+  # caller sets the PROFILER_KIT_FLASH_* switches for the call, e.g. `PROFILER_KIT_FLASH_GLUON_FWD=0 shape_bench …`
+  case $1 in
+    causal4096) args=(attention bench --impl flash-triton,sdpa-cudnn --batch 4 --heads 16 --d 128 --seq 4096 --causal);;
+    full8192) args=(attention bench --impl flash-triton,sdpa-cudnn --batch 4 --heads 16 --d 128 --seq 8192 --no-causal);;
+    leaderboard) args=(attention leaderboard);;
+  esac
+  timeout 120 python3 -m profiler_kit "${args[@]}" --dtype bf16 --output "$OUT/$2" --format markdown 2>/tmp/b.err \
+      | grep "flash-triton\|sdpa-cudnn" || tail -5 /tmp/b.err
 }

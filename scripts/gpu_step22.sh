@@ -19,23 +19,14 @@ if [ "${1:-all}" = all ]; then
   timeout 330 python3 scripts/step22/fwd_bench.py --best-dir "$OUT" 2>&1 | grep -v "Warning\|warn_once" \
       | tee "$OUT/attention-gluon-fwd-step22-h100.md"; stamp "forward bench"
 fi
-shape_bench() {  # $1: shape name, $2: the .jsonl file under $OUT, $3: PROFILER_KIT_FLASH_GLUON_FWD value
-  case $1 in
-    causal4096) args=(attention bench --impl flash-triton,sdpa-cudnn --batch 4 --heads 16 --d 128 --seq 4096 --causal);;
-    full8192) args=(attention bench --impl flash-triton,sdpa-cudnn --batch 4 --heads 16 --d 128 --seq 8192 --no-causal);;
-    leaderboard) args=(attention leaderboard);;
-  esac
-  PROFILER_KIT_FLASH_GLUON_FWD=$3 timeout 120 python3 -m profiler_kit "${args[@]}" --dtype bf16 \
-      --output "$OUT/$2" --format markdown 2>/tmp/b.err | grep "flash-triton\|sdpa-cudnn" || tail -5 /tmp/b.err
-}
 if [ "${1:-all}" = pair ]; then
   for run in $(seq 1 "${2:-2}"); do
     for shape in ${SHAPES:-causal4096 full8192 leaderboard}; do
       best=$(cat "${BEST_DIR:-$OUT}/best-$shape.txt" 2>/dev/null || echo "")
       echo "== $shape, Gluon forward ${best:-(defaults)}, run $run"
-      shape_bench "$shape" "attention-$shape-gluon-run$run-step22-h100.jsonl" "$best"
+      PROFILER_KIT_FLASH_GLUON_FWD="$best" shape_bench "$shape" "attention-$shape-gluon-run$run-step22-h100.jsonl"
       echo "== $shape, Triton forward, run $run"
-      shape_bench "$shape" "attention-$shape-triton-run$run-step22-h100.jsonl" 0
+      PROFILER_KIT_FLASH_GLUON_FWD=0 shape_bench "$shape" "attention-$shape-triton-run$run-step22-h100.jsonl"
       stamp "$shape run $run"
     done
   done
@@ -45,8 +36,8 @@ if [ "${1:-all}" = dkdv ]; then
     for shape in causal4096 full8192; do
       for dkdv in "${DKDV:-64,64,2,4}" 0; do
         echo "== $shape, Gluon dK/dV ${dkdv/#0/off}, run $run"
-        PROFILER_KIT_FLASH_GLUON_DKDV=$dkdv shape_bench "$shape" \
-            "attention-$shape-dkdv${dkdv//,/x}-run$run-step22-h100.jsonl" "${FWD:-128,3,1}"
+        PROFILER_KIT_FLASH_GLUON_DKDV=$dkdv PROFILER_KIT_FLASH_GLUON_FWD="${FWD:-128,3,1}" shape_bench "$shape" \
+            "attention-$shape-dkdv${dkdv//,/x}-run$run-step22-h100.jsonl"
       done
       stamp "$shape run $run"
     done

@@ -16,23 +16,14 @@ if [ "${1:-all}" = all ]; then
       --best-dir "$OUT" 2>&1 | grep -v "Warning\|warn_once" | tee "$OUT/attention-gluon-bwd-step23-h100.md"
   stamp "backward bench"
 fi
-shape_bench() {  # $1: shape name, $2: the .jsonl file under $OUT, $3: PROFILER_KIT_FLASH_GLUON_BWD value
-  case $1 in
-    causal4096) args=(attention bench --impl flash-triton,sdpa-cudnn --batch 4 --heads 16 --d 128 --seq 4096 --causal);;
-    full8192) args=(attention bench --impl flash-triton,sdpa-cudnn --batch 4 --heads 16 --d 128 --seq 8192 --no-causal);;
-    leaderboard) args=(attention leaderboard);;
-  esac
-  PROFILER_KIT_FLASH_GLUON_BWD=$3 timeout 120 python3 -m profiler_kit "${args[@]}" --dtype bf16 \
-      --output "$OUT/$2" --format markdown 2>/tmp/b.err | grep "flash-triton\|sdpa-cudnn" || tail -5 /tmp/b.err
-}
 if [ "${1:-all}" = pair ]; then
   for run in $(seq 1 "${2:-2}"); do
     for shape in ${PAIR_SHAPES:-causal4096 full8192 leaderboard}; do
       best=$(cat "${BEST_DIR:-$OUT}/bwd-best-$shape.txt" 2>/dev/null || echo "2,0")
       echo "== $shape, fused backward $best, run $run"
-      shape_bench "$shape" "attention-$shape-fused-run$run-step23-h100.jsonl" "$best"
+      PROFILER_KIT_FLASH_GLUON_BWD="$best" shape_bench "$shape" "attention-$shape-fused-run$run-step23-h100.jsonl"
       echo "== $shape, split backward, run $run"
-      shape_bench "$shape" "attention-$shape-split-run$run-step23-h100.jsonl" 0
+      PROFILER_KIT_FLASH_GLUON_BWD=0 shape_bench "$shape" "attention-$shape-split-run$run-step23-h100.jsonl"
       stamp "$shape run $run"
     done
   done

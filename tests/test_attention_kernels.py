@@ -550,17 +550,24 @@ GLUON_CASES = [
 GLUON_CONFIGS = {64: [(64, 64, 3, 4), (64, 128, 3, 8), (64, 64, 2, 4)], 128: [(32, 64, 3, 4), (64, 64, 2, 4)]}
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("case", GLUON_CASES, ids=lambda c: "x".join(map(str, (*c[0], *c[1:4]))) + "-causal" * c[4])
-def test_gluon_dkdv_matches_reference_gpu(case):
-    """The Gluon dK/dV kernel, every config offered for the head dim, against float64 (bf16 tolerance)."""
+def _gluon_backward_case(case: tuple) -> tuple:
+    """bf16 (q, k, v, dO) of a GLUON_CASES case as (Z, H, N, d) tensors, the Triton forward's (O, L) on them, and the
+    float64 reference; skips where the Gluon kernels cannot run."""
     lead, n_q, n_k, d, causal = case
     (q, k, v), grad_out = _inputs(lead, n_q, n_k, d, torch.bfloat16)
     q4, k4, v4 = (t.detach() for t in (q, k, v))
     if not flash_gluon_bwd.usable(q4, k4, v4, grad_out):
         pytest.skip("needs Gluon and a GPU of compute capability 9.x")
-    out, lse = flash_triton_fwd.flash_forward(q4, k4, v4, causal)
-    want = _reference(q, k, v, grad_out, causal)
+    forward = flash_triton_fwd.flash_forward(q4, k4, v4, causal)
+    return (q4, k4, v4, grad_out), forward, _reference(q, k, v, grad_out, causal)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GLUON_CASES, ids=lambda c: "x".join(map(str, (*c[0], *c[1:4]))) + "-causal" * c[4])
+def test_gluon_dkdv_matches_reference_gpu(case):
+    """The Gluon dK/dV kernel, every config offered for the head dim, against float64 (bf16 tolerance)."""
+    d, causal = case[3], case[4]
+    (q4, k4, v4, grad_out), (out, lse), want = _gluon_backward_case(case)
     for block_m, block_n, stages, warps in GLUON_CONFIGS[d]:
         config = {"block_m": block_m, "block_n": block_n, "stages": stages, "num_warps": warps}
         _, dk, dv = flash_triton_bwd.flash_backward(q4, k4, v4, out, lse, grad_out, causal, gluon_dkdv=config)
@@ -618,13 +625,8 @@ GLUON_FUSED_CONFIGS = [(64, 64, 3, 4), (64, 64, 2, 4)]
                          ids=lambda c: "x".join(map(str, (*c[0], *c[1:4]))) + "-causal" * c[4])
 def test_gluon_fused_backward_matches_reference_gpu(case):
     """The fused Gluon backward (dK, dV and dQ in one kernel, dQ by TMA reductions) against float64."""
-    lead, n_q, n_k, d, causal = case
-    (q, k, v), grad_out = _inputs(lead, n_q, n_k, d, torch.bfloat16)
-    q4, k4, v4 = (t.detach() for t in (q, k, v))
-    if not flash_gluon_bwd.usable(q4, k4, v4, grad_out, flash_gluon_bwd.FUSED_HEAD_DIMS):
-        pytest.skip("needs Gluon and a GPU of compute capability 9.x")
-    out, lse = flash_triton_fwd.flash_forward(q4, k4, v4, causal)
-    want = _reference(q, k, v, grad_out, causal)
+    causal = case[4]
+    (q4, k4, v4, grad_out), (out, lse), want = _gluon_backward_case(case)
     for block_m, block_n, stages, warps in GLUON_FUSED_CONFIGS:
         config = {"block_m": block_m, "block_n": block_n, "stages": stages, "num_warps": warps}
         got = flash_triton_bwd.flash_backward(q4, k4, v4, out, lse, grad_out, causal, gluon_fused=config)
@@ -640,13 +642,8 @@ def test_two_group_fused_backward_matches_reference_gpu(monkeypatch, case):
     """The two-warp-group fused backward (`flash_gluon_fused`: 128-key blocks, dQ split by columns and added by TMA
     reductions), every offered config, chosen through its environment switch: dQ, dK, dV against float64, with
     ragged tails, more queries than keys and the reverse, causal and not."""
-    lead, n_q, n_k, d, causal = case
-    (q, k, v), grad_out = _inputs(lead, n_q, n_k, d, torch.bfloat16)
-    q4, k4, v4 = (t.detach() for t in (q, k, v))
-    if not flash_gluon_bwd.usable(q4, k4, v4, grad_out):
-        pytest.skip("needs Gluon and a GPU of compute capability 9.x")
-    out, lse = flash_triton_fwd.flash_forward(q4, k4, v4, causal)
-    want = _reference(q, k, v, grad_out, causal)
+    d, causal = case[3], case[4]
+    (q4, k4, v4, grad_out), (out, lse), want = _gluon_backward_case(case)
     for config in flash_gluon_fused.CONFIGS[d]:
         monkeypatch.setenv(flash_gluon_fused.BWD_ENV, f"{config['stages']},{int(config['defer'])}")
         got = flash_triton_bwd.flash_backward(q4, k4, v4, out, lse, grad_out, causal)

@@ -114,6 +114,16 @@ if gluon is not None:
         return p
 
     @gluon.jit
+    def _needs_mask(start_m, start_n, N_Q, keys_past_end, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                    CAUSAL: gl.constexpr):
+        """Whether the (BLOCK_N keys from start_n × BLOCK_M queries from start_m) tile needs `_probabilities`'s
+        mask: it reaches past N_Q, its keys past N_K (`keys_past_end`), or, causal, it holds the diagonal."""
+        masked = (start_m + BLOCK_M > N_Q) | keys_past_end
+        if CAUSAL:
+            masked = masked | (start_m < start_n + BLOCK_N)
+        return masked
+
+    @gluon.jit
     def _start_key_tile(desc_q, desc_k, desc_v, desc_do, desc_l, desc_d, N_Q, N_K, CAUSAL: gl.constexpr,
                         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                         STAGES: gl.constexpr):
@@ -200,9 +210,7 @@ if gluon is not None:
                 dk_acc = warpgroup_mma(ds_prev, q_s.index(prev), dk, is_async=True)
                 dv_acc = warpgroup_mma(p_prev, do_s.index(prev), dv, is_async=True)
                 qk = warpgroup_mma_wait(3, deps=[qk])
-                masked = start_m + BLOCK_M > N_Q
-                if CAUSAL:
-                    masked = masked | (start_m < start_n + BLOCK_N)
+                masked = _needs_mask(start_m, start_n, N_Q, False, BLOCK_M, BLOCK_N, CAUSAL)
                 p = _probabilities(qk, l_s.index(slot).reshape([BLOCK_M]).load(cols_of), qk_scale, start_m + queries,
                                    keys, N_Q, N_K, masked, CAUSAL, False)
                 p_op = gl.convert_layout(p.to(dtype), a_regs)
@@ -277,9 +285,7 @@ if gluon is not None:
                 dk_acc = warpgroup_mma(ds_s, q_s.index(prev), dk, is_async=True)
                 dq_acc = warpgroup_mma(ds_s.permute((1, 0)), k_s, zero_q, use_acc=False, is_async=True)
                 qk = warpgroup_mma_wait(4, deps=[qk])
-                masked = (start_m + BLOCK_M > N_Q) | keys_past_end
-                if CAUSAL:
-                    masked = masked | (start_m < start_n + BLOCK_N)
+                masked = _needs_mask(start_m, start_n, N_Q, keys_past_end, BLOCK_M, BLOCK_N, CAUSAL)
                 p = _probabilities(qk, l_s.index(slot).reshape([BLOCK_M]).load(cols_of), qk_scale, start_m + queries,
                                    keys, N_Q, N_K, masked, CAUSAL, True)
                 p_op = gl.convert_layout(p.to(dtype), a_regs)

@@ -73,6 +73,7 @@ if gluon is not None:
 
     from profiler_kit.attention.flash_gluon_bwd import (
         _load_query_tile,
+        _needs_mask,
         _probabilities,
         _store_dkdv,
         cta_barrier,
@@ -142,9 +143,7 @@ if gluon is not None:
             else:
                 qk = warpgroup_mma_wait(1, deps=[qk])
             # dQ sums over keys, so keys past N_K (the next head's rows) are masked here too.
-            masked = (start_m + rows_n > N_Q) | keys_past_end
-            if CAUSAL:
-                masked = masked | (start_m < start_n + rows_n)
+            masked = _needs_mask(start_m, start_n, N_Q, keys_past_end, rows_n, rows_n, CAUSAL)
             p = _probabilities(qk, l_s.index(slot).reshape([rows_n]).load(cols_of), qk_scale, start_m + queries,
                                keys, N_Q, N_K, masked, CAUSAL, True)
             p_op = gl.convert_layout(p.to(dtype), a_regs)

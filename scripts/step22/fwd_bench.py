@@ -11,20 +11,17 @@ PROFILER_KIT_FLASH_GLUON_FWD.
 
 from __future__ import annotations
 
-import argparse
+import sys
 from pathlib import Path
 
 import torch
 
 from profiler_kit.attention import flash_gluon_fwd, flash_triton_fwd
-from profiler_kit.attention.bench import Timing, attention_flops, make_impl, sample_ms
+from profiler_kit.attention.bench import attention_flops, make_impl
 
-# name: (batch, heads, seq, d, causal), the issue 6 shapes.
-SHAPES = {
-    "causal4096": (4, 16, 4096, 128, True),
-    "full8192": (4, 16, 8192, 128, False),
-    "leaderboard": (1, 16, 16384, 64, True),
-}
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from interleaved import SHAPES, pooled_rounds, print_table, run_shapes  # noqa: E402
+
 # (block_n, stages, pingpong) per head dim; 128-key tiles at d = 128 fit 3 stages in 224 KB.
 CONFIGS = {
     128: [(128, 3, True), (128, 3, False), (128, 2, True), (128, 2, False), (64, 3, True), (64, 4, True),
@@ -34,15 +31,7 @@ CONFIGS = {
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", default=",".join(SHAPES))
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--rep-ms", type=float, default=100.0)
-    parser.add_argument("--best-dir", type=Path, default=None)
-    args = parser.parse_args()
-    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}")
-    for name in args.shapes.split(","):
-        measure(name, args.rounds, args.rep_ms, args.best_dir)
+    run_shapes(__doc__, measure)
 
 
 def measure(name: str, rounds: int, rep_ms: float, best_dir: Path | None) -> None:
@@ -72,23 +61,10 @@ def measure(name: str, rounds: int, rep_ms: float, best_dir: Path | None) -> Non
             print(f"{name} {label}: WRONG, not timed")
             continue
         impls[label] = (lambda c: lambda: flash_gluon_fwd.forward(q4, k4, v4, causal, *c))(cfg)
-    samples: dict[str, list[float]] = {label: [] for label in impls}
-    order = list(impls)
-    for r in range(rounds):
-        for label in (order if r % 2 == 0 else order[::-1]):
-            samples[label] += sample_ms(impls[label], dev, 25.0, rep_ms)
-    flops = attention_flops(b * h, n, d, causal, "fwd")
+    samples = pooled_rounds(impls, dev, rounds, rep_ms)
     print(f"\n{name} (B{b} H{h} N{n} d{d} {'causal' if causal else 'non-causal'}), {rounds} rounds")
-    print("| forward | median ms [p20, p80] | TFLOP/s | cuDNN ms / ms |")
-    print("|---|---|---:|---:|")
-    cudnn_ms = Timing.of(samples["cudnn"]).median_ms
-    for label, times in sorted(samples.items(), key=lambda kv: Timing.of(kv[1]).median_ms):
-        t = Timing.of(times)
-        print(f"| {label} | {t.median_ms:.3f} [{t.p20_ms:.3f}, {t.p80_ms:.3f}] | {flops / t.median_ms / 1e9:.1f} "
-              f"| {cudnn_ms / t.median_ms:.3f} |")
-    gluon = [label for label in samples if label.startswith("gluon")]
-    if gluon and best_dir:
-        best = min(gluon, key=lambda label: Timing.of(samples[label]).median_ms)
+    best = print_table("forward", samples, attention_flops(b * h, n, d, causal, "fwd"), prefix="gluon")
+    if best and best_dir:
         block_n, stages, pp = best.split()[1:]
         (best_dir / f"best-{name}.txt").write_text(f"{block_n},{stages.lstrip('s')},{int(pp == 'pp')}\n")
     print(flush=True)

@@ -12,32 +12,22 @@ pooled: median [p20, p80] ms and TFLOP/s (2.5 forward's FLOPs). Writes the faste
 
 from __future__ import annotations
 
-import argparse
 import os
+import sys
 from pathlib import Path
 
 import torch
 
 from profiler_kit.attention import flash_gluon_fused, flash_triton_bwd, flash_triton_fwd
-from profiler_kit.attention.bench import Timing, attention_flops, sample_ms
+from profiler_kit.attention.bench import attention_flops
 
-SHAPES = {
-    "causal4096": (4, 16, 4096, 128, True),
-    "full8192": (4, 16, 8192, 128, False),
-    "leaderboard": (1, 16, 16384, 64, True),
-}
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from flash_gluon_dkdv import cudnn_backward, max_rel_diff  # noqa: E402
+from interleaved import SHAPES, pooled_rounds, print_table, run_shapes  # noqa: E402
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", default=",".join(SHAPES))
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--rep-ms", type=float, default=100.0)
-    parser.add_argument("--best-dir", type=Path, default=None)
-    args = parser.parse_args()
-    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}")
-    for name in args.shapes.split(","):
-        measure(name, args.rounds, args.rep_ms, args.best_dir)
+    run_shapes(__doc__, measure)
 
 
 def _backward(setting: str, q4, k4, v4, out, lse, do, causal):
@@ -55,10 +45,7 @@ def measure(name: str, rounds: int, rep_ms: float, best_dir: Path | None) -> Non
     out, lse = flash_triton_fwd.flash_forward(q, k, v, causal)
     want = _backward("0", q, k, v, out, lse, do, causal)
     impls = {"split": lambda: _backward("0", q, k, v, out, lse, do, causal)}
-    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
-    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
-        o_ref = torch.nn.functional.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
-    impls["cudnn"] = lambda: torch.autograd.grad(o_ref, (qg, kg, vg), do, retain_graph=True)
+    impls["cudnn"] = cudnn_backward(q, k, v, do, causal)
     for cfg in flash_gluon_fused.CONFIGS[d]:
         setting = f"{cfg['stages']},{int(cfg['defer'])}"
         label = f"fused s{cfg['stages']}" + (" defer" if cfg["defer"] else "")
@@ -68,32 +55,18 @@ def measure(name: str, rounds: int, rep_ms: float, best_dir: Path | None) -> Non
         except Exception as exc:  # a config that does not compile or fit is reported, the rest go on
             print(f"{name} {label}: failed: {type(exc).__name__}: {str(exc)[:300]}")
             continue
-        errs = {g: ((x.float() - w.float()).abs().max() / w.float().abs().max()).item()
-                for g, x, w in zip(("dq", "dk", "dv"), got, want, strict=True)}
+        errs = {g: max_rel_diff([x], [w]) for g, x, w in zip(("dq", "dk", "dv"), got, want, strict=True)}
         print(f"{name} {label}: max |x - x_split| / max |x_split|: "
               + ", ".join(f"{g} {e:.2e}" for g, e in errs.items()))
         if max(errs.values()) > 2e-2:
             print(f"{name} {label}: WRONG, not timed")
             continue
         impls[label] = (lambda s: lambda: _backward(s, q, k, v, out, lse, do, causal))(setting)
-    samples: dict[str, list[float]] = {label: [] for label in impls}
-    order = list(impls)
-    for r in range(rounds):
-        for label in (order if r % 2 == 0 else order[::-1]):
-            samples[label] += sample_ms(impls[label], dev, 25.0, rep_ms)
+    samples = pooled_rounds(impls, dev, rounds, rep_ms)
     os.environ[flash_gluon_fused.BWD_ENV] = "0"
-    flops = attention_flops(b * h, n, d, causal, "bwd")
     print(f"\n{name} (B{b} H{h} N{n} d{d} {'causal' if causal else 'non-causal'}), backward, {rounds} rounds")
-    print("| backward | median ms [p20, p80] | TFLOP/s | cuDNN ms / ms |")
-    print("|---|---|---:|---:|")
-    cudnn_ms = Timing.of(samples["cudnn"]).median_ms
-    for label, times in sorted(samples.items(), key=lambda kv: Timing.of(kv[1]).median_ms):
-        t = Timing.of(times)
-        print(f"| {label} | {t.median_ms:.3f} [{t.p20_ms:.3f}, {t.p80_ms:.3f}] | {flops / t.median_ms / 1e9:.1f} "
-              f"| {cudnn_ms / t.median_ms:.3f} |")
-    fused = [label for label in samples if label.startswith("fused")]
-    if fused and best_dir:
-        best = min(fused, key=lambda label: Timing.of(samples[label]).median_ms)
+    best = print_table("backward", samples, attention_flops(b * h, n, d, causal, "bwd"), prefix="fused")
+    if best and best_dir:
         (best_dir / f"bwd-best-{name}.txt").write_text(f"{best.split()[1].lstrip('s')},{int('defer' in best)}\n")
     print(flush=True)
 
