@@ -36,3 +36,19 @@ shape_bench() {  # $1: an issue 6 shape (causal4096, full8192, leaderboard), $2:
   timeout 120 python3 -m profiler_kit "${args[@]}" --dtype bf16 --output "$OUT/$2" --format markdown 2>/tmp/b.err \
       | grep "flash-triton\|sdpa-cudnn" || tail -5 /tmp/b.err
 }
+
+section1_twice() {  # $1: the step's tag in file names (e.g. step23): the leaderboard and issue 6 commands, twice
+  for run in 1 2; do
+    leaderboard "attention-leaderboard-run$run-$1-h100.jsonl"; stamp "leaderboard, run $run"
+    issue6_configs "attention-issue6-run$run-$1-h100.jsonl"; stamp "issue 6 configurations, run $run"
+  done
+}
+
+grid_d128() {  # $1: the step's tag in file names: the eager grid's d = 128 row (step 21's command, --rounds 5)
+  local file="$OUT/attention-grid-d128-rounds5-$1-h100.jsonl"
+  PROFILER_KIT_FLASH_CPP=1 timeout 300 python3 -m profiler_kit attention bench --impl flash-triton,sdpa-flash \
+      --batch 8 --d 128 --seq 256,1024,4096,8192,16384 --dtype bf16 --rounds 5 --output "$file" --format csv \
+      >/dev/null 2>/tmp/g.err
+  grep -v "Warning\|warn_once\|loading the C++\|━" /tmp/g.err | tail -3
+  python3 scripts/step21/ratio_grid.py "$file"; stamp "grid d=128"
+}

@@ -46,15 +46,8 @@ fi
 if [ "${1:-all}" = final ]; then
   timeout 200 python3 -m pytest -q tests/test_attention_kernels.py tests/test_attention_gluon.py -k "gluon" 2>&1 \
       | tail -2; stamp "gluon tests"
-  for run in 1 2; do
-    leaderboard "attention-leaderboard-run$run-step22-h100.jsonl"; stamp "leaderboard, run $run"
-    issue6_configs "attention-issue6-run$run-step22-h100.jsonl"; stamp "issue 6 configurations, run $run"
-  done
+  section1_twice step22
 fi
 if [ "${1:-all}" = grid ]; then
-  PROFILER_KIT_FLASH_CPP=1 timeout 300 python3 -m profiler_kit attention bench --impl flash-triton,sdpa-flash \
-      --batch 8 --d 128 --seq 256,1024,4096,8192,16384 --dtype bf16 --rounds 5 \
-      --output "$OUT/attention-grid-d128-rounds5-step22-h100.jsonl" --format csv >/dev/null 2>/tmp/g.err
-  grep -v "Warning\|warn_once\|loading the C++\|━" /tmp/g.err | tail -3
-  python3 scripts/step21/ratio_grid.py "$OUT/attention-grid-d128-rounds5-step22-h100.jsonl"; stamp "grid d=128"
+  grid_d128 step22
 fi

@@ -5,8 +5,9 @@
 # each shape's fastest config to $OUT/bwd-best-<shape>.txt.
 # `bash scripts/gpu_step23.sh pair [RUNS]`: each issue 6 command's fwd+bwd with the fused backward (the config in
 # bwd-best-<shape>.txt under BEST_DIR, default $OUT) and with the split one, alternately, RUNS times (default 2).
-# `bash scripts/gpu_step23.sh final`: the Gluon and GPU kernel tests, then the section 1 commands of issue 6 (the
-# leaderboard and the two d = 128 configurations) with the shipped defaults, twice.
+# `bash scripts/gpu_step23.sh tests`: the GPU and Gluon tests of the attention kernels (~2.5 minutes once warm).
+# `bash scripts/gpu_step23.sh final`: the section 1 commands of issue 6 (the leaderboard and the two d = 128
+# configurations) with the shipped defaults, twice.
 # `bash scripts/gpu_step23.sh grid`: the eager grid's d = 128 row (step 21's command, --rounds 5).
 # Run on the GPU machine from the repository root (writes to $OUT).
 . scripts/gpu_common.sh
@@ -28,18 +29,13 @@ if [ "${1:-all}" = pair ]; then
     done
   done
 fi
-if [ "${1:-all}" = final ]; then
-  timeout 300 python3 -m pytest -q tests/test_attention_kernels.py tests/test_attention_gluon.py \
+if [ "${1:-all}" = tests ]; then
+  timeout 560 python3 -m pytest -q tests/test_attention_kernels.py tests/test_attention_gluon.py \
       tests/test_attention_cpp.py -k "gpu or gluon" 2>&1 | tail -2; stamp "GPU and Gluon tests"
-  for run in 1 2; do
-    leaderboard "attention-leaderboard-run$run-step23-h100.jsonl"; stamp "leaderboard, run $run"
-    issue6_configs "attention-issue6-run$run-step23-h100.jsonl"; stamp "issue 6 configurations, run $run"
-  done
+fi
+if [ "${1:-all}" = final ]; then
+  section1_twice step23
 fi
 if [ "${1:-all}" = grid ]; then
-  PROFILER_KIT_FLASH_CPP=1 timeout 300 python3 -m profiler_kit attention bench --impl flash-triton,sdpa-flash \
-      --batch 8 --d 128 --seq 256,1024,4096,8192,16384 --dtype bf16 --rounds 5 \
-      --output "$OUT/attention-grid-d128-rounds5-step23-h100.jsonl" --format csv >/dev/null 2>/tmp/g.err
-  grep -v "Warning\|warn_once\|loading the C++\|━" /tmp/g.err | tail -3
-  python3 scripts/step21/ratio_grid.py "$OUT/attention-grid-d128-rounds5-step23-h100.jsonl"; stamp "grid d=128"
+  grid_d128 step23
 fi
