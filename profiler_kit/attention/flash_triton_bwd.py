@@ -338,18 +338,11 @@ def flash_backward(
     dk = torch.empty((z, h, n_k, d), dtype=k4.dtype, device=k4.device)
     dv = torch.empty_like(dk)
     bd = block_d(d)
-    descs = descriptors(q4, k4, v4, do4) if tma else [None] * 4
-    stat_descs = row_descriptors(lse2[:, :n_q], delta[:, :n_q]) if tma else [None] * 2
 
     signature = (causal, tma, *map(tensor_signature, (q4, k4, v4, o4, do4, lse)))
     _preprocess(lambda meta: (triton.cdiv(n_q, PREPROCESS_BLOCK_M), z * h),
                 (o4, do4, lse, delta, lse2, *strides3(o4), *strides3(do4), h, n_q),
                 {"HEAD_DIM": d, "BLOCK_D": bd, "BLOCK_M": PREPROCESS_BLOCK_M}, signature)
-    common = (*strides3(q4), *strides3(k4), *strides3(v4), *strides3(do4))
-    scalars = (h, n_q, n_k, LOG2E / math.sqrt(d), 1.0 / math.sqrt(d), seq_bucket(max(n_q, n_k)))
-    consts = {"HEAD_DIM": d, "BLOCK_D": bd, "CAUSAL": causal, "TMA": tma, "HEAD_GROUP": head_group(causal)}
-    dkdv_args = (q4, k4, v4, do4, lse2, delta, dk, dv, *descs, *stat_descs, *common, *strides3(dk), *scalars)
-    dq_args = (q4, k4, v4, do4, lse2, delta, dq, *descs, *common, *strides3(dq), *scalars)
     fused_ws = None
     if gluon_dkdv is None and gluon_fused is None and not pinned:
         # A Gluon dK/dV kernel named by its switch runs; otherwise the fused kernel where chosen.
@@ -366,6 +359,14 @@ def flash_backward(
         _dkdv.last_config = _dkdv.last_plan = _dq.last_config = _dq.last_plan = None
         torch.mul(dq_acc.view(z, h, n_q, d), 1.0 / math.sqrt(d), out=dq)
         return dq, dk, dv
+    # The Triton kernels' arguments, built only for them (the fused kernels build their own descriptors).
+    descs = descriptors(q4, k4, v4, do4) if tma else [None] * 4
+    stat_descs = row_descriptors(lse2[:, :n_q], delta[:, :n_q]) if tma else [None] * 2
+    common = (*strides3(q4), *strides3(k4), *strides3(v4), *strides3(do4))
+    scalars = (h, n_q, n_k, LOG2E / math.sqrt(d), 1.0 / math.sqrt(d), seq_bucket(max(n_q, n_k)))
+    consts = {"HEAD_DIM": d, "BLOCK_D": bd, "CAUSAL": causal, "TMA": tma, "HEAD_GROUP": head_group(causal)}
+    dkdv_args = (q4, k4, v4, do4, lse2, delta, dk, dv, *descs, *stat_descs, *common, *strides3(dk), *scalars)
+    dq_args = (q4, k4, v4, do4, lse2, delta, dq, *descs, *common, *strides3(dq), *scalars)
     if gluon_dkdv is not None and flash_gluon_bwd.usable(q4, k4, v4, do4):
         _dkdv.last_config = _dkdv.last_plan = None  # no Triton launch (and none for the C++ path) this call
         flash_gluon_bwd.dkdv(q4, k4, v4, do4, lse2, delta, dk, dv, causal, **gluon_dkdv)
