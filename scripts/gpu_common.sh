@@ -44,11 +44,13 @@ section1_twice() {  # $1: the step's tag in file names (e.g. step23): the leader
   done
 }
 
-grid_d128() {  # $1: the step's tag in file names: the eager grid's d = 128 row (step 21's command, --rounds 5)
-  local file="$OUT/attention-grid-d128-rounds5-$1-h100.jsonl"
-  PROFILER_KIT_FLASH_CPP=1 timeout 300 python3 -m profiler_kit attention bench --impl flash-triton,sdpa-flash \
-      --batch 8 --d 128 --seq 256,1024,4096,8192,16384 --dtype bf16 --rounds 5 --output "$file" --format csv \
+grid_rounds5() {  # $1: the step's tag in file names, $2: head dims (default 128, the d = 128 row; 16,32,64,128 the
+  # whole bf16 grid): the eager grid (step 21's command, --rounds 5) and its ratios
+  local dims=${2:-128}
+  local file="$OUT/attention-grid-d${dims//,/-}-rounds5-$1-h100.jsonl"
+  PROFILER_KIT_FLASH_CPP=1 timeout 500 python3 -m profiler_kit attention bench --impl flash-triton,sdpa-flash \
+      --batch 8 --d "$dims" --seq 256,1024,4096,8192,16384 --dtype bf16 --rounds 5 --output "$file" --format csv \
       >/dev/null 2>/tmp/g.err
   grep -v "Warning\|warn_once\|loading the C++\|━" /tmp/g.err | tail -3
-  python3 scripts/step21/ratio_grid.py "$file"; stamp "grid d=128"
+  python3 scripts/step21/ratio_grid.py "$file"; stamp "grid d=$dims"
 }

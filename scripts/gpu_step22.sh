@@ -49,5 +49,5 @@ if [ "${1:-all}" = final ]; then
   section1_twice step22
 fi
 if [ "${1:-all}" = grid ]; then
-  grid_d128 step22
+  grid_rounds5 step22
 fi

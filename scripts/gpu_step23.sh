@@ -8,13 +8,15 @@
 # `bash scripts/gpu_step23.sh tests`: the GPU and Gluon tests of the attention kernels (~2.5 minutes once warm).
 # `bash scripts/gpu_step23.sh final`: the section 1 commands of issue 6 (the leaderboard and the two d = 128
 # configurations) with the shipped defaults, twice.
-# `bash scripts/gpu_step23.sh grid`: the eager grid's d = 128 row (step 21's command, --rounds 5).
+# `bash scripts/gpu_step23.sh grid`: the eager grid's d = 128 row (step 21's command, --rounds 5); GRID_D=16,32,64,128
+# for the whole bf16 grid.
+# STEP (default step23) tags the file names, SHAPES and PAIR_SHAPES narrow the shapes (scripts/gpu_step24.sh).
 # Run on the GPU machine from the repository root (writes to $OUT).
 . scripts/gpu_common.sh
 if [ "${1:-all}" = all ]; then
   timeout 240 python3 -m pytest -q tests/test_attention_kernels.py -k "two_group" 2>&1 | tail -4; stamp "tests"
   timeout 330 python3 scripts/step23/bwd_bench.py --shapes "${SHAPES:-causal4096,full8192,leaderboard}" \
-      --best-dir "$OUT" 2>&1 | grep -v "Warning\|warn_once" | tee "$OUT/attention-gluon-bwd-step23-h100.md"
+      --best-dir "$OUT" 2>&1 | grep -v "Warning\|warn_once" | tee "$OUT/attention-gluon-bwd-${STEP:-step23}-h100.md"
   stamp "backward bench"
 fi
 if [ "${1:-all}" = pair ]; then
@@ -22,9 +24,9 @@ if [ "${1:-all}" = pair ]; then
     for shape in ${PAIR_SHAPES:-causal4096 full8192 leaderboard}; do
       best=$(cat "${BEST_DIR:-$OUT}/bwd-best-$shape.txt" 2>/dev/null || echo "2,0")
       echo "== $shape, fused backward $best, run $run"
-      PROFILER_KIT_FLASH_GLUON_BWD="$best" shape_bench "$shape" "attention-$shape-fused-run$run-step23-h100.jsonl"
+      PROFILER_KIT_FLASH_GLUON_BWD="$best" shape_bench "$shape" "attention-$shape-fused-run$run-${STEP:-step23}-h100.jsonl"
       echo "== $shape, split backward, run $run"
-      PROFILER_KIT_FLASH_GLUON_BWD=0 shape_bench "$shape" "attention-$shape-split-run$run-step23-h100.jsonl"
+      PROFILER_KIT_FLASH_GLUON_BWD=0 shape_bench "$shape" "attention-$shape-split-run$run-${STEP:-step23}-h100.jsonl"
       stamp "$shape run $run"
     done
   done
@@ -34,8 +36,8 @@ if [ "${1:-all}" = tests ]; then
       tests/test_attention_cpp.py -k "gpu or gluon" 2>&1 | tail -2; stamp "GPU and Gluon tests"
 fi
 if [ "${1:-all}" = final ]; then
-  section1_twice step23
+  section1_twice "${STEP:-step23}"
 fi
 if [ "${1:-all}" = grid ]; then
-  grid_d128 step23
+  grid_rounds5 "${STEP:-step23}" "${GRID_D:-128}"
 fi

@@ -17,11 +17,14 @@ import torch
 
 from profiler_kit.attention.bench import Timing, sample_ms
 
-# name: (batch, heads, seq, d, causal), the issue 6 shapes.
+# name: (batch, heads, seq, d, causal): the issue 6 shapes, then the leaderboard's non-causal twin and the seeds'
+# grid's largest d = 64 shape (the other d = 64 calls that reach the fused backward's default, step 24).
 SHAPES = {
     "causal4096": (4, 16, 4096, 128, True),
     "full8192": (4, 16, 8192, 128, False),
     "leaderboard": (1, 16, 16384, 64, True),
+    "full16384d64": (1, 16, 16384, 64, False),
+    "grid16384d64": (8, 1, 16384, 64, True),
 }
 
 
@@ -29,7 +32,7 @@ def run_shapes(doc: str, measure: Callable[[str, int, float, Path | None], None]
     """A bench's command line (--shapes, --rounds, --rep-ms, --best-dir; `doc`'s first line as its description):
     the device, then `measure(name, rounds, rep_ms, best_dir)` for each shape named."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
-    parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--shapes", default="causal4096,full8192,leaderboard")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--rep-ms", type=float, default=100.0)
     parser.add_argument("--best-dir", type=Path, default=None)

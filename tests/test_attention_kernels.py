@@ -645,7 +645,7 @@ def test_two_group_fused_backward_matches_reference_gpu(monkeypatch, case):
     d, causal = case[3], case[4]
     (q4, k4, v4, grad_out), (out, lse), want = _gluon_backward_case(case)
     for config in flash_gluon_fused.CONFIGS[d]:
-        monkeypatch.setenv(flash_gluon_fused.BWD_ENV, f"{config['stages']},{int(config['defer'])}")
+        monkeypatch.setenv(flash_gluon_fused.BWD_ENV, flash_gluon_fused.setting(config))
         got = flash_triton_bwd.flash_backward(q4, k4, v4, out, lse, grad_out, causal)
         assert flash_gluon_bwd.last_launch["dkdv"].startswith("gluon fused")
         for name, value in zip(("dq", "dk", "dv"), got, strict=True):

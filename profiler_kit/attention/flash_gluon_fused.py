@@ -7,7 +7,8 @@ Step 17's fused kernel (`flash_gluon_bwd.fused`, one 4-warp group per 64-key til
 d = 128 and lost at d = 64. FlashAttention-3 shares a 128-key block between two consumer warp groups and splits
 dQ between them by columns, so each holds only a 64 × d/2 slice of it:
 
-- a producer warp streams the query tiles (q, dO, LSE2, Delta of 64 rows) by TMA into a ring of STAGES slots;
+- a producer warp streams the query tiles (q, dO, LSE2, Delta of BLOCK_M = 64 or 128 rows) by TMA into a ring of
+  STAGES slots;
   a slot is refilled once both consumers have released it;
 - consumer g (of 2) owns keys [64g, 64g + 64) of the block. Per query tile it computes Sᵀ = K_g qᵀ and
   dPᵀ = V_g dOᵀ, Pᵀ = exp2(Sᵀ·scale − LSE2) and dSᵀ = Pᵀ ∘ (dPᵀ − Delta); dV_g += Pᵀ dO and dK_g += dSᵀ q with
@@ -22,8 +23,8 @@ an order set by timing, so dQ is not bitwise reproducible.
 
 Scope: 16-bit, contiguous (Z, H, N, d) q, k, v, dO with d ∈ {64, 128}, on compute capability 9.x with Triton's
 Gluon (3.6); `flash_gluon_bwd.usable` says whether a call qualifies, `chosen` whether `flash_triton_bwd.flash_backward`
-runs it: by default at d = 128 on large calls, where it beat the split backward by 5% (causal N = 4096) to 21%
-(non-causal N = 8192) on the H100.
+runs it: by default on large calls, where on the H100 it beat the split backward by 5% (causal N = 4096) to 21%
+(non-causal N = 8192) at d = 128, and by 7–11% at d = 64 with 128-row query tiles.
 """
 
 from __future__ import annotations
@@ -38,21 +39,27 @@ from profiler_kit.attention.flash_gluon_bwd import gluon
 from profiler_kit.attention.flash_triton_launch import LOG2E
 
 BWD_ENV = "PROFILER_KIT_FLASH_GLUON_BWD"
-# The configs offered per head dim, each compiled for sm_90 without spills or serialised matmuls (Triton 3.6). At
+# The configs offered per head dim, each compiled for sm_90 (Triton 3.6) without serialised matmuls, and causal without
+# spills (non-causal, the loop-invariant mask operands of the tiles at the ends spill: 64 bytes at d = 128, 208 with
+# 128-row query tiles). At
 # d = 128 the consumers need 240 registers each: with tile j−1's dK and dV deferred beside tile j's q·kᵀ (DEFER) or
 # with 3 query-tile stages, ptxas spills and issues every wgmma alone.
+# 128-row query tiles (BLOCK_M, d = 64 only) fit in 240 registers when dV is waited for together with dPᵀ.
 CONFIGS: dict[int, list[dict]] = {
-    64: [{"stages": 2, "defer": True}, {"stages": 3, "defer": True}, {"stages": 2, "defer": False}],
-    128: [{"stages": 2, "defer": False}],
+    64: [{"stages": 2, "defer": True, "block_m": 64}, {"stages": 3, "defer": True, "block_m": 64},
+         {"stages": 2, "defer": False, "block_m": 64}, {"stages": 2, "defer": False, "block_m": 128}],
+    128: [{"stages": 2, "defer": False, "block_m": 64}],
 }
 # The config `flash_triton_bwd.flash_backward` runs by default per head dim, on calls with at least
 # `flash_gluon_fwd.MIN_WORK` (its launch goes through Python, as the Gluon forward's does); elsewhere the split
 # backward. On the H100 it took the non-causal N = 8192, d = 128 backward from 13.12 to 10.33 ms (cuDNN's 10.53) and
-# the causal N = 4096 one from 1.737 to 1.645 (cuDNN's 1.602). At d = 64 (the leaderboard) it was within the runs'
-# spread of the split kernels (3.355–3.392 against 3.405 ms), so the split kernels stay there.
-# docs/results/attention-h100.md, step 23.
-DEFAULTS: dict[int, dict] = {128: {"stages": 2, "defer": False}}
-# Keys per consumer warp group and query rows per tile: one wgmma M of 64 per group of 4 warps.
+# the causal N = 4096 one from 1.737 to 1.645 (cuDNN's 1.602) (docs/results/attention-h100.md, step 23). At d = 64
+# its 64-row query tiles were within the runs' spread of the split kernels; 128-row ones took the leaderboard's
+# backward from 3.417 to 3.037 ms (cuDNN's 3.255), the grid's causal N = 16384 one from 1.706 to 1.584 and the
+# non-causal N = 16384 one from 6.737 to 6.263 (step 24).
+DEFAULTS: dict[int, dict] = {64: {"stages": 2, "defer": False, "block_m": 128},
+                              128: {"stages": 2, "defer": False, "block_m": 64}}
+# Keys per consumer warp group (one wgmma M of 64 per group of 4 warps), and the default query rows per tile.
 GROUP_ROWS = 64
 # Launch register cap and the per-partition split: 12 warps × 168 registers, i.e. 3 × 168 per thread of a warp
 # group. The producer is the default partition here (4 warps, of which one thread issues the loads), so that the two
@@ -87,12 +94,12 @@ if gluon is not None:
     def _query_producer(desc_q, desc_do, desc_l, desc_d, q_s, do_s, l_s, d_s, ready, empty, q_row0, pid_bh, lo,
                         n_tiles, STAGES: gl.constexpr):
         """Producer warp: query tile j goes into slot j % STAGES once both consumers have released it."""
-        rows_n: gl.constexpr = q_s.shape[1]
+        rows_m: gl.constexpr = q_s.shape[1]
         for j in range(n_tiles):
             slot = j % STAGES
             mbarrier.wait(empty.index(slot), ((j // STAGES) & 1) ^ 1)
             _load_query_tile(desc_q, desc_do, desc_l, desc_d, q_s, do_s, l_s, d_s, ready, slot,
-                             q_row0 + lo + j * rows_n, pid_bh, lo + j * rows_n, True)
+                             q_row0 + lo + j * rows_m, pid_bh, lo + j * rows_m, True)
 
     @gluon.jit
     def _consumer(k_s, v_s, q_s, do_s, l_s, d_s, ds_s, dq_s, ready, empty, ds_full, desc_dq, DK, DV,
@@ -101,10 +108,11 @@ if gluon is not None:
                   DEFER: gl.constexpr):
         """Consumer GROUP's 64 keys of the block: the loop of the module docstring, then its dK and dV stored."""
         dtype: gl.constexpr = q_s.dtype
-        rows_n: gl.constexpr = q_s.shape[1]
+        rows_m: gl.constexpr = q_s.shape[1]
+        rows_n: gl.constexpr = k_s.shape[0] // 2
         half_d: gl.constexpr = HEAD_DIM // 2
         mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, rows_n, 16])
+                                                        instr_shape=[16, rows_m, 16])
         mma_o: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, HEAD_DIM, 16])
         mma_q: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -117,22 +125,22 @@ if gluon is not None:
         v_mine = v_s.slice(GROUP * rows_n, rows_n, dim=0)
         k_cols = k_s.slice(GROUP * half_d, half_d, dim=1)
         keys = start_n + gl.arange(0, rows_n, layout=gl.SliceLayout(1, mma_s))
-        queries = gl.arange(0, rows_n, layout=cols_of)
-        zero_s = gl.zeros([rows_n, rows_n], gl.float32, mma_s)
-        zero_q = gl.zeros([rows_n, half_d], gl.float32, mma_q)
+        queries = gl.arange(0, rows_m, layout=cols_of)
+        zero_s = gl.zeros([rows_n, rows_m], gl.float32, mma_s)
+        zero_q = gl.zeros([rows_m, half_d], gl.float32, mma_q)
         dk = gl.zeros([rows_n, HEAD_DIM], gl.float32, mma_o)
         dv = gl.zeros([rows_n, HEAD_DIM], gl.float32, mma_o)
         keys_past_end = start_n + rows_n > N_K
 
         # DEFER: tile j-1's dK and dV are issued beside tile j's q·kᵀ and dPᵀ (as in `flash_gluon_bwd`), so that
         # the softmax runs while they are on the tensor cores; tile -1's add zeros.
-        p_prev = gl.zeros([rows_n, rows_n], dtype, a_regs)
-        ds_prev = gl.zeros([rows_n, rows_n], dtype, a_regs)
+        p_prev = gl.zeros([rows_n, rows_m], dtype, a_regs)
+        ds_prev = gl.zeros([rows_n, rows_m], dtype, a_regs)
         for j in range(n_tiles):
             slot = j % STAGES
             prev = (j + STAGES - 1) % STAGES if j > 0 else 0
             buf = j % 2
-            start_m = lo + j * rows_n
+            start_m = lo + j * rows_m
             mbarrier.wait(ready.index(slot), (j // STAGES) & 1)
             qk = warpgroup_mma(k_mine, q_s.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
             dp = warpgroup_mma(v_mine, do_s.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
@@ -143,16 +151,20 @@ if gluon is not None:
             else:
                 qk = warpgroup_mma_wait(1, deps=[qk])
             # dQ sums over keys, so keys past N_K (the next head's rows) are masked here too.
-            masked = _needs_mask(start_m, start_n, N_Q, keys_past_end, rows_n, rows_n, CAUSAL)
-            p = _probabilities(qk, l_s.index(slot).reshape([rows_n]).load(cols_of), qk_scale, start_m + queries,
+            masked = _needs_mask(start_m, start_n, N_Q, keys_past_end, rows_m, rows_n, CAUSAL)
+            p = _probabilities(qk, l_s.index(slot).reshape([rows_m]).load(cols_of), qk_scale, start_m + queries,
                                keys, N_Q, N_K, masked, CAUSAL, True)
             p_op = gl.convert_layout(p.to(dtype), a_regs)
             if DEFER:
                 dp = warpgroup_mma_wait(2, deps=[dp])
             else:
-                dv_acc = warpgroup_mma(p_op, do_s.index(slot), dv, is_async=True)
-                dp = warpgroup_mma_wait(1, deps=[dp])
-            delta = d_s.index(slot).reshape([rows_n]).load(cols_of)
+                dv = warpgroup_mma(p_op, do_s.index(slot), dv, is_async=True)
+                if rows_m > rows_n:
+                    # 128-query tiles: dSᵀ needs the registers that Pᵀ holds for dV, so dV ends with dPᵀ.
+                    dp, dv, p_op = warpgroup_mma_wait(0, deps=[dp, dv, p_op])
+                else:
+                    dp = warpgroup_mma_wait(1, deps=[dp])
+            delta = d_s.index(slot).reshape([rows_m]).load(cols_of)
             ds = (p * (dp - delta[None, :])).to(dtype)
             ds_op = gl.convert_layout(ds, a_regs)
             if DEFER:
@@ -173,7 +185,7 @@ if gluon is not None:
             if DEFER:
                 dq = warpgroup_mma_wait(0, deps=[dq_acc])
             else:
-                dk, dv, dq, p_op, ds_op = warpgroup_mma_wait(0, deps=[dk_acc, dv_acc, dq_acc, p_op, ds_op])
+                dk, dv, dq, p_op, ds_op = warpgroup_mma_wait(0, deps=[dk_acc, dv, dq_acc, p_op, ds_op])
                 mbarrier.arrive(empty.index(slot), count=1)
             # The previous tile's reduction has read dq_s (in the thread that issued it) before anyone writes it.
             tma.store_wait(0)
@@ -197,23 +209,24 @@ if gluon is not None:
                       HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, DEFER: gl.constexpr):
         """dK, dV of one (128-key block, batch·head) and its share of dQ (module docstring)."""
         dtype: gl.constexpr = desc_q.dtype
-        rows_n: gl.constexpr = desc_q.block_type.shape[0]
+        rows_m: gl.constexpr = desc_q.block_type.shape[0]
+        rows_n: gl.constexpr = desc_k.block_type.shape[0] // 2
         pid_bh = gl.program_id(1)
         block_n = gl.program_id(0) * 2 * rows_n
         q_row0 = pid_bh * N_Q
         # Causal: query tiles before the block see none of its keys.
         lo = block_n if CAUSAL else 0
-        n_tiles = gl.cdiv(N_Q - lo, rows_n)
+        n_tiles = gl.cdiv(N_Q - lo, rows_m)
 
         k_s = gl.allocate_shared_memory(dtype, [2 * rows_n, HEAD_DIM], desc_k.layout)
         v_s = gl.allocate_shared_memory(dtype, [2 * rows_n, HEAD_DIM], desc_v.layout)
-        q_s = gl.allocate_shared_memory(dtype, [STAGES, rows_n, HEAD_DIM], desc_q.layout)
-        do_s = gl.allocate_shared_memory(dtype, [STAGES, rows_n, HEAD_DIM], desc_do.layout)
-        l_s = gl.allocate_shared_memory(gl.float32, [STAGES, 1, rows_n], desc_l.layout)
-        d_s = gl.allocate_shared_memory(gl.float32, [STAGES, 1, rows_n], desc_d.layout)
-        ds_s = gl.allocate_shared_memory(dtype, [2, 2 * rows_n, rows_n],
-                                         gl.NVMMASharedLayout.get_default_for([2 * rows_n, rows_n], dtype))
-        dq_s = gl.allocate_shared_memory(gl.float32, [2, rows_n, HEAD_DIM // 2], desc_dq.layout)
+        q_s = gl.allocate_shared_memory(dtype, [STAGES, rows_m, HEAD_DIM], desc_q.layout)
+        do_s = gl.allocate_shared_memory(dtype, [STAGES, rows_m, HEAD_DIM], desc_do.layout)
+        l_s = gl.allocate_shared_memory(gl.float32, [STAGES, 1, rows_m], desc_l.layout)
+        d_s = gl.allocate_shared_memory(gl.float32, [STAGES, 1, rows_m], desc_d.layout)
+        ds_s = gl.allocate_shared_memory(dtype, [2, 2 * rows_n, rows_m],
+                                         gl.NVMMASharedLayout.get_default_for([2 * rows_n, rows_m], dtype))
+        dq_s = gl.allocate_shared_memory(gl.float32, [2, rows_m, HEAD_DIM // 2], desc_dq.layout)
         kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -251,16 +264,16 @@ if gluon is not None:
 
 def chosen(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, do4: torch.Tensor) -> dict | None:
     """The keyword arguments of `fused` for this call, or None where the split backward runs.
-    PROFILER_KIT_FLASH_GLUON_BWD=0 always picks the split backward; "STAGES,DEFER" (e.g. "2,1") picks that config
-    of CONFIGS wherever `flash_gluon_bwd.usable`; unset, DEFAULTS decides per head dim for calls with at least
-    `flash_gluon_fwd.MIN_WORK`."""
+    PROFILER_KIT_FLASH_GLUON_BWD=0 always picks the split backward; "STAGES,DEFER[,BLOCK_M]" (e.g. "2,1" or "2,0,128";
+    BLOCK_M 64 when left out) picks that config of CONFIGS wherever `flash_gluon_bwd.usable`; unset, DEFAULTS decides
+    per head dim for calls with at least `flash_gluon_fwd.MIN_WORK`."""
     setting = os.environ.get(BWD_ENV, "")
     if setting == "0":
         return None
     z, h, n_q, d = q4.shape
     if setting:
-        stages, defer = (int(x) for x in setting.split(","))
-        config = {"stages": stages, "defer": bool(defer)}
+        stages, defer, block_m = (*(int(x) for x in setting.split(",")), GROUP_ROWS)[:3]
+        config = {"stages": stages, "defer": bool(defer), "block_m": block_m}
         config = config if config in CONFIGS.get(d, []) else None
     else:
         config = DEFAULTS.get(d) if z * h * n_q * k4.shape[2] * d >= flash_gluon_fwd.MIN_WORK else None
@@ -268,37 +281,44 @@ def chosen(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, do4: torch.Tens
     return config if config is not None and flash_gluon_bwd.usable(q4, k4, v4, do4) else None
 
 
-def _descriptors(q4, k4, v4, do4, lse2, delta, dq_acc) -> list:
-    """TMA descriptors: q, dO (64-row tiles), k, v (128-row blocks), the statistics, and the fp32 (Z·H·N_Q, d)
-    dQ accumulator in (64 × d/2) tiles."""
+def setting(config: dict) -> str:
+    """The PROFILER_KIT_FLASH_GLUON_BWD value that picks `config` (one of CONFIGS)."""
+    return f"{config['stages']},{int(config['defer'])},{config['block_m']}"
+
+
+def _descriptors(q4, k4, v4, do4, lse2, delta, dq_acc, block_m: int) -> list:
+    """TMA descriptors: q, dO (tiles of `block_m` rows), k, v (128-row blocks), the statistics, and the fp32
+    (Z·H·N_Q, d) dQ accumulator in (block_m × d/2) tiles."""
     n_q, d = q4.shape[2], q4.shape[3]
-    descs = flash_gluon_bwd._descriptors(q4, k4, v4, do4, lse2, delta, n_q, GROUP_ROWS, 2 * GROUP_ROWS)
-    return [*descs, flash_gluon_bwd.block_descriptor(dq_acc, [GROUP_ROWS, d // 2])]
+    descs = flash_gluon_bwd._descriptors(q4, k4, v4, do4, lse2, delta, n_q, block_m, 2 * GROUP_ROWS)
+    return [*descs, flash_gluon_bwd.block_descriptor(dq_acc, [block_m, d // 2])]
 
 
 def fused(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, do4: torch.Tensor, lse2: torch.Tensor,
           delta: torch.Tensor, dq_acc: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, causal: bool,
-          stages: int = 2, defer: bool = False) -> None:
+          stages: int = 2, defer: bool = False, block_m: int = GROUP_ROWS) -> None:
     """Write dK and dV into the contiguous (Z, H, N_K, d) `dk`, `dv` and add dQ/scale into the zeroed fp32
     (Z·H·N_Q, d) `dq_acc`, from the D pre-pass's LSE2 and Delta (`flash_triton_bwd`); `stages` query-tile slots.
     The caller checks `flash_gluon_bwd.usable` first."""
     z, h, n_q, d = q4.shape
     n_k = k4.shape[2]
     grid = (triton.cdiv(n_k, 2 * GROUP_ROWS), z * h)
-    flash_gluon_bwd.last_launch["dkdv"] = f"gluon fused {2 * GROUP_ROWS}x{GROUP_ROWS} s{stages}"
-    _fused_kernel[grid](*_descriptors(q4, k4, v4, do4, lse2, delta, dq_acc), dk, dv, *dk.stride()[:3], h, n_q, n_k,
-                        LOG2E / d ** 0.5, 1.0 / d ** 0.5, HEAD_DIM=d, STAGES=stages, CAUSAL=causal, DEFER=defer,
-                        num_warps=4, maxnreg=LAUNCH_MAXNREG)
+    flash_gluon_bwd.last_launch["dkdv"] = f"gluon fused {2 * GROUP_ROWS}x{block_m} s{stages}"
+    _fused_kernel[grid](*_descriptors(q4, k4, v4, do4, lse2, delta, dq_acc, block_m), dk, dv, *dk.stride()[:3], h,
+                        n_q, n_k, LOG2E / d ** 0.5, 1.0 / d ** 0.5, HEAD_DIM=d, STAGES=stages, CAUSAL=causal,
+                        DEFER=defer, num_warps=4, maxnreg=LAUNCH_MAXNREG)
 
 
-def compile_sm90(head_dim: int, stages: int = 2, causal: bool = True, defer: bool = False):
+def compile_sm90(head_dim: int, stages: int = 2, causal: bool = True, defer: bool = False,
+                 block_m: int = GROUP_ROWS):
     """Compile the kernel for sm_90 (bf16) on any machine, GPU or not, so that what ptxas makes of it can be
     checked without one (tests). Returns a triton CompiledKernel, not loaded."""
     rows = 8 * GROUP_ROWS
     q4, k4, v4, do4 = (torch.empty(1, 1, rows, head_dim, dtype=torch.bfloat16) for _ in range(4))
     lse2, delta = (torch.empty(1, rows, dtype=torch.float32) for _ in range(2))
     names = ("desc_q", "desc_k", "desc_v", "desc_do", "desc_l", "desc_d", "desc_dq")
-    descs = dict(zip(names, _descriptors(q4, k4, v4, do4, lse2, delta, torch.empty(rows, head_dim)), strict=True))
+    descs = dict(zip(names, _descriptors(q4, k4, v4, do4, lse2, delta, torch.empty(rows, head_dim), block_m),
+                     strict=True))
     return flash_gluon_bwd.compile_gluon(
         _fused_kernel, descs, {"HEAD_DIM": head_dim, "STAGES": stages, "CAUSAL": causal, "DEFER": defer},
         {"DK": "*bf16", "DV": "*bf16", "qk_scale": "fp32", "sm_scale": "fp32"},

@@ -322,7 +322,8 @@ def flash_backward(
     `gluon_fused` (the same keywords) runs `flash_gluon_bwd.fused` instead of both the dK/dV and the dQ
     kernel where it applies (d = 64): dQ then comes from an fp32 accumulator and is not bitwise reproducible.
     Without either (and without pinned configs), `flash_gluon_bwd.chosen_dkdv` and then `flash_gluon_fused.chosen`
-    decide; the latter's two-warp-group fused kernel (by default at d = 128 on large calls) also returns such a dQ.
+    decide; the latter's two-warp-group fused kernel (by default at d = 64 and 128 on large calls) also returns such a
+    dQ.
     Returns dQ, dK, dV as contiguous (Z, H, seq, d) tensors in the input dtype.
     """
     z, h, n_q, d = q4.shape

@@ -46,9 +46,11 @@ def measure(name: str, rounds: int, rep_ms: float, best_dir: Path | None) -> Non
     want = _backward("0", q, k, v, out, lse, do, causal)
     impls = {"split": lambda: _backward("0", q, k, v, out, lse, do, causal)}
     impls["cudnn"] = cudnn_backward(q, k, v, do, causal)
+    settings = {}
     for cfg in flash_gluon_fused.CONFIGS[d]:
-        setting = f"{cfg['stages']},{int(cfg['defer'])}"
-        label = f"fused s{cfg['stages']}" + (" defer" if cfg["defer"] else "")
+        setting = flash_gluon_fused.setting(cfg)
+        label = f"fused s{cfg['stages']} m{cfg['block_m']}" + (" defer" if cfg["defer"] else "")
+        settings[label] = setting
         try:
             got = _backward(setting, q, k, v, out, lse, do, causal)
             torch.cuda.synchronize()
@@ -67,7 +69,7 @@ def measure(name: str, rounds: int, rep_ms: float, best_dir: Path | None) -> Non
     print(f"\n{name} (B{b} H{h} N{n} d{d} {'causal' if causal else 'non-causal'}), backward, {rounds} rounds")
     best = print_table("backward", samples, attention_flops(b * h, n, d, causal, "bwd"), prefix="fused")
     if best and best_dir:
-        (best_dir / f"bwd-best-{name}.txt").write_text(f"{best.split()[1].lstrip('s')},{int('defer' in best)}\n")
+        (best_dir / f"bwd-best-{name}.txt").write_text(settings[best] + "\n")
     print(flush=True)
 
 
