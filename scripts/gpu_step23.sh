@@ -4,7 +4,8 @@
 # against the split Triton backward and cuDNN's, five interleaved rounds, on the three issue 6 shapes), which writes
 # each shape's fastest config to $OUT/bwd-best-<shape>.txt.
 # `bash scripts/gpu_step23.sh pair [RUNS]`: each issue 6 command's fwd+bwd with the fused backward (the config in
-# bwd-best-<shape>.txt under BEST_DIR, default $OUT) and with the split one, alternately, RUNS times (default 2).
+# bwd-best-<shape>.txt under BEST_DIR, default $OUT; the shipped default without it) and with the split one,
+# alternately, RUNS times (default 2).
 # `bash scripts/gpu_step23.sh tests`: the GPU and Gluon tests of the attention kernels (~2.5 minutes once warm).
 # `bash scripts/gpu_step23.sh final`: the section 1 commands of issue 6 (the leaderboard and the two d = 128
 # configurations) with the shipped defaults, twice.
@@ -22,8 +23,9 @@ fi
 if [ "${1:-all}" = pair ]; then
   for run in $(seq 1 "${2:-2}"); do
     for shape in ${PAIR_SHAPES:-causal4096 full8192 leaderboard}; do
-      best=$(cat "${BEST_DIR:-$OUT}/bwd-best-$shape.txt" 2>/dev/null || echo "2,0")
-      echo "== $shape, fused backward $best, run $run"
+      # Without the bench's best-config file the shipped default runs (an empty switch), and the header says so.
+      best=$(cat "${BEST_DIR:-$OUT}/bwd-best-$shape.txt" 2>/dev/null || echo "")
+      echo "== $shape, fused backward ${best:-default}, run $run"
       PROFILER_KIT_FLASH_GLUON_BWD="$best" shape_bench "$shape" "attention-$shape-fused-run$run-${STEP:-step23}-h100.jsonl"
       echo "== $shape, split backward, run $run"
       PROFILER_KIT_FLASH_GLUON_BWD=0 shape_bench "$shape" "attention-$shape-split-run$run-${STEP:-step23}-h100.jsonl"

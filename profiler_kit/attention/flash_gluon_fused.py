@@ -39,12 +39,11 @@ from profiler_kit.attention.flash_gluon_bwd import gluon
 from profiler_kit.attention.flash_triton_launch import LOG2E
 
 BWD_ENV = "PROFILER_KIT_FLASH_GLUON_BWD"
-# The configs offered per head dim, each compiled for sm_90 (Triton 3.6) without serialised matmuls, and causal without
-# spills (non-causal, the loop-invariant mask operands of the tiles at the ends spill: 64 bytes at d = 128, 208 with
-# 128-row query tiles). At
-# d = 128 the consumers need 240 registers each: with tile j−1's dK and dV deferred beside tile j's q·kᵀ (DEFER) or
-# with 3 query-tile stages, ptxas spills and issues every wgmma alone.
-# 128-row query tiles (BLOCK_M, d = 64 only) fit in 240 registers when dV is waited for together with dPᵀ.
+# The configs offered per head dim, each compiled for sm_90 (Triton 3.6) without serialised matmuls, and causal
+# without spills. (Non-causal, the loop-invariant mask operands of the masked tiles at the ends spill: 64 bytes at
+# d = 128, 208 with 128-row query tiles.) At d = 128 the consumers need 240 registers each: with tile j−1's dK and dV
+# deferred beside tile j's q·kᵀ (DEFER) or with 3 query-tile stages, ptxas spills and issues every wgmma alone.
+# 128-row query tiles (block_m, d = 64 only) fit in 240 registers when dV is waited for together with dPᵀ.
 CONFIGS: dict[int, list[dict]] = {
     64: [{"stages": 2, "defer": True, "block_m": 64}, {"stages": 3, "defer": True, "block_m": 64},
          {"stages": 2, "defer": False, "block_m": 64}, {"stages": 2, "defer": False, "block_m": 128}],
