@@ -161,6 +161,16 @@ def test_leaderboard_ranks_by_fwd_bwd_with_ratio_columns():
         assert row["fwd_bwd_vs_sdpa-cudnn"] is None
 
 
+def test_leaderboard_with_the_backward_on_the_calling_thread(tmp_path):
+    out = tmp_path / "caller.jsonl"
+    result = invoke("leaderboard", "--impl", "flash-torch,sdpa-flash", "--heads", "2", "--seq", "32", "--d", "16",
+                    "--dtype", "fp32", "--backward-on-caller", "--output", str(out), "--format", "markdown", *FAST)
+    assert result.exit_code == 0, result.output
+    assert "backward on the calling thread" in result.stdout
+    assert [(r["impl"], r["status"], r["backward_thread"]) for r in read_rows(out)] == [
+        ("flash-torch", "ok", "caller"), ("sdpa-flash", "ok", "caller")]
+
+
 def test_ratio_pairs_name_each_pair_once():
     impls = ["naive", "sdpa-flash", "sdpa-cudnn", "flash-triton"]
     assert ratio_pairs(impls) == [
@@ -204,10 +214,10 @@ def test_rounds_alternate_the_order_and_split_the_budget(monkeypatch):
     order, budgets = [], []
     real = bench._time_round
 
-    def logged(fn, inputs, samples, device, warmup_ms, rep_ms):
+    def logged(fn, inputs, samples, device, warmup_ms, rep_ms, backward_on_caller):
         order.append(fn.impl_name)
         budgets.append(rep_ms)
-        real(fn, inputs, samples, device, warmup_ms, rep_ms)
+        real(fn, inputs, samples, device, warmup_ms, rep_ms, backward_on_caller)
 
     real_make = bench.make_impl
 
@@ -226,6 +236,24 @@ def test_rounds_alternate_the_order_and_split_the_budget(monkeypatch):
         assert row["status"] == "ok" and row["rounds"] == 3
         for timing in bench.TIMINGS:
             assert 0 < row[f"{timing}_p20_ms"] <= row[f"{timing}_ms"] <= row[f"{timing}_p80_ms"]
+
+
+@pytest.mark.parametrize("on_caller", [False, True])
+def test_backward_on_caller_switches_the_engine_threads_off_for_the_backward_timings(monkeypatch, on_caller):
+    """`backward_on_caller` runs the timed backward passes with the autograd engine's device threads off
+    (`torch.autograd.set_multithreading_enabled(False)`), and only them; the row says which."""
+    seen = []
+    real_sample = bench.sample_ms
+
+    def recording(fn, *args, **kwargs):
+        seen.append(torch.autograd.is_multithreading_enabled())
+        return real_sample(fn, *args, **kwargs)
+
+    monkeypatch.setattr(bench, "sample_ms", recording)
+    row, = bench.run_shape([cpu_config("naive")], warmup_ms=1, rep_ms=2, backward_on_caller=on_caller)
+    assert row["status"] == "ok" and row["backward_thread"] == ("caller" if on_caller else "engine")
+    assert seen == [True, not on_caller, not on_caller]  # fwd, bwd, fwd+bwd
+    assert torch.autograd.is_multithreading_enabled()
 
 
 def test_rounds_pool_every_call(monkeypatch):
@@ -282,6 +310,7 @@ def test_bench_with_rounds_through_the_cli(tmp_path):
     assert result.exit_code == 0, result.output
     assert "2 interleaved rounds per shape" in result.stdout
     rows = read_rows(out)
+    assert {r["backward_thread"] for r in rows} == {"engine"}
     assert [(r["impl"], r["seq"], r["status"], r["rounds"]) for r in rows] == [
         (impl, seq, "error" if impl == "sdpa-cudnn" else "ok", 2)
         for seq in (16, 32) for impl in ("naive", "flash-torch", "sdpa-cudnn")

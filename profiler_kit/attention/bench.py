@@ -9,8 +9,15 @@ With `rounds` > 1 the implementations of a shape are timed in interleaved rounds
 (`run_shape`): one reading of a host-bound shape moves by up to 2× from one tenth of a second to the next on
 an H100 host, and rounds share that drift among the implementations instead of handing it to one of them.
 The forward is timed as training runs it, with inputs that require grad (autograd records the graph); the
-backward alone replays one retained graph. In fp32, PyTorch's matmuls (naive, compiled) run in full fp32
-unless TF32 is enabled, while Triton's `tl.dot` uses TF32: compare fp32 rows with that in mind.
+backward alone replays one retained graph. `backward_thread` says where the backward passes ran: `engine` (the
+default, as training runs them) on the autograd engine's CUDA device thread, or `caller`
+(`torch.autograd.set_multithreading_enabled(False)`) on the calling thread. On an H100 host the engine's two
+thread switches per call, to its device thread and back, took 340–400 µs of a host-bound forward+backward's
+440–530 µs under Nsight Systems, for every implementation alike, ±50 µs from call to call (step 24 of
+docs/results/attention-h100.md);
+`caller` takes them out, leaving the implementations' own host and GPU time.
+In fp32, PyTorch's matmuls (naive, compiled) run in full fp32 unless TF32 is enabled, while Triton's `tl.dot`
+uses TF32: compare fp32 rows with that in mind.
 
 FLOPs follow the FlashAttention-2 paper: a forward is 4·B·H·N²·d (two N×N×d matmuls), a backward 2.5× that
 (five matmuls), both halved when causal; forward+backward is 3.5×.
@@ -68,7 +75,8 @@ TIMING_COLUMNS = tuple(f"{t}_{s}" for t in TIMINGS for s in ("ms", "p20_ms", "p8
 TFLOPS_COLUMNS = tuple(f"{t}_tflops" for t in TIMINGS)
 MEMORY_COLUMNS = ("mem_inputs_mb", "mem_before_bwd_mb", "saved_mb", "saved_analytic_mb", "fwd_peak_mb",
                   "bwd_peak_mb")
-COLUMNS = (*KEY_COLUMNS, "device", "status", "rounds", *TIMING_COLUMNS, *TFLOPS_COLUMNS, *MEMORY_COLUMNS, "message")
+COLUMNS = (*KEY_COLUMNS, "device", "status", "rounds", "backward_thread", *TIMING_COLUMNS, *TFLOPS_COLUMNS,
+           *MEMORY_COLUMNS, "message")
 
 
 @dataclass(frozen=True)
@@ -321,16 +329,19 @@ def _prepare(row: dict, cfg: AttentionConfig, inputs: tuple[torch.Tensor, ...],
 
 
 def _time_round(fn: AttentionFn, inputs: tuple[torch.Tensor, ...], samples: dict[str, list[float]],
-                device: torch.device, warmup_ms: float, rep_ms: float) -> None:
-    """Append one round of forward, backward and forward+backward calls to `samples` (ms per call)."""
+                device: torch.device, warmup_ms: float, rep_ms: float, backward_on_caller: bool = False) -> None:
+    """Append one round of forward, backward and forward+backward calls to `samples` (ms per call). With
+    `backward_on_caller` the backward passes run on the calling thread instead of the autograd engine's device
+    thread (`backward_thread` in the module docstring)."""
     q, k, v, grad_out = inputs
     params = [q, k, v]
     samples["fwd"] += sample_ms(lambda: fn(q, k, v), device, warmup_ms, rep_ms)
-    # One graph backpropagated again and again; the output and what it saved live as long as this partial.
-    backward_again = functools.partial(fn(q, k, v).backward, grad_out, retain_graph=True)
-    samples["bwd"] += sample_ms(backward_again, device, warmup_ms, rep_ms, params)
-    del backward_again
-    samples["fwd_bwd"] += sample_ms(lambda: fn(q, k, v).backward(grad_out), device, warmup_ms, rep_ms, params)
+    with torch.autograd.set_multithreading_enabled(not backward_on_caller):
+        # One graph backpropagated again and again; the output and what it saved live as long as this partial.
+        backward_again = functools.partial(fn(q, k, v).backward, grad_out, retain_graph=True)
+        samples["bwd"] += sample_ms(backward_again, device, warmup_ms, rep_ms, params)
+        del backward_again
+        samples["fwd_bwd"] += sample_ms(lambda: fn(q, k, v).backward(grad_out), device, warmup_ms, rep_ms, params)
     for t in params:
         t.grad = None
 
@@ -347,11 +358,11 @@ def _fill_timings(row: dict, cfg: AttentionConfig, samples: dict[str, list[float
                     / result.median_ms / 1e9})
 
 
-def _new_row(cfg: AttentionConfig, device: torch.device, rounds: int) -> dict:
+def _new_row(cfg: AttentionConfig, device: torch.device, rounds: int, backward_on_caller: bool) -> dict:
     row: dict = dict.fromkeys(COLUMNS)
     row.update({k: getattr(cfg, k) for k in KEY_COLUMNS})
     row.update(device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", message="",
-               rounds=rounds,
+               rounds=rounds, backward_thread="caller" if backward_on_caller else "engine",
                saved_analytic_mb=saved_bytes(cfg.impl, cfg.batch_heads, cfg.seq, cfg.d, DTYPES[cfg.dtype],
                                              cfg.causal) / MB)
     return row
@@ -362,7 +373,8 @@ def shape_of(cfg: AttentionConfig) -> tuple:
     return tuple(v for k, v in cfg.as_dict().items() if k != "impl")
 
 
-def run_shape(cfgs: list[AttentionConfig], warmup_ms: float, rep_ms: float, rounds: int = 1) -> list[dict]:
+def run_shape(cfgs: list[AttentionConfig], warmup_ms: float, rep_ms: float, rounds: int = 1,
+              backward_on_caller: bool = False) -> list[dict]:
     """Benchmark the implementations of one shape together, one row each.
 
     Each is compiled and warmed up on the same inputs; then all are timed in `rounds` rounds whose order
@@ -372,12 +384,12 @@ def run_shape(cfgs: list[AttentionConfig], warmup_ms: float, rep_ms: float, roun
     from the implementations (docs/results/attention-h100.md, step 20).
 
     OOMs and other failures become a row's status instead of exceptions, keeping the timings of the rounds
-    before; the other implementations go on.
+    before; the other implementations go on. `backward_on_caller`: see `_time_round`.
     """
     if len({shape_of(cfg) for cfg in cfgs}) != 1:
         raise ValueError("run_shape takes configs that differ only in their implementation")
     device = resolve_device(cfgs[0].device)
-    rows = [_new_row(cfg, device, rounds) for cfg in cfgs]
+    rows = [_new_row(cfg, device, rounds, backward_on_caller) for cfg in cfgs]
     samples = [{timing: [] for timing in TIMINGS} for _ in cfgs]
     live: list[tuple[int, AttentionFn]] = []
     inputs: tuple[torch.Tensor, ...] = ()
@@ -396,7 +408,7 @@ def run_shape(cfgs: list[AttentionConfig], warmup_ms: float, rep_ms: float, roun
         for r in range(rounds):
             for i, fn in list(live) if r % 2 == 0 else live[::-1]:
                 try:
-                    _time_round(fn, inputs, samples[i], device, warmup_ms, rep_ms / rounds)
+                    _time_round(fn, inputs, samples[i], device, warmup_ms, rep_ms / rounds, backward_on_caller)
                 except Exception as exc:
                     fail(i, exc)
                     live.remove((i, fn))

@@ -53,6 +53,10 @@ def _run_options(fn: Callable) -> Callable:
                      help="Time each shape's implementations together in this many rounds, their order "
                           "alternating, each round measuring rep/rounds ms; medians pool the rounds' calls. "
                           "Use it on host-bound shapes, where one reading moves with the host's state."),
+        click.option("--backward-on-caller", is_flag=True,
+                     help="Run every implementation's backward on the calling thread instead of the autograd "
+                          "engine's CUDA device thread (torch.autograd.set_multithreading_enabled(False)): takes "
+                          "the engine's thread switches, most of a host-bound call's time, out of the readings."),
         click.option("--output", type=click.Path(dir_okay=False, path_type=Path),
                      help="Append one row per config as soon as it finishes, with --rounds a shape's rows "
                           "after its last round (.jsonl, .csv or .md)."),
@@ -64,8 +68,8 @@ def _run_options(fn: Callable) -> Callable:
     return fn
 
 
-def _measure(configs: list, warmup: int, rep: int, rounds: int, output: Path | None, resume: bool,
-             fmt: str) -> pd.DataFrame:
+def _measure(configs: list, warmup: int, rep: int, rounds: int, backward_on_caller: bool, output: Path | None,
+             resume: bool, fmt: str) -> pd.DataFrame:
     """Run the configs not yet in --output (all of them without --resume), appending each row as it comes; with
     several rounds, a shape's implementations run together and their rows come together."""
     from profiler_kit.attention import bench
@@ -86,7 +90,7 @@ def _measure(configs: list, warmup: int, rep: int, rounds: int, output: Path | N
             cfg = group[0]
             what = ",".join(c.impl for c in group) + (f" ×{rounds} rounds" if rounds > 1 else "")
             progress.update(task, description=f"{what} {cfg.dtype} seq={cfg.seq} d={cfg.d}")
-            for row in bench.run_shape(group, warmup, rep, rounds):
+            for row in bench.run_shape(group, warmup, rep, rounds, backward_on_caller):
                 if writer:
                     writer.append(row)
                 if row["status"] != "ok":
@@ -97,13 +101,14 @@ def _measure(configs: list, warmup: int, rep: int, rounds: int, output: Path | N
     return pd.DataFrame(rows, columns=list(bench.COLUMNS))
 
 
-def _caption(results: pd.DataFrame, warmup: int, rep: int, rounds: int) -> str:
+def _caption(results: pd.DataFrame, warmup: int, rep: int, rounds: int, backward_on_caller: bool) -> str:
     first = results.iloc[0]
     heads = "no heads" if pd.isna(first["heads"]) else f"{int(first['heads'])} heads"
     interleaved = f", {rounds} interleaved rounds per shape" if rounds > 1 else ""
+    caller = ", backward on the calling thread" if backward_on_caller else ""
     return (f"batch {first['batch']}, {heads}, {'causal' if first['causal'] else 'non-causal'}, "
             f"device {first['device']}; medians (do_bench on CUDA, host clock elsewhere; warmup {warmup} ms, "
-            f"rep {rep} ms{interleaved}); "
+            f"rep {rep} ms{interleaved}{caller}); "
             "memory in MiB allocated; speedups are ref_ms / impl_ms")
 
 
@@ -134,14 +139,14 @@ def attention() -> None:
               help="fp32, bf16, fp16 (comma list).")
 @click.option("--causal/--no-causal", default=True, show_default=True)
 @_run_options
-def bench_cmd(impls, batch, heads, ds, seqs, dtypes, causal, device, warmup, rep, rounds, output, resume,
-              fmt) -> None:
+def bench_cmd(impls, batch, heads, ds, seqs, dtypes, causal, device, warmup, rep, rounds, backward_on_caller,
+              output, resume, fmt) -> None:
     """Forward, backward and forward+backward of each implementation over dtype × d × seq."""
     from profiler_kit.attention import bench
     from profiler_kit.attention.bench_tables import pivot_tables
 
     configs = bench.sweep_configs(impls or bench.IMPLS, dtypes, ds, seqs, batch, heads, causal, device)
-    results = _measure(configs, warmup, rep, rounds, output, resume, fmt)
+    results = _measure(configs, warmup, rep, rounds, backward_on_caller, output, resume, fmt)
     pivots = pivot_tables(results)
     if fmt == "json":
         emit_tables([], fmt, json_obj={"results": records(results),
@@ -150,7 +155,7 @@ def bench_cmd(impls, batch, heads, ds, seqs, dtypes, causal, device, warmup, rep
         emit_tables([("attention", results)], fmt)
     else:
         emit_tables([("timings", results[TIMING_VIEW]), ("memory", results[MEMORY_VIEW]), *pivots], fmt,
-                    caption=_caption(results, warmup, rep, rounds))
+                    caption=_caption(results, warmup, rep, rounds, backward_on_caller))
     _exit_if_nothing_ran(results)
 
 
@@ -164,21 +169,21 @@ def bench_cmd(impls, batch, heads, ds, seqs, dtypes, causal, device, warmup, rep
 @click.option("--dtype", default="bf16", show_default=True, callback=single(one_of(dtype_names)))
 @click.option("--causal/--no-causal", default=True, show_default=True)
 @_run_options
-def leaderboard_cmd(impls, batch, heads, seq, d, dtype, causal, device, warmup, rep, rounds, output, resume,
-                    fmt) -> None:
+def leaderboard_cmd(impls, batch, heads, seq, d, dtype, causal, device, warmup, rep, rounds, backward_on_caller,
+                    output, resume, fmt) -> None:
     """Forward+backward of flash-triton against the SDPA backends on one config, fastest first."""
     from profiler_kit.attention import bench
     from profiler_kit.attention.bench_tables import leaderboard_table
 
     configs = bench.sweep_configs(impls, [dtype], [d], [seq], batch, heads, causal, device)
-    results = _measure(configs, warmup, rep, rounds, output, resume, fmt)
+    results = _measure(configs, warmup, rep, rounds, backward_on_caller, output, resume, fmt)
     board = leaderboard_table(results)
     if fmt == "json":
         emit_tables([], fmt, json_obj={"leaderboard": records(board), "results": records(results)})
     else:
         mask = "causal" if causal else "non-causal"
         title = f"leaderboard: B={batch} H={heads} N={seq} d={d} {dtype} {mask}"
-        emit_tables([(title, board)], fmt, caption=_caption(results, warmup, rep, rounds))
+        emit_tables([(title, board)], fmt, caption=_caption(results, warmup, rep, rounds, backward_on_caller))
     _exit_if_nothing_ran(results)
 
 
