@@ -550,11 +550,19 @@ GLUON_CASES = [
 GLUON_CONFIGS = {64: [(64, 64, 3, 4), (64, 128, 3, 8), (64, 64, 2, 4)], 128: [(32, 64, 3, 4), (64, 64, 2, 4)]}
 
 
-def _gluon_backward_case(case: tuple) -> tuple:
-    """bf16 (q, k, v, dO) of a GLUON_CASES case as (Z, H, N, d) tensors, the Triton forward's (O, L) on them, and the
+def _gluon_case_id(value) -> str:
+    """A test id for a GLUON_CASES case ("1x2x200x200x64-causal") or a dtype ("float16")."""
+    if isinstance(value, torch.dtype):
+        return str(value).removeprefix("torch.")
+    lead, n_q, n_k, d, causal = value
+    return "x".join(map(str, (*lead, n_q, n_k, d))) + "-causal" * causal
+
+
+def _gluon_backward_case(case: tuple, dtype: torch.dtype = torch.bfloat16) -> tuple:
+    """(q, k, v, dO) of a GLUON_CASES case as (Z, H, N, d) tensors, the Triton forward's (O, L) on them, and the
     float64 reference; skips where the Gluon kernels cannot run."""
     lead, n_q, n_k, d, causal = case
-    (q, k, v), grad_out = _inputs(lead, n_q, n_k, d, torch.bfloat16)
+    (q, k, v), grad_out = _inputs(lead, n_q, n_k, d, dtype)
     q4, k4, v4 = (t.detach() for t in (q, k, v))
     if not flash_gluon_bwd.usable(q4, k4, v4, grad_out):
         pytest.skip("needs Gluon and a GPU of compute capability 9.x")
@@ -563,7 +571,7 @@ def _gluon_backward_case(case: tuple) -> tuple:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", GLUON_CASES, ids=lambda c: "x".join(map(str, (*c[0], *c[1:4]))) + "-causal" * c[4])
+@pytest.mark.parametrize("case", GLUON_CASES, ids=_gluon_case_id)
 def test_gluon_dkdv_matches_reference_gpu(case):
     """The Gluon dK/dV kernel, every config offered for the head dim, against float64 (bf16 tolerance)."""
     d, causal = case[3], case[4]
@@ -583,7 +591,7 @@ GLUON_FWD_CONFIGS = {64: [(128, 3, True), (64, 3, True), (128, 2, False)],
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", [*GLUON_CASES, ((1, 2), 300, 140, 128, True), ((2, 1), 129, 129, 64, False)],
-                         ids=lambda c: "x".join(map(str, (*c[0], *c[1:4]))) + "-causal" * c[4])
+                         ids=_gluon_case_id)
 def test_gluon_forward_matches_reference_gpu(case):
     """The Gluon forward (two consumer warp groups and a producer warp), every config, against float64: O and
     L, bf16 tolerance, with ragged tails, more queries than keys and the reverse, causal and not."""
@@ -622,7 +630,7 @@ GLUON_FUSED_CONFIGS = [(64, 64, 3, 4), (64, 64, 2, 4)]
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", [c for c in GLUON_CASES if c[3] in flash_gluon_bwd.FUSED_HEAD_DIMS],
-                         ids=lambda c: "x".join(map(str, (*c[0], *c[1:4]))) + "-causal" * c[4])
+                         ids=_gluon_case_id)
 def test_gluon_fused_backward_matches_reference_gpu(case):
     """The fused Gluon backward (dK, dV and dQ in one kernel, dQ by TMA reductions) against float64."""
     causal = case[4]
@@ -635,19 +643,25 @@ def test_gluon_fused_backward_matches_reference_gpu(case):
             assert err <= TOLERANCE["cuda"][torch.bfloat16], f"{config} {name}: relative error {err:.2e}"
 
 
+TWO_GROUP_CASES = [
+    *((case, torch.bfloat16) for case in [*GLUON_CASES, ((1, 2), 300, 140, 128, True), ((2, 1), 129, 257, 64, False)]),
+    (((1, 2), 200, 200, 64, True), torch.float16),
+    (((1, 2), 100, 300, 128, False), torch.float16),
+]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", [*GLUON_CASES, ((1, 2), 300, 140, 128, True), ((2, 1), 129, 257, 64, False)],
-                         ids=lambda c: "x".join(map(str, (*c[0], *c[1:4]))) + "-causal" * c[4])
-def test_two_group_fused_backward_matches_reference_gpu(monkeypatch, case):
+@pytest.mark.parametrize(("case", "dtype"), TWO_GROUP_CASES, ids=_gluon_case_id)
+def test_two_group_fused_backward_matches_reference_gpu(monkeypatch, case, dtype):
     """The two-warp-group fused backward (`flash_gluon_fused`: 128-key blocks, dQ split by columns and added by TMA
     reductions), every offered config, chosen through its environment switch: dQ, dK, dV against float64, with
-    ragged tails, more queries than keys and the reverse, causal and not."""
+    ragged tails, more queries than keys and the reverse, causal and not, in bf16 and fp16."""
     d, causal = case[3], case[4]
-    (q4, k4, v4, grad_out), (out, lse), want = _gluon_backward_case(case)
+    (q4, k4, v4, grad_out), (out, lse), want = _gluon_backward_case(case, dtype)
     for config in flash_gluon_fused.CONFIGS[d]:
         monkeypatch.setenv(flash_gluon_fused.BWD_ENV, flash_gluon_fused.setting(config))
         got = flash_triton_bwd.flash_backward(q4, k4, v4, out, lse, grad_out, causal)
         assert flash_gluon_bwd.last_launch["dkdv"].startswith("gluon fused")
         for name, value in zip(("dq", "dk", "dv"), got, strict=True):
             err = _rel_err(value, want[name])
-            assert err <= TOLERANCE["cuda"][torch.bfloat16], f"{config} {name}: relative error {err:.2e}"
+            assert err <= TOLERANCE["cuda"][dtype], f"{config} {name}: relative error {err:.2e}"
