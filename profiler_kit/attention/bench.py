@@ -13,9 +13,9 @@ backward alone replays one retained graph. `backward_thread` says where the back
 default, as training runs them) on the autograd engine's CUDA device thread, or `caller`
 (`torch.autograd.set_multithreading_enabled(False)`) on the calling thread. On an H100 host the engine's two
 thread switches per call, to its device thread and back, took 340–400 µs of a host-bound forward+backward's
-440–530 µs under Nsight Systems, for every implementation alike, ±50 µs from call to call (step 24 of
-docs/results/attention-h100.md);
-`caller` takes them out, leaving the implementations' own host and GPU time.
+440–530 µs under Nsight Systems, for every implementation alike, ±50 µs from call to call. `caller` takes them
+out; host-bound readings still spread by 30–45% of their median between p20 and p80 there (step 24 of
+docs/results/attention-h100.md).
 In fp32, PyTorch's matmuls (naive, compiled) run in full fp32 unless TF32 is enabled, while Triton's `tl.dot`
 uses TF32: compare fp32 rows with that in mind.
 
