@@ -37,6 +37,24 @@ shape_bench() {  # $1: an issue 6 shape (causal4096, full8192, leaderboard), $2:
       | grep "flash-triton\|sdpa-cudnn" || tail -5 /tmp/b.err
 }
 
+pair_runs() {  # $1: a PROFILER_KIT_FLASH_* switch, $2: the prefix of its best-config files under BEST_DIR (default
+  # $OUT), $3 and $4: names of its two sides in file names, $5: the step's tag, $6: runs, the rest: issue 6 shapes.
+  # Each shape's command with the switch at the shape's best config (the shipped default, an empty switch, without
+  # the file) and at 0, alternately, $6 times.
+  local switch=$1 prefix=$2 on=$3 off=$4 tag=$5 runs=$6 run shape best
+  shift 6
+  for run in $(seq 1 "$runs"); do
+    for shape in "$@"; do
+      best=$(cat "${BEST_DIR:-$OUT}/$prefix$shape.txt" 2>/dev/null || echo "")
+      echo "== $shape, $on ${best:-(default)}, run $run"
+      (export "$switch=$best"; shape_bench "$shape" "attention-$shape-$on-run$run-$tag-h100.jsonl")
+      echo "== $shape, $off, run $run"
+      (export "$switch=0"; shape_bench "$shape" "attention-$shape-$off-run$run-$tag-h100.jsonl")
+      stamp "$shape run $run"
+    done
+  done
+}
+
 section1_twice() {  # $1: the step's tag in file names (e.g. step23): the leaderboard and issue 6 commands, twice
   for run in 1 2; do
     leaderboard "attention-leaderboard-run$run-$1-h100.jsonl"; stamp "leaderboard, run $run"

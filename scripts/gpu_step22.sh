@@ -20,16 +20,7 @@ if [ "${1:-all}" = all ]; then
       | tee "$OUT/attention-gluon-fwd-step22-h100.md"; stamp "forward bench"
 fi
 if [ "${1:-all}" = pair ]; then
-  for run in $(seq 1 "${2:-2}"); do
-    for shape in ${SHAPES:-causal4096 full8192 leaderboard}; do
-      best=$(cat "${BEST_DIR:-$OUT}/best-$shape.txt" 2>/dev/null || echo "")
-      echo "== $shape, Gluon forward ${best:-(defaults)}, run $run"
-      PROFILER_KIT_FLASH_GLUON_FWD="$best" shape_bench "$shape" "attention-$shape-gluon-run$run-step22-h100.jsonl"
-      echo "== $shape, Triton forward, run $run"
-      PROFILER_KIT_FLASH_GLUON_FWD=0 shape_bench "$shape" "attention-$shape-triton-run$run-step22-h100.jsonl"
-      stamp "$shape run $run"
-    done
-  done
+  pair_runs PROFILER_KIT_FLASH_GLUON_FWD best- gluon triton step22 "${2:-2}" ${SHAPES:-causal4096 full8192 leaderboard}
 fi
 if [ "${1:-all}" = dkdv ]; then
   for run in $(seq 1 "${2:-2}"); do

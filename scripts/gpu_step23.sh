@@ -21,17 +21,8 @@ if [ "${1:-all}" = all ]; then
   stamp "backward bench"
 fi
 if [ "${1:-all}" = pair ]; then
-  for run in $(seq 1 "${2:-2}"); do
-    for shape in ${PAIR_SHAPES:-causal4096 full8192 leaderboard}; do
-      # Without the bench's best-config file the shipped default runs (an empty switch), and the header says so.
-      best=$(cat "${BEST_DIR:-$OUT}/bwd-best-$shape.txt" 2>/dev/null || echo "")
-      echo "== $shape, fused backward ${best:-default}, run $run"
-      PROFILER_KIT_FLASH_GLUON_BWD="$best" shape_bench "$shape" "attention-$shape-fused-run$run-${STEP:-step23}-h100.jsonl"
-      echo "== $shape, split backward, run $run"
-      PROFILER_KIT_FLASH_GLUON_BWD=0 shape_bench "$shape" "attention-$shape-split-run$run-${STEP:-step23}-h100.jsonl"
-      stamp "$shape run $run"
-    done
-  done
+  pair_runs PROFILER_KIT_FLASH_GLUON_BWD bwd-best- fused split "${STEP:-step23}" "${2:-2}" \
+      ${PAIR_SHAPES:-causal4096 full8192 leaderboard}
 fi
 if [ "${1:-all}" = tests ]; then
   timeout 560 python3 -m pytest -q tests/test_attention_kernels.py tests/test_attention_gluon.py \
