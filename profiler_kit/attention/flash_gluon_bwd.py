@@ -58,6 +58,11 @@ try:  # Triton ≥ 3.5 ships Gluon; without it the Triton kernels run alone.
     )
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+    @gluon.constexpr_function
+    def wgmma_layout(n_cols, warps=4):
+        """The register layout of a wgmma accumulator `n_cols` wide, over `warps` warps stacked along its rows."""
+        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps, 1], instr_shape=[16, n_cols, 16])
+
     # Names that changed after Triton 3.6: the TMA load (`async_load` later) and the CTA barrier (`barrier`).
     tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
     cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
@@ -178,10 +183,8 @@ if gluon is not None:
         """dK, dV of one (key tile, batch·head); the module docstring gives the order of work."""
         dtype: gl.constexpr = desc_q.dtype
         # Score tiles are (keys × queries), dK/dV tiles (keys × d): one wgmma layout for each width.
-        mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
-                                                        instr_shape=[16, BLOCK_M, 16])
-        mma_o: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
-                                                        instr_shape=[16, HEAD_DIM, 16])
+        mma_s: gl.constexpr = wgmma_layout(BLOCK_M, NUM_WARPS)
+        mma_o: gl.constexpr = wgmma_layout(HEAD_DIM, NUM_WARPS)
         a_regs: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_o, k_width=2)
         cols_of: gl.constexpr = gl.SliceLayout(0, mma_s)
 
@@ -246,10 +249,8 @@ if gluon is not None:
         """dK, dV of one (key tile, batch·head), and its share of dQ added into an fp32 accumulator by TMA
         reductions; `fused` gives the order of work."""
         dtype: gl.constexpr = desc_q.dtype
-        mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
-                                                        instr_shape=[16, BLOCK_M, 16])
-        mma_o: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
-                                                        instr_shape=[16, HEAD_DIM, 16])
+        mma_s: gl.constexpr = wgmma_layout(BLOCK_M, NUM_WARPS)
+        mma_o: gl.constexpr = wgmma_layout(HEAD_DIM, NUM_WARPS)
         a_regs: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_o, k_width=2)
         cols_of: gl.constexpr = gl.SliceLayout(0, mma_s)
 

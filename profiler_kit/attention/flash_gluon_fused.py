@@ -85,6 +85,7 @@ if gluon is not None:
         cta_barrier,
         tma_load,
         tma_reduce_add,
+        wgmma_layout,
     )
 
     _REGS = gl.constexpr([CONSUMER_REGS, CONSUMER_REGS])
@@ -110,12 +111,9 @@ if gluon is not None:
         rows_m: gl.constexpr = q_s.shape[1]
         rows_n: gl.constexpr = k_s.shape[0] // 2
         half_d: gl.constexpr = HEAD_DIM // 2
-        mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, rows_m, 16])
-        mma_o: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, HEAD_DIM, 16])
-        mma_q: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, half_d, 16])
+        mma_s: gl.constexpr = wgmma_layout(rows_m)
+        mma_o: gl.constexpr = wgmma_layout(HEAD_DIM)
+        mma_q: gl.constexpr = wgmma_layout(half_d)
         a_regs: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_o, k_width=2)
         cols_of: gl.constexpr = gl.SliceLayout(0, mma_s)
 

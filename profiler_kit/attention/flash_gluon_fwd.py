@@ -72,7 +72,7 @@ if gluon is not None:
         warpgroup_mma_wait,
     )
 
-    from profiler_kit.attention.flash_gluon_bwd import tma_load
+    from profiler_kit.attention.flash_gluon_bwd import tma_load, wgmma_layout
 
     _REGS = gl.constexpr([CONSUMER_REGS, PRODUCER_REGS])
     _LN2 = gl.constexpr(math.log(2.0))
@@ -112,10 +112,8 @@ if gluon is not None:
         work is in the module docstring), then O and L stored."""
         dtype: gl.constexpr = q_s.dtype
         rows_n: gl.constexpr = q_s.shape[0]
-        mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, BLOCK_N, 16])
-        mma_o: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, HEAD_DIM, 16])
+        mma_s: gl.constexpr = wgmma_layout(BLOCK_N)
+        mma_o: gl.constexpr = wgmma_layout(HEAD_DIM)
         p_regs: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_o, k_width=2)
         row_of_s: gl.constexpr = gl.SliceLayout(1, mma_s)
         row_of_o: gl.constexpr = gl.SliceLayout(1, mma_o)
