@@ -15,8 +15,8 @@ from profiler_kit.kernels.attribution import RangeIndex
 from profiler_kit.kernels.nsys_stats import read_stats_table, to_ns
 from profiler_kit.kernels.trace import NO_LAUNCH, match_launches, range_frame
 
-FIXTURES = Path(__file__).parent / "fixtures" / "kernels"
-EXAMPLE = Path(__file__).parent.parent / "profiles" / "examples" / "small_ctx128_train_bf16.sqlite"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "kernels"
+EXAMPLE = Path(__file__).parents[2] / "profiles" / "examples" / "small_ctx128_train_bf16.sqlite"
 BF16 = FIXTURES / "h100_tiny_train_bf16.sqlite"
 TRACE = FIXTURES / "h100_tiny_train_bf16_trace.json.gz"
 PHASES = ["forward", "backward", "optimizer_step"]
@@ -169,8 +169,6 @@ def test_launches_match_by_correlation_id_within_a_process():
 
 
 def test_nvtx_split_of_a_train_step_says_why_backward_is_empty():
-    from profiler_kit.kernels import summarize
-
-    summary = summarize(Path(__file__).parent / "fixtures/kernels/h100_tiny_train_bf16.sqlite", nvtx="attention")
+    summary = summarize(BF16, nvtx="attention")
     assert summary.phase_ns()["forward"]["total_ns"] > 0
     assert any("backward, optimizer_step" in note and "autograd" in note for note in summary.notes)

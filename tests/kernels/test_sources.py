@@ -17,8 +17,8 @@ from profiler_kit.kernels import load
 from profiler_kit.kernels.nsys_stats import NS_PER_UNIT, TRUNCATION_MARK, read_stats_table, time_unit, to_ns
 from profiler_kit.kernels.sources import sniff
 
-FIXTURES = Path(__file__).parent / "fixtures" / "kernels"
-EXAMPLES = Path(__file__).parent.parent / "profiles" / "examples"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "kernels"
+EXAMPLES = Path(__file__).parents[2] / "profiles" / "examples"
 BF16 = FIXTURES / "h100_tiny_train_bf16.sqlite"
 CPU_SQLITE = FIXTURES / "cpu_tiny_train_nsys2022.sqlite"
 TORCH_TRACE = FIXTURES / "h100_tiny_train_bf16_trace.json.gz"

@@ -12,8 +12,8 @@ import pytest
 from profiler_kit.kernels import CATEGORIES, categorize, category_of, load, summarize
 from profiler_kit.kernels.categories import RULES
 
-FIXTURES = Path(__file__).parent / "fixtures" / "kernels"
-EXAMPLE = Path(__file__).parent.parent / "profiles" / "examples" / "small_ctx128_train_bf16.sqlite"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "kernels"
+EXAMPLE = Path(__file__).parents[2] / "profiles" / "examples" / "small_ctx128_train_bf16.sqlite"
 RECORDINGS = [*sorted(FIXTURES.glob("h100_*.sqlite")), *sorted(FIXTURES.glob("h100_*.json.gz")), EXAMPLE]
 # H100 recordings with fused attention kernels (`--attention sdpa`: cuDNN; `flash`: our Triton kernels).
 FUSED_ATTENTION = sorted(FIXTURES.glob("h100_*_sdpa.sqlite")) + sorted(FIXTURES.glob("h100_*_flash.sqlite"))

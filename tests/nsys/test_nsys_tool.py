@@ -15,7 +15,7 @@ from profiler_kit import nsys_tool
 from profiler_kit.errors import ProfilerKitError
 from profiler_kit.nsys_tool import NsysError, NsysInstall, export_sqlite, find_nsys, parse_version, run_stats
 
-FIXTURES = Path(__file__).parent / "fixtures" / "nsys"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "nsys"
 V2022 = (FIXTURES / "version-2022.4.2.txt").read_text()
 V2025 = (FIXTURES / "version-2025.3.1.txt").read_text()
 

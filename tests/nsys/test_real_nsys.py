@@ -1,7 +1,7 @@
-"""With a real nsys: Debian's Nsight Systems 2022.4, installed by ../shared/nsys/install-debian-nsys.sh into
-.venv/nsys-debian (`make test` does it first; this module does it when needed), or the one $PK_TEST_NSYS
-names. On a CPU it records NVTX ranges and OS calls but no CUDA kernels. Tests skip only when the installer
-is absent. The last test needs a GPU and the nsys of that machine ($NSYS, PATH, ...)."""
+"""With a real nsys: the one $PK_TEST_NSYS names, else the one profiler-kit finds, else Debian's Nsight Systems
+2022.4, which tools/install_nsys_debian.sh installs into .venv/nsys-debian (`make test` does it first; the `nsys`
+fixture does it when needed). On a CPU it records NVTX ranges and OS calls but no CUDA kernels. The tests skip,
+with the installer's reason, only when no nsys can be found or installed. The last test needs a GPU."""
 
 from __future__ import annotations
 
@@ -105,7 +105,7 @@ def test_export_and_stats_on_the_recorded_report(nsys, cpu_run, tmp_path):
 
 def test_stats_of_a_real_h100_export_match_the_recorded_ones(nsys, tmp_path):
     """The kernel summary of an nsys 2025.3 export (H100), asked by its 2023.1 name, from this nsys."""
-    kernels = Path(__file__).parent / "fixtures" / "kernels"
+    kernels = Path(__file__).parents[1] / "fixtures" / "kernels"
     recorded = (kernels / "nsys2022_tiny_train_bf16_gpukernsum.csv").read_text()
     if nsys.version[:2] != (2022, 4):
         pytest.skip(f"the recorded output is Debian's nsys 2022.4's; this is {nsys.version_str}")

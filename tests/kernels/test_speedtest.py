@@ -15,7 +15,7 @@ from profiler_kit.errors import ProfilerKitError
 from profiler_kit.kernels import summarize
 from profiler_kit.kernels.speedtest import build_repeated_export, reference_query
 
-FIXTURES = Path(__file__).parent / "fixtures" / "kernels"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "kernels"
 BF16 = FIXTURES / "h100_tiny_train_bf16.sqlite"
 TARGET = 2_000  # kernels: a few copies of the 346-kernel fixture
 

@@ -20,8 +20,8 @@ from click.testing import CliRunner
 from profiler_kit.cli import main
 from profiler_kit.kernels import CATEGORIES, summarize
 
-FIXTURES = Path(__file__).parent / "fixtures" / "kernels"
-REPO = Path(__file__).resolve().parents[1]
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "kernels"
+REPO = Path(__file__).resolve().parents[2]
 BF16 = FIXTURES / "h100_tiny_train_bf16.sqlite"
 FP32 = FIXTURES / "h100_tiny_train_fp32.sqlite"
 CPU_REPORT = FIXTURES / "cpu_tiny_train_nsys2022.nsys-rep"
