@@ -1,21 +1,23 @@
 """The speed test's big report: a real export repeated end to end must summarize as exactly that many
-copies of the original, kernel for kernel and phase for phase (timing is the `speedtest` command's job)."""
+copies of the original, kernel for kernel and phase for phase; tools/kernels_speedtest.py times it."""
 
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from profiler_kit.cli import main
 from profiler_kit.errors import ProfilerKitError
 from profiler_kit.kernels import summarize
 from profiler_kit.kernels.speedtest import build_repeated_export, reference_query
 
-FIXTURES = Path(__file__).parents[1] / "fixtures" / "kernels"
+REPO = Path(__file__).resolve().parents[2]
+FIXTURES = REPO / "tests" / "fixtures" / "kernels"
 BF16 = FIXTURES / "h100_tiny_train_bf16.sqlite"
 TARGET = 2_000  # kernels: a few copies of the 346-kernel fixture
 
@@ -66,25 +68,23 @@ def test_only_an_sqlite_export_can_be_repeated(tmp_path):
         build_repeated_export(FIXTURES / "cpu_tiny_train_nsys2022.sqlite", tmp_path / "x.sqlite")
 
 
-def test_speedtest_command_prints_both_times(tmp_path):
-    result = CliRunner().invoke(
-        main,
-        [
-            "kernels",
-            "speedtest",
-            str(BF16),
-            "--kernels",
-            "1000",
-            "--repeats",
-            "1",
-            "--workdir",
-            str(tmp_path),
-            "--format",
-            "json",
-        ],
-    )
-    assert result.exit_code == 0, result.output
-    rows = json.loads(result.stdout)
+def run_tool(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    tool = REPO / "tools" / "kernels_speedtest.py"
+    return subprocess.run([sys.executable, str(tool), *args], capture_output=True, text=True, env=env, cwd=REPO)
+
+
+def test_the_tool_prints_both_times_and_removes_the_big_report(tmp_path):
+    done = run_tool(str(BF16), "--kernels", "1000", "--repeats", "1", "--workdir", str(tmp_path), "--format", "json")
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(done.stdout)
     assert rows[0]["kernels"] == rows[1]["kernels"] >= 1000
     assert rows[1]["ratio"] == pytest.approx(rows[1]["seconds"] / rows[0]["seconds"])
-    assert list(tmp_path.iterdir()) == []  # the big report is removed afterwards
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_tool_refuses_a_report_without_kernels_in_one_line():
+    done = run_tool(str(FIXTURES / "cpu_tiny_train_nsys2022.sqlite"), "--kernels", "10")
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1].startswith("Error: ") and "no kernels" in done.stderr
+    assert "Traceback" not in done.stderr
