@@ -1,8 +1,11 @@
-"""Model presets: a dataclass, a dict of named presets, `from_name`, and the analytic parameter count."""
+"""Model presets: a dataclass, a dict of named presets, `from_name`, the analytic parameter count, and a table of
+the presets."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+
+import pandas as pd
 
 from profiler_kit.errors import ProfilerKitError
 
@@ -73,3 +76,25 @@ def count_parameters(cfg: ModelConfig) -> int:
     d, f, V = cfg.d_model, cfg.d_ff, cfg.vocab_size
     per_layer = 4 * d * d + 3 * d * f + 2 * d
     return V * d + cfg.num_layers * per_layer + d + d * V
+
+
+def preset_table() -> pd.DataFrame:
+    """One row per preset: its shape, exact parameter count, and the count without the embedding and LM head."""
+    rows = []
+    for cfg in PRESETS.values():
+        params = count_parameters(cfg)
+        rows.append(
+            {
+                "model": cfg.name,
+                "d_model": cfg.d_model,
+                "d_ff": cfg.d_ff,
+                "layers": cfg.num_layers,
+                "heads": cfg.num_heads,
+                "head_dim": cfg.head_dim,
+                "vocab": cfg.vocab_size,
+                "params": params,
+                "params_m": params / 1e6,
+                "non_embedding_params": params - 2 * cfg.vocab_size * cfg.d_model,
+            }
+        )
+    return pd.DataFrame(rows)

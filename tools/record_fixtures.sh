@@ -6,9 +6,9 @@
 # Runs on a machine with a CUDA GPU and Nsight Systems, from the repository root: nsys is $NSYS, else the one on
 # PATH, and profiler_kit must be importable by python3 (the installed package, or PYTHONPATH=$PWD). Records small
 # workloads (the tiny and small presets at ctx 128), so each file stays under 1 MB; tests/fixtures/README.md lists
-# the fixtures. Copy the files the tests need from OUT into tests/fixtures/kernels and
-# tests/fixtures/memory (small_ctx128_train_bf16.{nsys-rep,sqlite} into profiles/examples). A failing command does not stop the
-# others: their output, and `ls` at the end, show what is missing.
+# the fixtures. Copy the files the tests need from OUT into tests/fixtures/kernels and tests/fixtures/memory
+# (small_ctx128_train_bf16.{nsys-rep,sqlite} into profiles/examples). A failing command does not stop the others:
+# their output, and `ls` at the end, show what is missing.
 set -uo pipefail
 
 case ${1:-} in

@@ -24,9 +24,9 @@ def main() -> None:
 
 
 def _register() -> None:
-    from profiler_kit.cli import attention, benchmark, kernels, memory, nsys
+    from profiler_kit.cli import attention, benchmark, kernels, memory, models, nsys
 
-    for module in (benchmark, kernels, nsys, memory, attention):
+    for module in (benchmark, models, kernels, nsys, memory, attention):
         for command in module.COMMANDS:
             main.add_command(command)
 

@@ -1,4 +1,4 @@
-"""`profiler-kit benchmark`, `models` and `precision`."""
+"""`profiler-kit benchmark`."""
 
 from __future__ import annotations
 
@@ -10,9 +10,7 @@ import pandas as pd
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from profiler_kit import benchmark as bench
-from profiler_kit import precision
 from profiler_kit.cli.common import format_option, non_negative_int, positive_int, workload_options
-from profiler_kit.presets import PRESETS, count_parameters
 from profiler_kit.render import console_err, emit_tables, records
 from profiler_kit.results_io import RowWriter, pending, read_rows, rows_of, run_sweep
 from profiler_kit.workload import WorkloadConfig, resolve_device
@@ -118,44 +116,4 @@ def benchmark_cmd(
         sys.exit(1)
 
 
-@click.command("models")
-@format_option()
-def models_cmd(fmt: str) -> None:
-    """The model presets with exact parameter counts."""
-    rows = []
-    for cfg in PRESETS.values():
-        params = count_parameters(cfg)
-        embedding = 2 * cfg.vocab_size * cfg.d_model
-        rows.append(
-            {
-                "model": cfg.name,
-                "d_model": cfg.d_model,
-                "d_ff": cfg.d_ff,
-                "layers": cfg.num_layers,
-                "heads": cfg.num_heads,
-                "head_dim": cfg.head_dim,
-                "vocab": cfg.vocab_size,
-                "params": params,
-                "params_m": params / 1e6,
-                "non_embedding_params": params - embedding,
-            }
-        )
-    emit_tables([("model presets", pd.DataFrame(rows))], fmt)
-
-
-@click.command("precision")
-@click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True)
-@format_option()
-def precision_cmd(device: str, fmt: str) -> None:
-    """Float16 accumulation experiment, and the dtypes seen under bf16 autocast."""
-    dev = resolve_device(device)
-    emit_tables(
-        [
-            ("sum of 0.01 × 1000 (exact 10)", precision.accumulation_experiment()),
-            (f"dtypes under bf16 autocast on {dev.type}", precision.autocast_dtypes(dev)),
-        ],
-        fmt,
-    )
-
-
-COMMANDS = [benchmark_cmd, models_cmd, precision_cmd]
+COMMANDS = [benchmark_cmd]

@@ -8,7 +8,7 @@ from profiler_kit.errors import ProfilerKitError
 from profiler_kit.model import TransformerLM
 from profiler_kit.presets import PRESETS, ModelConfig, count_parameters, from_name
 
-SPEC = {  # d_model, d_ff, layers, heads as the issue lists them
+SPEC = {  # d_model, d_ff, layers, heads of the GPT-2 and GPT-3 sizes
     "small": (768, 3072, 12, 12),
     "medium": (1024, 4096, 24, 16),
     "large": (1280, 5120, 36, 20),

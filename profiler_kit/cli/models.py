@@ -1,0 +1,36 @@
+"""`profiler-kit models` and `profiler-kit precision`: the model presets, and the mixed-precision experiments."""
+
+from __future__ import annotations
+
+import click
+
+from profiler_kit import precision
+from profiler_kit.cli.common import format_option
+from profiler_kit.presets import preset_table
+from profiler_kit.render import emit_tables
+from profiler_kit.workload import resolve_device
+
+
+@click.command("models")
+@format_option()
+def models_cmd(fmt: str) -> None:
+    """The model presets with exact parameter counts."""
+    emit_tables([("model presets", preset_table())], fmt)
+
+
+@click.command("precision")
+@click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True)
+@format_option()
+def precision_cmd(device: str, fmt: str) -> None:
+    """Float16 accumulation experiment, and the dtypes seen under bf16 autocast."""
+    dev = resolve_device(device)
+    emit_tables(
+        [
+            ("sum of 0.01 × 1000 (exact 10)", precision.accumulation_experiment()),
+            (f"dtypes under bf16 autocast on {dev.type}", precision.autocast_dtypes(dev)),
+        ],
+        fmt,
+    )
+
+
+COMMANDS = [models_cmd, precision_cmd]
