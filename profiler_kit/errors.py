@@ -7,3 +7,10 @@ its traceback.
 
 class ProfilerKitError(Exception):
     """A user-facing error: its message is printed as is, without a traceback."""
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception in one line, for a result row or a note: `Type: first line of its message` (`Type` alone when
+    the message is empty)."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__

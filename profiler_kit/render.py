@@ -12,7 +12,7 @@ import json
 import math
 import sys
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Protocol
 
 import pandas as pd
 from rich.console import Console
@@ -27,8 +27,8 @@ console_out = Console(soft_wrap=False, width=None if sys.stdout.isatty() else PI
 console_err = Console(stderr=True)
 
 
-def _clean(value: Any) -> Any:
-    """Make a cell JSON-safe: NaN/inf become null, numpy scalars become Python numbers."""
+def json_safe(value: Any) -> Any:
+    """A value made JSON-safe: NaN/inf become null, numpy scalars become Python numbers."""
     if value is None:
         return None
     if hasattr(value, "item") and not isinstance(value, (str, bytes)):
@@ -39,21 +39,21 @@ def _clean(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
+        return {k: json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
+        return [json_safe(v) for v in value]
     return value
 
 
 def records(df: pd.DataFrame) -> list[dict[str, Any]]:
     """Rows of a DataFrame as JSON-safe dicts (NaN → None)."""
-    return [{k: _clean(v) for k, v in row.items()} for row in df.to_dict(orient="records")]
+    return [{k: json_safe(v) for k, v in row.items()} for row in df.to_dict(orient="records")]
 
 
 def to_json(obj: Any) -> str:
     if isinstance(obj, pd.DataFrame):
         obj = records(obj)
-    return json.dumps(_clean(obj), indent=2)
+    return json.dumps(json_safe(obj), indent=2)
 
 
 def format_cell(value: Any, column: str = "") -> str:
@@ -143,3 +143,29 @@ def emit_tables(
             console_out.print(rich_table(df, title=title, caption=caption if i == len(tables) - 1 else None))
     else:
         raise ValueError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
+
+
+class Report(Protocol):
+    """An analysis result that `emit_report` prints: titled tables, a caption, the JSON contract and notes."""
+
+    notes: list[str]
+
+    def tables(self, display: bool = False) -> list[tuple[str, pd.DataFrame]]: ...
+
+    def caption(self) -> str: ...
+
+    def to_json(self) -> dict[str, Any]: ...
+
+
+def emit_report(report: Report, fmt: str) -> None:
+    """Print `report` in `fmt`. The table format shows shortened names (`display`) and has the notes in its
+    caption; the machine formats print the notes on stderr, so stdout holds only the document."""
+    if fmt != "table":
+        for note in report.notes:
+            console_err.print(f"note: {note}", soft_wrap=True)
+    emit_tables(
+        report.tables(display=fmt == "table"),
+        fmt,
+        json_obj=report.to_json() if fmt == "json" else None,
+        caption=report.caption(),
+    )

@@ -8,6 +8,7 @@ import click
 
 from profiler_kit.cli.common import format_option, positive_int
 from profiler_kit.kernels import DEFAULT_TOP, compare, summarize
+from profiler_kit.render import emit_report
 
 SOURCES_HELP = (
     "A report is an nsys .nsys-rep or its .sqlite export, `nsys stats` cuda_gpu_kern_sum output (CSV or "
@@ -53,7 +54,7 @@ def kernels() -> None:
 @_analysis_options
 def summarize_command(path: Path, top: int, nvtx: str | None, phases: tuple[str, ...], fmt: str) -> None:
     """Summarize the kernels of one report."""
-    summarize(path, top=top, phases=list(phases) or None, nvtx=nvtx).render(fmt)
+    emit_report(summarize(path, top=top, phases=list(phases) or None, nvtx=nvtx), fmt)
 
 
 @kernels.command("compare", epilog=SOURCES_HELP)
@@ -63,7 +64,7 @@ def summarize_command(path: Path, top: int, nvtx: str | None, phases: tuple[str,
 def compare_command(a: Path, b: Path, top: int, nvtx: str | None, phases: tuple[str, ...], fmt: str) -> None:
     """Compare two reports: time per category, phase and kernel in A and B, delta (B − A), speedup (A / B)."""
     options = {"top": top, "phases": list(phases) or None, "nvtx": nvtx}
-    compare(summarize(a, **options), summarize(b, **options), top=top).render(fmt)
+    emit_report(compare(summarize(a, **options), summarize(b, **options), top=top), fmt)
 
 
 COMMANDS = [kernels]

@@ -20,7 +20,7 @@ from profiler_kit.cli.common import (
     workload_options,
 )
 from profiler_kit.profiling import BACKENDS, AttentionProfileConfig, ProfileResult, profile, profile_attention
-from profiler_kit.render import console_err
+from profiler_kit.render import console_err, emit_report
 from profiler_kit.workload import WorkloadConfig
 
 
@@ -118,7 +118,7 @@ def print_summary(result: ProfileResult, fmt: str, top: int) -> None:
         console_err.print("[yellow]no kernel summary: profiler_kit.kernels is not part of this checkout yet",
                           soft_wrap=True)
         return
-    summarize(result.summary_source, top=top, phases=list(result.phases)).render(fmt)
+    emit_report(summarize(result.summary_source, top=top, phases=list(result.phases)), fmt)
 
 
 COMMANDS = [nsys]

@@ -14,7 +14,7 @@ import pandas as pd
 
 from profiler_kit.kernels.categories import CATEGORIES
 from profiler_kit.kernels.summary import DEFAULT_TOP, NS_PER_MS, KernelSummary, display_name
-from profiler_kit.render import emit_tables, records
+from profiler_kit.render import records
 
 TOTAL = "total"
 
@@ -58,16 +58,14 @@ class Comparison:
             "top_kernels": records(_deltas(self.kernels.head(self.top), keep_ns=True)),
         }
 
-    def caption(self) -> str:
-        return f"A = {self.a.path} ({self.a.source}), B = {self.b.path} ({self.b.source}); speedup = A / B"
+    @property
+    def notes(self) -> list[str]:
+        """The notes of both summaries, each marked with its side."""
+        return [f"A: {note}" for note in self.a.notes] + [f"B: {note}" for note in self.b.notes]
 
-    def render(self, fmt: str) -> None:
-        emit_tables(
-            self.tables(display=fmt == "table"),
-            fmt,
-            json_obj=self.to_json() if fmt == "json" else None,
-            caption=self.caption(),
-        )
+    def caption(self) -> str:
+        line = f"A = {self.a.path} ({self.a.source}), B = {self.b.path} ({self.b.source}); speedup = A / B"
+        return "\n".join([line] + [f"note: {n}" for n in self.notes])
 
 
 def compare(a: KernelSummary, b: KernelSummary, top: int = DEFAULT_TOP) -> Comparison:

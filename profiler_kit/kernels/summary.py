@@ -28,7 +28,6 @@ from profiler_kit.kernels.attribution import RangeIndex
 from profiler_kit.kernels.categories import CATEGORIES, categorize
 from profiler_kit.kernels.sources import load
 from profiler_kit.kernels.trace import NO_LAUNCH, KernelTrace
-from profiler_kit.render import console_err, emit_tables
 
 DEFAULT_PHASES = ("forward", "backward", "optimizer_step")
 DEFAULT_TOP = 10
@@ -171,18 +170,6 @@ class KernelSummary:
             f"memory operations: {memory}"
         ]
         return "\n".join(lines + [f"note: {n}" for n in self.notes])
-
-    def render(self, fmt: str) -> None:
-        """Print in `fmt`; notes go to stderr unless the format is the people-facing table."""
-        if fmt != "table":
-            for note in self.notes:
-                console_err.print(f"note: {note}", soft_wrap=True)
-        emit_tables(
-            self.tables(display=fmt == "table"),
-            fmt,
-            json_obj=self.to_json() if fmt == "json" else None,
-            caption=self.caption(),
-        )
 
 
 def display_name(name: str) -> str:

@@ -110,6 +110,17 @@ def test_notes_go_to_stderr_in_machine_formats():
     assert "rounded to 100 ns" in result.stderr
 
 
+def test_compare_marks_each_note_with_its_side():
+    msec = FIXTURES / "nsys2025_h100_tiny_train_bf16_cuda_gpu_kern_sum_msec.csv"
+    result = run("compare", BF16, msec, "--format", "csv")
+    assert result.exit_code == 0, result.output
+    notes = [line for line in result.stderr.splitlines() if line.startswith("note: ")]
+    assert notes and all(line.startswith("note: B: ") for line in notes)
+    assert "rounded to 100 ns" in result.stderr and "note:" not in result.stdout
+    table = run("compare", BF16, msec)
+    assert "note: B: " in table.stdout
+
+
 @pytest.mark.parametrize(
     "source",
     [FIXTURES / "cpu_tiny_train_nsys2022.sqlite", FIXTURES / "cpu_tiny_train_torch.json.gz"],
