@@ -15,14 +15,7 @@ import numpy as np
 import pandas as pd
 
 from profiler_kit.errors import ProfilerKitError
-from profiler_kit.kernels.trace import (
-    NO_LAUNCH,
-    KernelTrace,
-    kernel_frame,
-    match_launches,
-    memory_frame,
-    range_frame,
-)
+from profiler_kit.kernels.trace import NO_LAUNCH, KernelTrace, kernel_frame, match_launches, memory_frame, range_frame
 
 KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
 RUNTIME_TABLE = "CUPTI_ACTIVITY_KIND_RUNTIME"
