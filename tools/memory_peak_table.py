@@ -3,7 +3,7 @@
 `profiler-kit memory --model M --ctx C --mode MODE [--mixed-precision]` writes a JSON sidecar,
 M_ctxC_MODE[_bf16].json, beside each snapshot; this reads the sidecars of every (ctx, mode) pair, both
 precisions, and prints one row per pair: peak allocated and reserved bytes, and the peak of each phase, in GB
-(10⁹ bytes). docs/results/memory-h100.md holds the table made from docs/results/data/memory/.
+(10⁹ bytes). docs/memory.md holds the table made from docs/data/memory/.
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ def main() -> None:
         "folder",
         nargs="?",
         type=Path,
-        default=Path("docs/results/data/memory"),
-        help="where the sidecars are (default: docs/results/data/memory)",
+        default=Path("docs/data/memory"),
+        help="where the sidecars are (default: docs/data/memory)",
     )
     parser.add_argument("--model", default="xl", help="model preset of the sidecars (default: xl)")
     parser.add_argument("--ctx", default="128,256,512", help="comma list of contexts (default: 128,256,512)")
