@@ -2,59 +2,31 @@
 
 Every layer runs in its own NVTX range (`layer_<i>`) holding `attention` and `ffn`; naive attention also
 marks `attn_scores`, `softmax` and `attn_value`, so a profile can split attention time into its matmuls and
-its softmax.
+its softmax. The attention implementation is any name of `profiler_kit.attention.registry`.
 """
 
 from __future__ import annotations
-
-import math
-from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from profiler_kit.attention.registry import NAMES, AttentionFn, make_impl
 from profiler_kit.errors import ProfilerKitError
 from profiler_kit.nvtx_ranges import nvtx_range
 from profiler_kit.presets import ModelConfig
 
-ATTENTION_IMPLS = ("naive", "sdpa", "flash")
+# Every implementation of the attention registry; the model runs each with the causal mask.
+ATTENTION_IMPLS = NAMES
 # Initial weights: std 0.02 truncated at ±2σ, as in GPT-2.
 INIT_STD = 0.02
 RMSNORM_EPS = 1e-5
 
-AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-def naive_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Explicit scores → masked softmax → value matmul, each step in its own NVTX range."""
-    t_q, t_k = q.shape[-2], k.shape[-2]
-    with nvtx_range("attn_scores"):
-        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
-        mask = torch.ones(t_q, t_k, dtype=torch.bool, device=q.device).tril()
-        scores = scores.masked_fill(~mask, float("-inf"))
-    with nvtx_range("softmax"):
-        probs = torch.softmax(scores, dim=-1)
-    with nvtx_range("attn_value"):
-        return probs @ v
-
-
-def sdpa_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-
-
-def flash_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """FlashAttention-2 in Triton, heads folded into the batch."""
-    from profiler_kit.attention import flash_attention
-
-    return flash_attention(q, k, v, causal=True)
-
-
 def attention_fn(name: str) -> AttentionFn:
-    impls = {"naive": naive_causal_attention, "sdpa": sdpa_causal_attention, "flash": flash_causal_attention}
-    if name not in impls:
+    """The registry's implementation `name` (`profiler_kit.attention.registry`), causal."""
+    if name not in ATTENTION_IMPLS:
         raise ProfilerKitError(f"unknown attention {name!r}; choose from {', '.join(ATTENTION_IMPLS)}")
-    return impls[name]
+    return make_impl(name, causal=True)
 
 
 class RMSNorm(nn.Module):

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from profiler_kit import nvtx_ranges
-from profiler_kit.errors import ProfilerKitError
+from profiler_kit.errors import ProfilerKitError, first_line
 from profiler_kit.nvtx_ranges import nvtx_range
 from profiler_kit.workload import Workload, WorkloadConfig, resolve_device, synchronize
 
@@ -47,13 +47,13 @@ def attention_target(impls: list[str], dtype: str, causal: bool, batch: int, hea
     """Each implementation's forward and backward on its own inputs, in NVTX ranges `<impl>` holding
     `<impl>.forward` and `<impl>.backward`. An implementation that cannot run this config (checked by running
     it once, as warm-up) is left out with a note; none left is an error."""
-    from profiler_kit.attention.bench import DTYPES, AttentionConfig, make_impl
+    from profiler_kit.attention.registry import DTYPES, input_shape, make_impl
 
     dev = resolve_device(device)
     generator = torch.Generator(device=dev).manual_seed(0)
     runs: list[Callable[[], None]] = []
     for impl in impls:
-        shape = AttentionConfig(impl, dtype, causal, batch, heads, seq, d).shape
+        shape = input_shape(batch, heads, seq, d)
         q, k, v, grad_out = (torch.randn(shape, dtype=DTYPES[dtype], device=dev, generator=generator)
                              for _ in range(4))
         for t in (q, k, v):
@@ -61,7 +61,7 @@ def attention_target(impls: list[str], dtype: str, causal: bool, batch: int, hea
         try:
             fn = make_impl(impl, causal, dev)
         except Exception as exc:  # e.g. Triton without a GPU: leave it out, as the benchmark does
-            note(f"skipping {impl}: {_first_line(exc)}")
+            note(f"skipping {impl}: {first_line(exc)}")
             continue
 
         def run(impl=impl, fn=fn, q=q, k=k, v=v, grad_out=grad_out) -> None:
@@ -77,7 +77,7 @@ def attention_target(impls: list[str], dtype: str, causal: bool, batch: int, hea
             with nvtx_range("warmup"):
                 run()  # compiles and autotunes, and finds configs the implementation cannot run
         except Exception as exc:
-            note(f"skipping {impl}: {_first_line(exc)}")
+            note(f"skipping {impl}: {first_line(exc)}")
             continue
         runs.append(run)
     if not runs:
@@ -88,11 +88,6 @@ def attention_target(impls: list[str], dtype: str, causal: bool, batch: int, hea
             run()
 
     return Target(dev, step)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
 
 
 def drive(target: Target, warmup: int, steps: int, recording: contextlib.AbstractContextManager) -> None:
@@ -157,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except torch.cuda.OutOfMemoryError as exc:
-        print(f"error: {_first_line(exc)}", file=sys.stderr)
+        print(f"error: {first_line(exc)}", file=sys.stderr)
         return EXIT_ERROR
     return 0
 

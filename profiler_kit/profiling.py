@@ -91,12 +91,12 @@ class AttentionProfileConfig:
     device: str = "auto"
 
     def validate(self) -> None:
-        from profiler_kit.attention.bench import DTYPES, IMPLS
+        from profiler_kit.attention.registry import DTYPES, NAMES
 
-        unknown = [impl for impl in self.impls if impl not in IMPLS]
+        unknown = [impl for impl in self.impls if impl not in NAMES]
         if unknown or not self.impls:
             raise ProfilerKitError(f"unknown implementation {', '.join(unknown) or '(none)'}; "
-                                   f"choose from {', '.join(IMPLS)}")
+                                   f"choose from {', '.join(NAMES)}")
         if self.dtype not in DTYPES:
             raise ProfilerKitError(f"unknown dtype {self.dtype!r}; choose from {', '.join(DTYPES)}")
         for field in ("batch", "heads", "seq", "d"):

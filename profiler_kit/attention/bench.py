@@ -6,16 +6,14 @@ flushes the L2 cache before each call and times with CUDA events). Elsewhere a h
 do_bench's recipe (5 calls to estimate, warm-up and repetitions sized from `warmup_ms`/`rep_ms`, the same
 quantiles), so the command and its tests run on a CPU. Gradients are reset to None outside the timed region.
 With `rounds` > 1 the implementations of a shape are timed in interleaved rounds and their calls pooled
-(`run_shape`): one reading of a host-bound shape moves by up to 2× from one tenth of a second to the next on
-an H100 host, and rounds share that drift among the implementations instead of handing it to one of them.
+(`run_shape`): one reading of a host-bound shape moves with the host's state from one moment to the next, and
+rounds share that drift among the implementations instead of handing it to one of them.
 The forward is timed as training runs it, with inputs that require grad (autograd records the graph); the
 backward alone replays one retained graph. `backward_thread` says where the backward passes ran: `engine` (the
 default, as training runs them) on the autograd engine's CUDA device thread, or `caller`
-(`torch.autograd.set_multithreading_enabled(False)`) on the calling thread. On an H100 host the engine's two
-thread switches per call, to its device thread and back, took 340–400 µs of a host-bound forward+backward's
-440–530 µs under Nsight Systems, for every implementation alike, ±50 µs from call to call. `caller` takes them
-out; host-bound readings still spread by 30–45% of their median between p20 and p80 there (step 24 of
-docs/results/attention-h100.md).
+(`torch.autograd.set_multithreading_enabled(False)`) on the calling thread. The engine's two thread switches
+per call, to its device thread and back, take most of a host-bound forward+backward's time, for every
+implementation alike; `caller` takes them out (docs/results/attention-h100.md has the readings).
 In fp32, PyTorch's matmuls (naive, compiled) run in full fp32 unless TF32 is enabled, while Triton's `tl.dot`
 uses TF32: compare fp32 rows with that in mind.
 
@@ -31,14 +29,16 @@ side by side show whether an implementation keeps what it should.
 
 The implementations of a shape take the same inputs (seed 0). Each config fails on its own: an OOM gives status
 `oom`, any other failure (an SDPA backend that cannot run the config, a head dim a kernel does not support)
-status `error` with the message, and the sweep goes on.
+status `error` with the message, and the sweep goes on. A flash-triton row's message names the kernels and
+configs that ran (the launch record of its warm-up call).
+
+The implementations and their names come from `registry`.
 """
 
 from __future__ import annotations
 
 import functools
 import itertools
-import os
 import statistics
 import time
 import warnings
@@ -46,19 +46,24 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 
 import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from profiler_kit.attention.record import launch_record
+from profiler_kit.attention.registry import (
+    BENCH_IMPLS,
+    DTYPES,
+    MATERIALIZING_IMPLS,
+    NAMES,
+    AttentionFn,
+    check_name,
+    input_shape,
+    make_impl,
+)
+from profiler_kit.errors import first_line
 from profiler_kit.workload import release, resolve_device, synchronize
 
-AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-
-IMPLS = ("naive", "compiled", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "flash-torch", "flash-triton")
-SDPA_BACKENDS = {"sdpa-flash": SDPBackend.FLASH_ATTENTION, "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION,
-                 "sdpa-efficient": SDPBackend.EFFICIENT_ATTENTION}
-# Implementations that keep the N×N probabilities for the backward; all others keep only O and the logsumexp.
-MATERIALIZING_IMPLS = ("naive", "compiled")
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# Every name `--impl` takes, in table order, and the default set.
+IMPLS = NAMES
+DEFAULT_IMPLS = BENCH_IMPLS
 # Speedup columns are computed against each of these that is part of a run.
 REFERENCE_IMPLS = ("naive", "sdpa-cudnn", "sdpa-flash")
 TIMINGS = ("fwd", "bwd", "fwd_bwd")
@@ -94,9 +99,7 @@ class AttentionConfig:
 
     @property
     def shape(self) -> tuple[int, ...]:
-        if self.heads is None:
-            return (self.batch, self.seq, self.d)
-        return (self.batch, self.heads, self.seq, self.d)
+        return input_shape(self.batch, self.heads, self.seq, self.d)
 
     @property
     def batch_heads(self) -> int:
@@ -118,7 +121,7 @@ def attention_flops(batch_heads: int, seq: int, d: int, causal: bool, timing: st
 def saved_bytes(impl: str, batch_heads: int, seq: int, d: int, dtype: torch.dtype, causal: bool) -> int:
     """Bytes that exist after the forward and not before: the output O plus what autograd keeps.
 
-    Naive (`profiler_kit.attention.naive`): q@kᵀ is scaled by a Python float, which saves nothing, so the raw
+    Naive (`reference.naive_attention`): q@kᵀ is scaled by a Python float, which saves nothing, so the raw
     scores die at once; `masked_fill` keeps its N×N boolean mask (1 byte per entry, shared by the batch) when
     causal; the scaled/masked scores die after the softmax; the softmax keeps its result P, and P@v keeps P
     (the same tensor) and v (an input). So: P (B·H·N² elements) + O + the causal mask. `compiled` is given
@@ -131,53 +134,6 @@ def saved_bytes(impl: str, batch_heads: int, seq: int, d: int, dtype: torch.dtyp
     if impl in MATERIALIZING_IMPLS:
         return batch_heads * seq * seq * element + output + (seq * seq if causal else 0)
     return output + batch_heads * seq * LSE_BYTES
-
-
-# ---------------------------------------------------------------------------------------------- registry
-
-
-def _sdpa(backend: SDPBackend, causal: bool) -> AttentionFn:
-    def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        # The fused backends take (B, H, N, d) only; a missing head dim becomes a head dim of 1 (a view).
-        three_d = q.dim() == 3
-        if three_d:
-            q, k, v = q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)
-        with sdpa_kernel(backend):
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-        return out.squeeze(1) if three_d else out
-
-    return run
-
-
-def make_impl(name: str, causal: bool, device: torch.device) -> AttentionFn:
-    """The attention function `name` as f(q, k, v) with `causal` bound. Kernel modules import only here, so
-    this module imports while they are being changed."""
-    if name in SDPA_BACKENDS:
-        return _sdpa(SDPA_BACKENDS[name], causal)
-    if name in ("naive", "compiled"):
-        from profiler_kit.attention import naive_attention
-
-        if name == "naive":
-            return lambda q, k, v: naive_attention(q, k, v, is_causal=causal)
-        # A fresh, shape-specialised compile per config: reusing one would hit dynamo's recompile limit over a
-        # sweep and silently fall back to eager.
-        torch._dynamo.reset()
-        # Timing the backward alone replays one retained graph; AOTAutograd's donated buffers forbid that
-        # (backward with retain_graph=True raises), so the compiled backward keeps its saved buffers here.
-        torch._functorch.config.donated_buffer = False
-        compiled = torch.compile(naive_attention, dynamic=False)
-        return lambda q, k, v: compiled(q, k, v, is_causal=causal)
-    if name == "flash-torch":
-        from profiler_kit.attention import FlashAttentionPytorch
-
-        return lambda q, k, v: FlashAttentionPytorch.apply(q, k, v, causal)
-    if name == "flash-triton":
-        if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-            raise RuntimeError("Triton kernels need a CUDA device; on a CPU start with TRITON_INTERPRET=1")
-        from profiler_kit.attention.flash_triton import triton_attention
-
-        return lambda q, k, v: triton_attention(q, k, v, causal)
-    raise ValueError(f"unknown implementation {name!r}; choose from {', '.join(IMPLS)}")
 
 
 # ---------------------------------------------------------------------------------------------- timing
@@ -267,9 +223,8 @@ def _is_oom(exc: BaseException) -> bool:
 def failure_fields(exc: BaseException, reasons: str = "") -> dict:
     """The status ("oom" or "error") and message of a config that raised `exc`; `reasons` (torch's warnings)
     are appended in brackets."""
-    first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     suffix = f" ({reasons})" if reasons else ""
-    return {"status": "oom" if _is_oom(exc) else "error", "message": f"{type(exc).__name__}: {first_line}{suffix}"}
+    return {"status": "oom" if _is_oom(exc) else "error", "message": f"{first_line(exc)}{suffix}"}
 
 
 def _measure_memory(fn: AttentionFn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -310,17 +265,16 @@ def _prepare(row: dict, cfg: AttentionConfig, inputs: tuple[torch.Tensor, ...],
         warnings.simplefilter("always")
         try:
             # Compiles, autotunes, and surfaces configs an implementation cannot run, with torch's reasons.
-            fn(q, k, v).backward(grad_out)
+            out = fn(q, k, v)
+            out.backward(grad_out)
         except Exception:
             row["message"] = _reasons(caught)
             raise
-    if cfg.impl == "flash-triton":
-        from profiler_kit.attention import flash_cpp
-        from profiler_kit.attention.flash_triton import describe_last_configs
-
-        # The configs the autotuner picked for this shape, and which host path the timed calls take.
-        host = "; C++ host path" if flash_cpp.has_plan(q, k, v, cfg.causal) else ""
-        row["message"] = describe_last_configs() + host
+    record = launch_record(out)
+    if record is not None:
+        # The kernels and configs this shape runs (the autotuner's picks, or the Gluon kernels).
+        row["message"] = record.describe()
+    del out
     for t in (q, k, v):
         t.grad = None
     if device.type == "cuda":
@@ -381,7 +335,7 @@ def run_shape(cfgs: list[AttentionConfig], warmup_ms: float, rep_ms: float, roun
     alternates (first to last, then last to first), each round's do_bench measuring `rep_ms / rounds`. A row's
     median and percentiles pool the calls of all its rounds. Interleaving puts every implementation under the
     same drift of the host's and the GPU's state, which one reading of a host-bound shape cannot tell apart
-    from the implementations (docs/results/attention-h100.md, step 20).
+    from the implementations.
 
     OOMs and other failures become a row's status instead of exceptions, keeping the timings of the rounds
     before; the other implementations go on. `backward_on_caller`: see `_time_round`.
@@ -448,8 +402,7 @@ def sweep_configs(impls: Iterable[str], dtypes: Iterable[str], ds: Iterable[int]
     """The product dtype × d × seq × impl (implementations side by side for each shape)."""
     impls = list(impls)
     for name in impls:
-        if name not in IMPLS:
-            raise ValueError(f"unknown implementation {name!r}; choose from {', '.join(IMPLS)}")
+        check_name(name)
     return [AttentionConfig(impl, dtype, causal, batch, heads, seq, d, device)
             for dtype, d, seq, impl in itertools.product(dtypes, ds, seqs, impls)]
 

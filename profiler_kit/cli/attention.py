@@ -28,14 +28,14 @@ LEADERBOARD_IMPLS = "flash-triton,sdpa-flash,sdpa-cudnn,sdpa-efficient"
 
 
 def impl_names() -> tuple[str, ...]:
-    """The implementation names; the attention package is imported only when an option is parsed."""
-    from profiler_kit.attention.bench import IMPLS
+    """The implementation names (`profiler_kit.attention.registry`)."""
+    from profiler_kit.attention.registry import NAMES
 
-    return IMPLS
+    return NAMES
 
 
 def dtype_names() -> tuple[str, ...]:
-    from profiler_kit.attention.bench import DTYPES
+    from profiler_kit.attention.registry import DTYPES
 
     return DTYPES
 
@@ -126,8 +126,8 @@ def attention() -> None:
 
 @attention.command("bench")
 @click.option("--impl", "impls", callback=comma_list(one_of(impl_names)),
-              help="Implementations, comma list (default: all of naive, compiled, sdpa-flash, sdpa-cudnn, "
-                   "sdpa-efficient, flash-torch, flash-triton).")
+              help="Implementations, comma list (default: naive, compiled, sdpa-flash, sdpa-cudnn, "
+                   "sdpa-efficient, flash-torch, flash-triton; also sdpa and flash).")
 @click.option("--batch", type=positive_int, default=8, show_default=True)
 @click.option("--heads", type=positive_int, default=None,
               help="Heads; without it inputs have no head dimension: (batch, seq, d).")
@@ -145,7 +145,7 @@ def bench_cmd(impls, batch, heads, ds, seqs, dtypes, causal, device, warmup, rep
     from profiler_kit.attention import bench
     from profiler_kit.attention.bench_tables import pivot_tables
 
-    configs = bench.sweep_configs(impls or bench.IMPLS, dtypes, ds, seqs, batch, heads, causal, device)
+    configs = bench.sweep_configs(impls or bench.DEFAULT_IMPLS, dtypes, ds, seqs, batch, heads, causal, device)
     results = _measure(configs, warmup, rep, rounds, backward_on_caller, output, resume, fmt)
     pivots = pivot_tables(results)
     if fmt == "json":

@@ -92,9 +92,9 @@ def attention_cmd(impls: list[str] | None, batch: int, heads: int | None, seq: i
     NVTX ranges: <impl> holding <impl>.forward and <impl>.backward. Implementations that cannot run the shape
     here are skipped with a note. Writes <output-dir>/attention_<dtype>_b<batch>[_h<heads>]_s<seq>_d<d>
     [_causal].nsys-rep and .sqlite (or .json.gz)."""
-    from profiler_kit.attention.bench import IMPLS
+    from profiler_kit.attention.registry import BENCH_IMPLS
 
-    cfg = AttentionProfileConfig(tuple(impls or IMPLS), dtype, causal, batch, heads, seq, d, device)
+    cfg = AttentionProfileConfig(tuple(impls or BENCH_IMPLS), dtype, causal, batch, heads, seq, d, device)
     result = profile_attention(cfg, warmup, steps, backend, output_dir, nsys_path)
     _report(result, fmt, top)
 

@@ -1,57 +1,39 @@
 """The FlashAttention forward in Gluon, warp-specialised the way FlashAttention-3 arranges it on Hopper.
 
-Why. The Triton forward runs its d = 128 matmuls at ~550 TFLOP/s non-causal on the H100, against ~630 for our
-own dK/dV kernel's matmuls and ~600 for cuDNN's forward (docs/results/attention-h100.md, steps 20–21): per
-score it does two matmuls and an exp2, and an 8-warp Triton block issues both warp groups' work in one
-instruction stream, so each one's exp2 waits for the same matmuls. FlashAttention-3 splits a 128-row query
-block between two consumer warp groups of 64 rows each and feeds them from a producer warp:
+An 8-warp Triton block issues both warp groups' work in one instruction stream, so each one's exp2 waits for
+the same matmuls. This kernel splits a 128-row query block between two consumer warp groups of 64 rows each
+and feeds them from a producer warp:
 
 - the producer warp streams K and V tiles by TMA into a ring of STAGES slots; both consumers share them, and
   a slot is refilled once both have released it;
 - inside a consumer, per key tile j: issue S_j = Q Kⱼᵀ and the previous tile's O += P_{j−1} V_{j−1}, wait for
   S_j alone, run the online softmax on it while P_{j−1} V_{j−1} is still on the tensor cores, then wait for
   that, rescale O and release tile j−1's slot. Nothing stays in flight across the loop's back edge (ptxas
-  serialises every wgmma otherwise; step 16);
+  serialises every wgmma otherwise);
 - PINGPONG makes the two consumers issue their matmuls in turn (two mbarriers passed back and forth), so that
   one warp group's exp2 runs while the other's matmuls do.
 
-The math follows `flash_triton_fwd`: scores in base-2 units (qk_scale = log2(e)/√d), the probabilities cast
+The math follows `triton_kernels.fwd`: scores in base-2 units (qk_scale = log2(e)/√d), the probabilities cast
 to the input dtype before P·V, O divided by the row sum at the end, L saved in natural-log units. Rows and
 keys are read through (Z·H·N, d) views, so a tile reaching past N reads the next head's rows: keys past N_K
 are masked out of the scores, and rows past N_Q are computed and not stored.
 
 Scope: 16-bit, contiguous (Z, H, N, d) q, k, v with d ∈ {64, 128}, on compute capability 9.x with Triton's
-Gluon (3.6); `usable` says whether a call qualifies, `chosen` whether `flash_triton_fwd.flash_forward` runs
-it: by default at d = 128 on large calls, where it was 5–6% faster than the Triton forward on the H100.
+Gluon; `common.usable` says whether a call qualifies, `dispatch` whether it runs.
 """
 
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import triton
 
-from profiler_kit.attention import flash_gluon_bwd
-from profiler_kit.attention.flash_gluon_bwd import gluon
-from profiler_kit.attention.flash_triton_launch import LOG2E, head_group
+from profiler_kit.attention.gluon_kernels.common import compile_gluon, gluon, tile_descriptor
+from profiler_kit.attention.options import GluonForwardConfig
+from profiler_kit.attention.record import KernelLaunch, LaunchRecord
+from profiler_kit.attention.triton_kernels.configs import LOG2E, head_group
 
-HEAD_DIMS = (64, 128)
-GLUON_ENV = "PROFILER_KIT_FLASH_GLUON_FWD"
-# The config `flash_triton_fwd.flash_forward` runs by default per (head dim, causal); elsewhere the Triton forward.
-# At d = 128 on the H100 it took the issue 6 forwards from 0.571 to 0.535 ms (causal N = 4096) and from 3.870 to
-# 3.656 ms (non-causal N = 8192), 128-key tiles with 3 stages; ping-pong read 0.539–0.543 and 3.659–3.672, no
-# better, so the simpler schedule runs. At d = 64 the Triton forward stayed ahead (1.247 against 1.259 ms on the
-# leaderboard shape). docs/results/attention-h100.md, step 22.
-DEFAULTS: dict[tuple[int, bool], dict] = {
-    (128, causal): {"block_n": 128, "stages": 3, "pingpong": False} for causal in (False, True)
-}
-# By default only calls with at least this much work (Z·H·N_Q·N_K·d) run in Gluon. Its launch goes through
-# Python and the C++ host path (`flash_cpp`) does not cover it, so a call that takes it pays Python's host time
-# for its forward and backward (~0.7 ms on the H100, against ~0.22 ms on the C++ path; steps 14 and 15). Below
-# ~1e11 (the batch-8 grid's N = 8192 at d = 128 is 6.9e10) the GPU work no longer hides that.
-MIN_WORK = 1e11
 # Rows per consumer warp group: one wgmma M of 64 per warp group of 4 warps.
 GROUP_ROWS = 64
 # Launch register cap: 12 warps (two 4-warp consumers and the producer, padded to a warp group) × 168 fit
@@ -72,7 +54,7 @@ if gluon is not None:
         warpgroup_mma_wait,
     )
 
-    from profiler_kit.attention.flash_gluon_bwd import tma_load, wgmma_layout
+    from profiler_kit.attention.gluon_kernels.common import tma_load, wgmma_layout
 
     _REGS = gl.constexpr([CONSUMER_REGS, PRODUCER_REGS])
     _LN2 = gl.constexpr(math.log(2.0))
@@ -80,7 +62,7 @@ if gluon is not None:
     @gluon.jit
     def _block_position(CAUSAL: gl.constexpr, HEAD_GROUP: gl.constexpr):
         """(query block, batch·head) of this program on a (blocks, Z·H) grid, in the order of
-        `flash_triton_fwd.grid_position` (tiles-first, in groups of HEAD_GROUP heads), last block first when
+        `triton_kernels.tiles.grid_position` (tiles-first, in groups of HEAD_GROUP heads), last block first when
         causal so that the longest programs start first."""
         blocks = gl.num_programs(0)
         linear = gl.program_id(1) * blocks + gl.program_id(0)
@@ -232,64 +214,38 @@ if gluon is not None:
             mbarrier.invalidate(empty.index(s))
 
 
-def chosen(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, causal: bool) -> dict | None:
-    """The keyword arguments of `forward` for this call, or None where the Triton forward runs.
-    PROFILER_KIT_FLASH_GLUON_FWD=0 always picks the Triton forward; "BLOCK_N,STAGES,PINGPONG" (e.g. "128,2,1")
-    picks that config wherever `usable`; unset, DEFAULTS decides per (head dim, causal) for calls with at
-    least MIN_WORK."""
-    setting = os.environ.get(GLUON_ENV, "")
-    if setting == "0":
-        return None
-    if setting:
-        block_n, stages, pingpong = (int(x) for x in setting.split(","))
-        config = {"block_n": block_n, "stages": stages, "pingpong": bool(pingpong)}
-    else:
-        z, h, n_q, d = q4.shape
-        config = DEFAULTS.get((d, causal)) if z * h * n_q * k4.shape[2] * d >= MIN_WORK else None
-    # Asked last: it queries the device, and this runs on every forward of the Python path.
-    return config if config is not None and usable(q4, k4, v4) else None
-
-
-def usable(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor) -> bool:
-    """Whether `forward` takes these (Z, H, N, d) tensors: Gluon present, a 16-bit dtype, d in HEAD_DIMS,
-    non-empty contiguous tensors on a GPU of compute capability 9.x."""
-    return (q4.shape[2] > 0 and k4.shape[2] > 0
-            and flash_gluon_bwd.usable(q4, k4, v4, v4, head_dims=HEAD_DIMS))
-
-
 def _descriptors(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, block_n: int) -> list:
     """TMA descriptors of (Z·H·N, d) views: q in tiles of GROUP_ROWS rows, k and v in tiles of block_n."""
-    return [flash_gluon_bwd.tile_descriptor(t, rows) for t, rows in ((q4, GROUP_ROWS), (k4, block_n), (v4, block_n))]
+    return [tile_descriptor(t, rows) for t, rows in ((q4, GROUP_ROWS), (k4, block_n), (v4, block_n))]
 
 
-def _consts(d: int, block_n: int, stages: int, causal: bool, pingpong: bool) -> dict:
-    return {"HEAD_DIM": d, "BLOCK_N": block_n, "STAGES": stages, "CAUSAL": causal, "PINGPONG": pingpong,
-            "HEAD_GROUP": head_group(causal)}
+def _consts(d: int, causal: bool, config: GluonForwardConfig) -> dict:
+    return {"HEAD_DIM": d, "BLOCK_N": config.block_n, "STAGES": config.stages, "CAUSAL": causal,
+            "PINGPONG": config.pingpong, "HEAD_GROUP": head_group(causal)}
 
 
-def forward(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, causal: bool, block_n: int = 128,
-            stages: int = 2, pingpong: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """(O, contiguous (Z, H, N_Q, d), and fp32 L (Z·H, N_Q)), as `flash_triton_fwd.flash_forward` returns
-    them. Blocks are 128 query rows (two consumer warp groups); `block_n` keys per tile, `stages` K/V slots.
-    The caller checks `usable` first."""
+def forward(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, causal: bool,
+            config: GluonForwardConfig) -> tuple[torch.Tensor, torch.Tensor, LaunchRecord]:
+    """O (contiguous (Z, H, N_Q, d)), the fp32 L (Z·H, N_Q) and the launch record, as
+    `triton_kernels.fwd.flash_forward` returns them. Blocks are 128 query rows (two consumer warp groups). The
+    caller checks `common.usable` first."""
     z, h, n_q, d = q4.shape
     n_k = k4.shape[2]
     out = torch.empty((z, h, n_q, d), dtype=q4.dtype, device=q4.device)
     lse = torch.empty((z * h, n_q), dtype=torch.float32, device=q4.device)
     block_m = 2 * GROUP_ROWS  # one 64-row group per consumer
     grid = (triton.cdiv(n_q, block_m), z * h)
-    flash_gluon_bwd.last_launch["fwd"] = f"gluon {block_m}x{block_n} s{stages}" + (" ping-pong" if pingpong else "")
-    _fwd_kernel[grid](*_descriptors(q4, k4, v4, block_n), out, lse, n_q, n_k, LOG2E / math.sqrt(d),
-                      **_consts(d, block_n, stages, causal, pingpong), num_warps=4, maxnreg=LAUNCH_MAXNREG)
-    return out, lse
+    _fwd_kernel[grid](*_descriptors(q4, k4, v4, config.block_n), out, lse, n_q, n_k, LOG2E / math.sqrt(d),
+                      **_consts(d, causal, config), num_warps=4, maxnreg=LAUNCH_MAXNREG)
+    described = f"gluon {block_m}x{config.block_n} s{config.stages}" + (" ping-pong" if config.pingpong else "")
+    return out, lse, LaunchRecord((KernelLaunch("fwd", described),))
 
 
-def compile_sm90(head_dim: int, block_n: int = 128, stages: int = 2, causal: bool = True, pingpong: bool = True):
-    """Compile the forward for sm_90 (bf16) on any machine, GPU or not, so that what ptxas makes of a config
-    can be checked without one (tests). Returns a triton CompiledKernel, not loaded."""
-    rows = 4 * max(block_n, 2 * GROUP_ROWS)
+def compile_kernel(head_dim: int, causal: bool, config: GluonForwardConfig):
+    """The forward compiled for sm_90 (bf16) on any machine, GPU or not; a triton CompiledKernel, not loaded."""
+    rows = 4 * max(config.block_n, 2 * GROUP_ROWS)
     q4, k4, v4 = (torch.empty(1, 1, rows, head_dim, dtype=torch.bfloat16) for _ in range(3))
-    descs = dict(zip(("desc_q", "desc_k", "desc_v"), _descriptors(q4, k4, v4, block_n), strict=True))
-    return flash_gluon_bwd.compile_gluon(
-        _fwd_kernel, descs, _consts(head_dim, block_n, stages, causal, pingpong),
-        {"Out": "*bf16", "L": "*fp32", "qk_scale": "fp32"}, {"num_warps": 4, "maxnreg": LAUNCH_MAXNREG})
+    descs = dict(zip(("desc_q", "desc_k", "desc_v"), _descriptors(q4, k4, v4, config.block_n), strict=True))
+    return compile_gluon(_fwd_kernel, descs, _consts(head_dim, causal, config),
+                         {"Out": "*bf16", "L": "*fp32", "qk_scale": "fp32"},
+                         {"num_warps": 4, "maxnreg": LAUNCH_MAXNREG})

@@ -1,4 +1,4 @@
-"""FlashAttention-2 backward in Triton: a D pre-pass, a dK/dV kernel and a dQ kernel, no atomics.
+"""The FlashAttention-2 backward in Triton: a D pre-pass, a dK/dV kernel and a dQ kernel, no atomics.
 
 With P_ij = exp(s_ij/√d - L_i) recomputed from the saved logsumexp and D_i = Σ_d dO_id O_id:
 
@@ -7,14 +7,11 @@ With P_ij = exp(s_ij/√d - L_i) recomputed from the saved logsumexp and D_i = �
 `_flash_attn_bwd_dkdv_kernel` owns one key tile and loops over the query tiles that see it;
 `_flash_attn_bwd_dq_kernel` owns one query tile and loops over the key tiles it sees. Each output tile has a
 single writer, so no atomics and no zero-initialisation are needed, the result is deterministic, and the
-autotuner may rerun them freely. P is recomputed twice (7 matmuls where FlashAttention-2 counts 5). Adding dQ
-into an fp32 buffer from the dK/dV kernel instead (atomics, or TMA bulk reductions) saves two matmuls but was
-slower on the H100 in every issue 6 shape (docs/results/attention-h100.md, step 2), so it is not kept.
+autotuner may rerun them freely. P is recomputed twice (7 matmuls where FlashAttention-2 counts 5).
 
 Ragged tails need little masking: rows past N_Q load q = dO = 0 and so add nothing to dK/dV, and keys past
 N_K load k = v = 0 and add nothing to dQ; the MASKED loops still zero P there, since exp2(-L) of a padded
-score can overflow. Padded head-dim columns are zeros throughout. Layout, precision and tuning follow
-`flash_triton_fwd`.
+score can overflow. Padded head-dim columns are zeros throughout. Layout, precision and tuning follow `fwd`.
 """
 
 from __future__ import annotations
@@ -25,33 +22,37 @@ import torch
 import triton
 import triton.language as tl
 
-from profiler_kit.attention import flash_gluon_bwd, flash_gluon_fused
-from profiler_kit.attention.flash_triton_fwd import (
-    _LOG2E,
+from profiler_kit.attention.options import INTERPRET, FlashOptions
+from profiler_kit.attention.record import LaunchRecord
+from profiler_kit.attention.triton_kernels.configs import (
+    DKDV_SHAPES,
+    DQ_SHAPES,
     LOG2E,
-    as_4d,
+    block_d,
+    grid_2d,
+    head_group,
+    seq_bucket,
+    smem_pruner,
+)
+from profiler_kit.attention.triton_kernels.fwd import FWD, record
+from profiler_kit.attention.triton_kernels.launcher import (
+    Kernel,
+    descriptors,
+    row_descriptors,
+    tensor_signature,
+    tma_usable,
+)
+from profiler_kit.attention.triton_kernels.tiles import (
+    _LOG2E,
     key_ranges,
     load_rows,
     load_tile,
     program_head,
     query_tile_index,
     register_operand,
-    seq_bucket,
     store_tile,
     strides3,
     tile_program,
-)
-from profiler_kit.attention.flash_triton_launch import (
-    INTERPRET,
-    Kernel,
-    block_d,
-    descriptors,
-    grid_2d,
-    head_group,
-    row_descriptors,
-    smem_pruner,
-    tensor_signature,
-    tma_usable,
 )
 
 # Rows per program of the D pre-pass: it is memory-bound, so any size that fills a block will do.
@@ -262,41 +263,35 @@ def _flash_attn_bwd_dq_kernel(
     store_tile(DQ + g_off, (dq * sm_scale).to(DQ.dtype.element_ty), rows, N_Q, stride_gn, HEAD_DIM, BLOCK_D)
 
 
-# (BLOCK_M, BLOCK_N, warps, stages, *flags), most preferred first (flags: see `configs`). The dK/dV kernel keeps a key
-# tile resident and streams query tiles (one size divides the other); the dQ kernel is its mirror image (BLOCK_M %
-# BLOCK_N == 0). The lists hold the winners of `scripts/flash_tune.py` on the H100 (bf16, d = 64 and 128; the
-# warp-specialised ones at d = 128, see `ws_allowed`; the head-first dQ config on the causal d = 64 leaderboard shape,
-# offered alone there, see `head_first_wanted`) first, then smaller tiles that keep fp32 at d = 128 within shared
-# memory. Four warps spill the d = 128 accumulators of 128-wide tiles; eight do not. The "overlap" dK/dV configs won on
-# all three issue 6 shapes, by 1.4–2.7% (docs/results/attention-h100.md, step 11). At d = 128, 64×64 tiles with 2 stages
-# (99 KB of shared memory, so two blocks per SM where 3 stages fit one) took the non-causal N = 8192 backward from 13.65
-# to 12.66 ms (step 12). With LSE2 and Delta loaded by TMA (step 13) the same tiles spill more at d = 128 (96 bytes);
-# capped at 168 registers they won again (12.23 ms). With K and V fed to the matmuls from registers ("regs", step 19)
-# the leaderboard's backward took 3.29 ms against 3.50 for the best config without in one sweep, and the kernel
-# 1.78 against 1.86 ms; the leaderboard's own runs still pick either (offered at d ≤ 64 only, see `regs_allowed`).
-_DKDV_SHAPES = [
-    (64, 64, 4, 4, "overlap", "regs"), (64, 64, 4, 3, "overlap", "regs"),
-    (64, 128, 8, 3, "overlap"), (64, 128, 8, 2, "overlap"), (64, 128, 8, 3, "ws", "overlap"),
-    (64, 64, 4, 3, "overlap"), (64, 64, 4, 4, "overlap"), (32, 128, 4, 3, "head_first", "overlap"),
-    (64, 64, 4, 2, "overlap"), (64, 64, 4, 2, "overlap", "maxnreg=168"),
-    (64, 128, 8, 3), (64, 128, 8, 2), (64, 128, 8, 4), (64, 64, 4, 4),
-    (32, 128, 8, 3), (32, 128, 4, 3), (32, 64, 4, 3), (32, 64, 4, 2),
-]
-_DQ_SHAPES = [
-    (128, 64, 8, 3), (128, 64, 8, 4), (128, 64, 8, 4, "ws"), (128, 64, 4, 3), (128, 64, 4, 3, "head_first"),
-    (128, 64, 4, 4), (128, 32, 4, 3), (128, 32, 8, 3), (64, 64, 4, 3), (64, 32, 4, 3), (64, 32, 4, 2),
-]
-
 # Resident: K and V (dK/dV) or Q and dO (dQ); streamed: the other pair. Interpreter tiles: small, and two
 # streamed tiles per resident one so the causal diagonal spans two tiles.
-_preprocess = Kernel(_flash_attn_bwd_preprocess_kernel)
-_dkdv = Kernel(_flash_attn_bwd_dkdv_kernel, _DKDV_SHAPES,
-               smem_pruner(resident=("BLOCK_N", "BLOCK_N"), streamed=("BLOCK_M", "BLOCK_M")),
-               interpret_blocks={"BLOCK_M": 16, "BLOCK_N": 32, "WS": False, "HEAD_FIRST": False, "OVERLAP": False,
-                                "REGS": False})
-_dq = Kernel(_flash_attn_bwd_dq_kernel, _DQ_SHAPES,
-             smem_pruner(resident=("BLOCK_M", "BLOCK_M"), streamed=("BLOCK_N", "BLOCK_N"), order_by_shape=True),
-             interpret_blocks={"BLOCK_M": 32, "BLOCK_N": 16, "WS": False, "HEAD_FIRST": False, "REGS": False})
+PREPROCESS = Kernel(_flash_attn_bwd_preprocess_kernel)
+DKDV = Kernel(_flash_attn_bwd_dkdv_kernel, DKDV_SHAPES,
+              smem_pruner(resident=("BLOCK_N", "BLOCK_N"), streamed=("BLOCK_M", "BLOCK_M")),
+              interpret_blocks={"BLOCK_M": 16, "BLOCK_N": 32, "WS": False, "HEAD_FIRST": False, "OVERLAP": False,
+                               "REGS": False})
+DQ = Kernel(_flash_attn_bwd_dq_kernel, DQ_SHAPES,
+            smem_pruner(resident=("BLOCK_M", "BLOCK_M"), streamed=("BLOCK_N", "BLOCK_N"), order_by_shape=True),
+            interpret_blocks={"BLOCK_M": 32, "BLOCK_N": 16, "WS": False, "HEAD_FIRST": False, "REGS": False})
+
+
+def statistics(o4: torch.Tensor, do4: torch.Tensor, lse: torch.Tensor, signature: tuple,
+               options: FlashOptions | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The D pre-pass over (Z, H, N_Q, d) views of O and dO and the forward's fp32 L: LSE2 and Delta, fp32
+    (Z·H, stat_rows(N_Q)) arrays that every backward kernel reads."""
+    z, h, n_q, d = o4.shape
+    lse = lse.reshape(z * h, n_q)
+    delta = torch.empty((z * h, stat_rows(n_q)), dtype=torch.float32, device=o4.device)
+    lse2 = torch.empty_like(delta)
+    PREPROCESS(lambda meta: (triton.cdiv(n_q, PREPROCESS_BLOCK_M), z * h),
+               (o4, do4, lse, delta, lse2, *strides3(o4), *strides3(do4), h, n_q),
+               {"HEAD_DIM": d, "BLOCK_D": block_d(d), "BLOCK_M": PREPROCESS_BLOCK_M}, signature, options=options)
+    return lse2, delta
+
+
+def backward_signature(causal: bool, tma: bool, *tensors: torch.Tensor) -> tuple:
+    """The direct-launch signature of a backward call (`launcher.tensor_signature`)."""
+    return (causal, tma, *map(tensor_signature, tensors))
 
 
 def flash_backward(
@@ -305,90 +300,47 @@ def flash_backward(
     v4: torch.Tensor,
     o4: torch.Tensor,
     lse: torch.Tensor,
-    grad_out: torch.Tensor,
+    do4: torch.Tensor,
     causal: bool,
     tma: bool | None = None,
     configs_by_kernel: dict[str, triton.Config] | None = None,
-    gluon_dkdv: dict | None = None,
-    gluon_fused: dict | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Launch the three backward kernels on (Z, H, seq, d) views of q, k, v, o; `grad_out` has the shape of
-    the original q and `lse` is the forward's fp32 L.
+    options: FlashOptions | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, LaunchRecord]:
+    """The split backward on (Z, H, seq, d) views of q, k, v, o and dO, from the forward's fp32 L: the D
+    pre-pass, then the dK/dV and dQ kernels.
 
-    `tma` as in `flash_forward`. `configs_by_kernel` pins a config per kernel name ("dkdv", "dq") instead of
-    autotuning, for tuning sweeps. `gluon_dkdv` (keyword arguments of `flash_gluon_bwd.dkdv`: block sizes,
-    stages, warps) runs the Gluon dK/dV kernel instead of the Triton one where `flash_gluon_bwd.usable`;
-    without it (and without pinned configs) `flash_gluon_bwd.chosen_dkdv` decides.
-    `gluon_fused` (the same keywords) runs `flash_gluon_bwd.fused` instead of both the dK/dV and the dQ
-    kernel where it applies (d = 64): dQ then comes from an fp32 accumulator and is not bitwise reproducible.
-    Without either (and without pinned configs), `flash_gluon_bwd.chosen_dkdv` and then `flash_gluon_fused.chosen`
-    decide; the latter's two-warp-group fused kernel (by default at d = 64 and 128 on large calls) also returns such a
-    dQ.
-    Returns dQ, dK, dV as contiguous (Z, H, seq, d) tensors in the input dtype.
+    `tma` as in `fwd.flash_forward`. `configs_by_kernel` pins a config per kernel name ("dkdv", "dq") instead of
+    autotuning, for tuning sweeps. Returns dQ, dK, dV as contiguous (Z, H, seq, d) tensors in the input dtype,
+    and the launch record.
     """
     z, h, n_q, d = q4.shape
     n_k = k4.shape[2]
-    do4 = as_4d(grad_out)
     if tma is None:
         tma = not INTERPRET and tma_usable(q4, k4, v4, do4)
     pinned = configs_by_kernel or {}
-    lse = lse.reshape(z * h, n_q)
-    delta = torch.empty((z * h, stat_rows(n_q)), dtype=torch.float32, device=q4.device)
-    lse2 = torch.empty_like(delta)
+    signature = backward_signature(causal, tma, q4, k4, v4, o4, do4, lse)
+    lse2, delta = statistics(o4, do4, lse, signature, options)
     dq = torch.empty((z, h, n_q, d), dtype=q4.dtype, device=q4.device)
     dk = torch.empty((z, h, n_k, d), dtype=k4.dtype, device=k4.device)
     dv = torch.empty_like(dk)
-    bd = block_d(d)
-
-    signature = (causal, tma, *map(tensor_signature, (q4, k4, v4, o4, do4, lse)))
-    _preprocess(lambda meta: (triton.cdiv(n_q, PREPROCESS_BLOCK_M), z * h),
-                (o4, do4, lse, delta, lse2, *strides3(o4), *strides3(do4), h, n_q),
-                {"HEAD_DIM": d, "BLOCK_D": bd, "BLOCK_M": PREPROCESS_BLOCK_M}, signature)
-    fused_ws = None
-    if gluon_dkdv is None and gluon_fused is None and not pinned:
-        # A Gluon dK/dV kernel named by its switch runs; otherwise the fused kernel where chosen.
-        gluon_dkdv = flash_gluon_bwd.chosen_dkdv(q4, k4, v4, do4, causal)
-        fused_ws = flash_gluon_fused.chosen(q4, k4, v4, do4) if gluon_dkdv is None else None
-    if fused_ws is not None or (gluon_fused is not None
-                                and flash_gluon_bwd.usable(q4, k4, v4, do4, flash_gluon_bwd.FUSED_HEAD_DIMS)):
-        dq_acc = torch.zeros((z * h * n_q, d), dtype=torch.float32, device=q4.device)
-        if fused_ws is not None:
-            flash_gluon_fused.fused(q4, k4, v4, do4, lse2, delta, dq_acc, dk, dv, causal, **fused_ws)
-        else:
-            flash_gluon_bwd.fused(q4, k4, v4, do4, lse2, delta, dq_acc, dk, dv, causal, **gluon_fused)
-        # No Triton dK/dV or dQ launch (and none for the C++ path) this call.
-        _dkdv.last_config = _dkdv.last_plan = _dq.last_config = _dq.last_plan = None
-        torch.mul(dq_acc.view(z, h, n_q, d), 1.0 / math.sqrt(d), out=dq)
-        return dq, dk, dv
-    # The Triton kernels' arguments, built only for them (the fused kernels build their own descriptors).
     descs = descriptors(q4, k4, v4, do4) if tma else [None] * 4
     stat_descs = row_descriptors(lse2[:, :n_q], delta[:, :n_q]) if tma else [None] * 2
     common = (*strides3(q4), *strides3(k4), *strides3(v4), *strides3(do4))
     scalars = (h, n_q, n_k, LOG2E / math.sqrt(d), 1.0 / math.sqrt(d), seq_bucket(max(n_q, n_k)))
-    consts = {"HEAD_DIM": d, "BLOCK_D": bd, "CAUSAL": causal, "TMA": tma, "HEAD_GROUP": head_group(causal)}
+    consts = {"HEAD_DIM": d, "BLOCK_D": block_d(d), "CAUSAL": causal, "TMA": tma, "HEAD_GROUP": head_group(causal)}
     dkdv_args = (q4, k4, v4, do4, lse2, delta, dk, dv, *descs, *stat_descs, *common, *strides3(dk), *scalars)
     dq_args = (q4, k4, v4, do4, lse2, delta, dq, *descs, *common, *strides3(dq), *scalars)
-    if gluon_dkdv is not None and flash_gluon_bwd.usable(q4, k4, v4, do4):
-        _dkdv.last_config = _dkdv.last_plan = None  # no Triton launch (and none for the C++ path) this call
-        flash_gluon_bwd.dkdv(q4, k4, v4, do4, lse2, delta, dk, dv, causal, **gluon_dkdv)
-    else:
-        _dkdv(lambda meta: grid_2d(triton.cdiv(n_k, meta["BLOCK_N"]), z * h, meta), dkdv_args, consts, signature,
-              pinned.get("dkdv"))
-    _dq(lambda meta: grid_2d(triton.cdiv(n_q, meta["BLOCK_M"]), z * h, meta), dq_args, consts, signature,
-        pinned.get("dq"))
-    return dq, dk, dv
+    dkdv_config = DKDV(lambda meta: grid_2d(triton.cdiv(n_k, meta["BLOCK_N"]), z * h, meta), dkdv_args, consts,
+                       signature, pinned.get("dkdv"), options)
+    dq_config = DQ(lambda meta: grid_2d(triton.cdiv(n_q, meta["BLOCK_M"]), z * h, meta), dq_args, consts, signature,
+                   pinned.get("dq"), options)
+    return dq, dk, dv, record("dkdv", dkdv_config) + record("dq", dq_config)
+
+
+# The tuned Triton kernels by the names launch records, pinned configs and `machine_code.compile_sm90` use.
+KERNELS = {"fwd": FWD, "dkdv": DKDV, "dq": DQ}
 
 
 def tuned_configs() -> dict[str, dict]:
-    """The autotuner's choice per tuning key so far, for each tuned kernel of this module."""
-    return {"_flash_attn_bwd_dkdv_kernel": _dkdv.tuning_cache(), "_flash_attn_bwd_dq_kernel": _dq.tuning_cache()}
-
-
-def last_configs() -> dict[str, triton.Config | None]:
-    """The config each tuned kernel of this module ran last, autotuned or planned (None before any)."""
-    return {"dkdv": _dkdv.last_config, "dq": _dq.last_config}
-
-
-def last_cpp_specs() -> dict[str, tuple | None]:
-    """The C++ launch specs (`flash_cpp.launch_spec`) of the backward's last launches, None where one has none."""
-    return {"preprocess": _preprocess.last_cpp_spec, "dkdv": _dkdv.last_cpp_spec, "dq": _dq.last_cpp_spec}
+    """Per tuned Triton kernel, the autotuner's chosen config for each tuning key seen in this process."""
+    return {kernel.fn.__name__: kernel.tuning_cache() for kernel in KERNELS.values()}
