@@ -1,7 +1,7 @@
 """The launch plumbing of the Triton attention kernels: which calls reuse a resolved launch, and what they pass.
 
 Triton's compiled kernels need a GPU, so here a stand-in kernel records what it is given; the GPU tests in
-test_attention_kernels.py run the real direct launches against the autotuned ones.
+test_kernels.py run the real direct launches against the autotuned ones.
 """
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ import types
 import pytest
 import torch
 
-from profiler_kit.attention import flash_triton_launch
-from profiler_kit.attention.flash_triton_launch import DIRECT_ENV, Kernel, tensor_signature
+from profiler_kit.attention.options import FlashOptions
+from profiler_kit.attention.triton_kernels import configs, launcher
+from profiler_kit.attention.triton_kernels.launcher import Kernel, tensor_signature
 
 
 class _Compiled:
@@ -51,15 +52,14 @@ class _JitFunction:
 
 @pytest.fixture
 def kernel(monkeypatch):
-    monkeypatch.setattr(flash_triton_launch, "INTERPRET", False)
+    monkeypatch.setattr(launcher, "INTERPRET", False)
     device = types.SimpleNamespace(get_current_device=lambda: 0, get_current_stream=lambda index: "stream-7")
-    monkeypatch.setattr(flash_triton_launch, "driver", types.SimpleNamespace(active=device))
-    monkeypatch.delenv(DIRECT_ENV, raising=False)
+    monkeypatch.setattr(launcher, "driver", types.SimpleNamespace(active=device))
     return Kernel(_JitFunction())
 
 
-def _call(kernel: Kernel, n: int, signature) -> None:
-    kernel(lambda meta: (n // 4, 3), ("x-ptr", n), {"SCALE": 2, "BLOCK": 4}, signature)
+def _call(kernel: Kernel, n: int, signature, options: FlashOptions | None = None) -> None:
+    kernel(lambda meta: (n // 4, 3), ("x-ptr", n), {"SCALE": 2, "BLOCK": 4}, signature, options=options)
 
 
 def test_second_call_with_a_signature_goes_straight_to_the_compiled_kernel(kernel):
@@ -79,12 +79,11 @@ def test_each_signature_resolves_its_own_launch(kernel):
     assert kernel.fn.compiled.launches == [((20, 3, 1), ("x-ptr", 80, 2, 4))]
 
 
-def test_no_signature_or_direct_launch_off_always_dispatches_through_triton(kernel, monkeypatch):
+def test_no_signature_or_direct_launch_off_always_dispatches_through_triton(kernel):
     _call(kernel, 40, None)
     _call(kernel, 40, None)
-    monkeypatch.setenv(DIRECT_ENV, "0")
-    _call(kernel, 40, "sig-a")
-    _call(kernel, 40, "sig-a")
+    _call(kernel, 40, "sig-a", FlashOptions(direct_launch=False))
+    _call(kernel, 40, "sig-a", FlashOptions(direct_launch=False))
     assert len(kernel.fn.launched) == 4 and kernel.fn.compiled.launches == []
 
 
@@ -104,16 +103,16 @@ def test_tensor_signature_sees_what_triton_specialises_on():
 
 def test_config_tuples_name_their_flags():
     params = ["Q", "BLOCK_M", "BLOCK_N", "WS", "HEAD_FIRST", "OVERLAP"]
-    plain, flagged = flash_triton_launch.configs([(128, 64, 8, 3), (64, 64, 4, 4, "head_first", "overlap")], params)
+    plain, flagged = configs.configs([(128, 64, 8, 3), (64, 64, 4, 4, "head_first", "overlap")], params)
     assert plain.kwargs == {"BLOCK_M": 128, "BLOCK_N": 64, "WS": False, "HEAD_FIRST": False, "OVERLAP": False}
     assert (plain.num_warps, plain.num_stages) == (8, 3)
     assert flagged.kwargs == {"BLOCK_M": 64, "BLOCK_N": 64, "WS": False, "HEAD_FIRST": True, "OVERLAP": True}
     # A kernel without OVERLAP gets no such constexpr, and may not be offered the flag.
-    assert flash_triton_launch.configs([(128, 64, 8, 3)], params[:-1])[0].kwargs == {
+    assert configs.configs([(128, 64, 8, 3)], params[:-1])[0].kwargs == {
         "BLOCK_M": 128, "BLOCK_N": 64, "WS": False, "HEAD_FIRST": False}
     with pytest.raises(ValueError, match="not offered"):
-        flash_triton_launch.configs([(128, 64, 8, 3, "overlap")], params[:-1])
+        configs.configs([(128, 64, 8, 3, "overlap")], params[:-1])
     with pytest.raises(ValueError, match="not offered"):
-        flash_triton_launch.configs([(64, 64, 4, 4, True)], params)  # the old positional booleans are refused
-    capped = flash_triton_launch.configs([(64, 64, 4, 3, "overlap", "maxnreg=168")], params)[0]
+        configs.configs([(64, 64, 4, 4, True)], params)  # the old positional booleans are refused
+    capped = configs.configs([(64, 64, 4, 3, "overlap", "maxnreg=168")], params)[0]
     assert (capped.maxnreg, capped.kwargs["OVERLAP"], plain.maxnreg) == (168, True, None)

@@ -1,7 +1,7 @@
 """The Triton kernels' sm_90 machine code, compiled on any machine (no GPU needed): what the "regs" config flag
 changes. A wgmma ("HGMMA" in SASS) takes its first operand either from registers (`HGMMA... Rd, Ra, gdesc[..]`)
-or, with the second, through a shared-memory descriptor (`HGMMA... Rd, gdesc[..]`). Step 19 of
-docs/results/attention-h100.md measured the difference; correctness on the GPU is in test_attention_kernels.py.
+or, with the second, through a shared-memory descriptor (`HGMMA... Rd, gdesc[..]`); correctness on the GPU is in
+test_kernels.py.
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import pytest
 
 def _operand_sources(compiled_facts, kernel: str, shape: tuple) -> dict:
     """How many of a config's wgmma instructions take their first operand from registers, of how many. (Spills
-    depend on the Triton version: the GPU machine's 3.6 compiles these without, see scripts/flash_sass.py.)"""
+    depend on the Triton version: the GPU machine's 3.6 compiles these without, see tools/flash_sass.py.)"""
     return compiled_facts(
         "import json, re\n"
-        "from profiler_kit.attention.flash_triton import compile_sm90, machine_code\n"
-        f"_, sass = machine_code(compile_sm90({kernel!r}, {shape!r}, 64, True, True))\n"
+        "from profiler_kit.attention.machine_code import compile_sm90, machine_code\n"
+        f"_, sass = machine_code(compile_sm90({kernel!r}, 64, True, {shape!r}, tma=True))\n"
         "wgmma = re.findall(r'HGMMA\\.\\S+ R\\d+, (\\S+)', sass)\n"
         "print(json.dumps({'wgmma': len(wgmma), 'from_registers': sum(a.startswith('R') for a in wgmma)}))\n"
     )
