@@ -402,7 +402,7 @@ def test_gpu_oom_is_a_row_and_its_memory_is_given_back():
 @pytest.mark.gpu
 def test_compiled_backward_can_be_replayed_for_timing():
     """The backward-alone timing replays one graph with retain_graph=True; the compiled impl must allow it
-    (on CUDA, AOTAutograd donates the backward's buffers unless told not to: every compiled row failed once)."""
+    (on CUDA, AOTAutograd donates the backward's buffers unless told not to)."""
     import torch
 
     from profiler_kit.attention.bench import make_impl

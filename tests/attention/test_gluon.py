@@ -145,7 +145,8 @@ def test_gluon_forward_feeds_the_backward_gpu(causal):
     (q, k, v), grad_out = make_inputs((2, 3), 333, 333, 128, torch.bfloat16)
     if not usable(*(t.detach() for t in (q, k, v))):
         pytest.skip("needs Gluon and a GPU of compute capability 9.x")
-    options = {"gluon_forward": "on", "gluon_forward_config": GluonForwardConfig(128, 3, False), "gluon_backward": "off"}
+    options = {"gluon_forward": "on", "gluon_forward_config": GluonForwardConfig(128, 3, False),
+               "gluon_backward": "off"}
     with flash_options(**options):
         out = FlashAttentionTriton.apply(q, k, v, causal)
     assert "fwd gluon 128x128 s3" in launch_record(out).describe()

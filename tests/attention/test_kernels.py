@@ -8,14 +8,11 @@ config of every key: minutes). The `gpu` tests add larger sizes, bf16, and one a
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
-
 from attention_cases import (
     DEVICE,
     HAS_CUDA,
@@ -167,6 +164,22 @@ def test_flash_attention_dispatch_on_cpu(monkeypatch):
         FlashAttentionTriton.apply(q, k, v, False)
 
 
+@pytest.mark.usefixtures("one_config_per_kernel")
+def test_the_function_keeps_the_launch_record_of_both_passes():
+    """Which kernels ran, and their configs, from the Function's context: the forward's after the forward, the
+    backward's added after the backward."""
+    if not TRITON_RUNS_HERE:
+        pytest.skip("the Triton kernels need a GPU or the interpreter")
+    (q, k, v), grad_out = make_inputs((2,), 77, 77, 32, torch.float32)
+    out = FlashAttentionTriton.apply(q, k, v, True)
+    assert [launch.kernel for launch in launch_record(out).launches] == ["fwd"]
+    out.backward(grad_out)
+    record = launch_record(out)
+    assert [launch.kernel for launch in record.launches] == ["fwd", "dkdv", "dq"]
+    assert record.describe().startswith("fwd ") and "; dkdv " in record.describe()
+    assert launch_record(naive_attention(q, k, v)) is None
+
+
 def test_triton_rejects_bf16_in_the_interpreter(monkeypatch):
     monkeypatch.setattr(function_module, "INTERPRET", True)
     (q, k, v), _ = make_inputs((2,), 77, 77, 32, torch.bfloat16, device="cpu")
@@ -242,10 +255,9 @@ def test_streamed_tiles_wider_than_the_resident_tile(monkeypatch, kernel, blocks
     """Each kernel with its streamed tile wider than its resident one (77 and 130 rows, ragged both ways).
     dK/dV: one masked query tile crosses each key tile's diagonal, and the unmasked tiles after it start off
     the BLOCK_M grid. Forward and dQ: a query tile's diagonal starts inside a key tile, which must be masked
-    (flash_tune.py's (64, 128) forward candidates were 18% off before key_ranges rounded the unmasked stop down
-    to whole key tiles)."""
+    (key_ranges rounds the unmasked stop down to whole key tiles)."""
     if not INTERPRET:
-        pytest.skip("interpreter only; on a GPU flash_tune.py times these configs against the pointer version")
+        pytest.skip("interpreter only; on a GPU tools/flash_tune.py times these configs against the pointer version")
     owner = {"fwd": triton_fwd.FWD, "dkdv": triton_bwd.DKDV, "dq": triton_bwd.DQ}[kernel]
     for name, size in blocks.items():
         monkeypatch.setitem(owner.interpret_blocks, name, size)
@@ -280,7 +292,7 @@ def test_warp_specialised_configs_only_where_they_were_tuned(dtype, d, tma, offe
 
 @pytest.mark.parametrize("d,offered", [(32, True), (64, True), (128, False)])
 def test_regs_configs_only_where_they_were_tuned(d, offered):
-    """Configs feeding the resident tiles from registers are offered at d ≤ 64 (they spilled and lost at 128)."""
+    """Configs feeding the resident tiles from registers are offered at d ≤ 64 (at 128 they spill)."""
     q = torch.empty(1, 1, 16, d, dtype=torch.bfloat16)
     kernel = triton_bwd.DKDV
     kept = kernel.pruner(kernel.configs, {"Q": q}, HEAD_DIM=d, TMA=True, CAUSAL=True)

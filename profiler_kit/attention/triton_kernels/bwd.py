@@ -148,9 +148,8 @@ def _flash_attn_bwd_dkdv_kernel(
 ):
     """dK, dV for one (key tile, batch·head). DK and DV share the strides (stride_g*) of their allocation.
     With TMA, q, k, v and dO tiles move through the DESC_* descriptors (see `load_rows`), and each query
-    tile's LSE2 and Delta through (Z·H, N_Q) descriptors of those arrays: pointer loads of them, in the layout of the
-    score tile's columns, took 32 cp.async instructions per thread and query tile and kept the load/store
-    unit the busiest of all kernels (Nsight Compute, docs/results/attention-h100.md, step 13).
+    tile's LSE2 and Delta through (Z·H, N_Q) descriptors of those arrays, which spares the load/store unit the
+    many small pointer loads that reading them in the layout of the score tile's columns takes.
 
     Causal: queries before the key tile are skipped, the query tiles from start_n that cross the diagonal
     (BLOCK_N / BLOCK_M of them, or one when BLOCK_M ≥ BLOCK_N; BLOCK_N % BLOCK_M == 0 or BLOCK_M % BLOCK_N

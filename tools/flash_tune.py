@@ -1,18 +1,4 @@
-"""Time every candidate config of the Triton FlashAttention-2 kernels, one by one, on the issue 6 shapes.
-
-The autotuner only keeps its winner; this sweep prints the whole table (median ms per config, with pointer
-and with TMA loads), so a change to the config lists or the kernels can be judged on data. Every candidate
-is compiled first in a pool of worker processes (Triton's on-disk cache then serves the timing process),
-which turns ~200 sequential compilations into about a minute. Each result is checked against the pointer
-version with the partner configs on the same inputs. A backward row times both kernels (and the D
-pre-pass): the kernel named runs the config of the row, the other its fixed partner.
-
-Usage (GPU machine): python3 scripts/flash_tune.py [--shapes leaderboard,causal4096,full8192] [--loads tma]
-    [--orders both] [--overlap both] [--regs both] [--kernels dkdv] [--candidates shipped] [--output F.json]
-    (--orders both: every config on both grid orders; --overlap both, --regs both: every config with and
-    without that flag, see `flash_triton_launch.configs`; --candidates shipped: the kernels' own config lists,
-    flags included, instead of the sweep's lists)
-"""
+"""Time every candidate config of the Triton FlashAttention-2 kernels, one by one, on three tuning shapes (GPU)."""
 
 from __future__ import annotations
 
@@ -26,31 +12,40 @@ import time
 import torch
 import triton
 
-from profiler_kit.attention.flash_triton import JIT_KERNELS as KERNELS
-from profiler_kit.attention.flash_triton import SHIPPED_SHAPES
-from profiler_kit.attention.flash_triton_bwd import flash_backward
-from profiler_kit.attention.flash_triton_fwd import flash_forward
-from profiler_kit.attention.flash_triton_launch import CONFIG_FLAGS, configs
+from profiler_kit.attention.triton_kernels.bwd import KERNELS as TUNED
+from profiler_kit.attention.triton_kernels.bwd import flash_backward
+from profiler_kit.attention.triton_kernels.configs import CONFIG_FLAGS, configs
+from profiler_kit.attention.triton_kernels.fwd import flash_forward
 
-# name: (Z, H, N, d, causal); bf16 throughout, as in issue 6.
+KERNELS = {name: kernel.fn for name, kernel in TUNED.items()}
+SHIPPED_SHAPES = {name: kernel.shapes for name, kernel in TUNED.items()}
+EPILOG = """The autotuner only keeps its winner; this sweep prints the whole table (median ms per config, with pointer
+and with TMA loads). Every candidate is compiled first in a pool of worker processes (Triton's on-disk cache
+then serves the timing process). Each result is checked against the pointer version with the partner configs
+on the same inputs. A backward row times both kernels (and the D pre-pass): the kernel named runs the config of
+the row, the other its fixed partner. --orders both: every config on both grid orders; --overlap both, --regs
+both: every config with and without that flag (see `configs.configs`); --candidates shipped: the kernels' own
+config lists, flags included."""
+
+# name: (Z, H, N, d, causal); bf16 throughout.
 SHAPES = {
     "leaderboard": (1, 16, 16384, 64, True),
     "causal4096": (4, 16, 4096, 128, True),
     "full8192": (4, 16, 8192, 128, False),
 }
-# (BLOCK_M, BLOCK_N, warps, stages, *flags) as in `flash_triton_launch.configs`; the warp-specialised ("ws")
+# (BLOCK_M, BLOCK_N, warps, stages, *flags) as in `configs.configs`; the warp-specialised ("ws")
 # variants run with TMA loads only.
 FWD_CANDIDATES = [
     (128, 64, 8, 3), (128, 64, 4, 3), (128, 64, 4, 4), (128, 64, 8, 2), (128, 64, 8, 4), (128, 128, 8, 2),
     (128, 128, 8, 3), (128, 32, 4, 4), (64, 64, 4, 3), (64, 64, 4, 4), (64, 32, 4, 4), (128, 64, 4, 2),
     (64, 64, 4, 2),
-    # Step 14: 128-key tiles under one warp group, and 128 query rows per warp group (256 over 8 warps).
+    # 128-key tiles under one warp group, and 128 query rows per warp group (256 over 8 warps).
     (64, 128, 4, 2), (64, 128, 4, 3), (128, 128, 8, 4), (256, 64, 8, 2), (256, 64, 8, 3), (256, 128, 8, 2),
 ]
 DKDV_CANDIDATES = [
     (32, 128, 4, 3), (32, 128, 8, 3), (32, 128, 8, 4), (64, 128, 8, 2), (64, 128, 8, 3), (64, 128, 8, 4),
     (128, 128, 8, 2), (32, 64, 4, 3), (64, 64, 4, 3), (64, 64, 4, 4), (64, 64, 4, 2),
-    # Query tiles wider than the key tile (step 13): one masked diagonal tile per key tile.
+    # Query tiles wider than the key tile: one masked diagonal tile per key tile.
     (128, 64, 4, 3), (128, 64, 4, 2),
     # 168 registers let three 4-warp blocks share an SM (65536 / (168 · 128) ≥ 3), if shared memory allows.
     (64, 64, 4, 2, "maxnreg=168"), (64, 64, 4, 3, "maxnreg=168"),
@@ -59,7 +54,7 @@ DQ_CANDIDATES = [
     (128, 32, 4, 3), (128, 32, 8, 3), (128, 32, 8, 4), (128, 64, 4, 3), (128, 64, 4, 4), (128, 64, 8, 2),
     (128, 64, 8, 3), (128, 64, 8, 4), (64, 32, 4, 3), (64, 64, 4, 3), (64, 64, 4, 2), (128, 32, 8, 2),
     (128, 64, 4, 2), (64, 32, 4, 2),
-    # Step 14: wider key tiles, and 128 query rows per warp group.
+    # Wider key tiles, and 128 query rows per warp group.
     (128, 128, 8, 2), (128, 128, 8, 3), (256, 64, 8, 2), (256, 32, 8, 3),
 ]
 WS_CANDIDATES = {
@@ -79,7 +74,7 @@ def inputs(name: str, seed: int = 0):
     z, h, n, d, causal = SHAPES[name]
     gen = torch.Generator(device="cuda").manual_seed(seed)
     q, k, v, do = (torch.randn(z, h, n, d, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(4))
-    out, lse = flash_forward(q, k, v, causal, config(FWD_CANDIDATES[0], "fwd"), tma=False)
+    out, lse, _ = flash_forward(q, k, v, causal, config(FWD_CANDIDATES[0], "fwd"), tma=False)
     return q, k, v, do, out, lse, causal
 
 
@@ -125,10 +120,10 @@ def call(job, tensors):
     name, kernel, tma, shape, partner = job
     q, k, v, do, out, lse, causal = tensors
     if kernel == "fwd":
-        return lambda: flash_forward(q, k, v, causal, config(shape, kernel), tma=tma)
+        return lambda: flash_forward(q, k, v, causal, config(shape, kernel), tma=tma)[:2]
     other = "dq" if kernel == "dkdv" else "dkdv"
     pinned = {kernel: config(shape, kernel), other: config(partner, other)}
-    return lambda: flash_backward(q, k, v, out, lse, do, causal, tma=tma, configs_by_kernel=pinned)
+    return lambda: flash_backward(q, k, v, out, lse, do, causal, tma=tma, configs_by_kernel=pinned)[:3]
 
 
 def warm(batch: list[tuple]) -> list[str | None]:
@@ -166,15 +161,15 @@ def write_rows(path: str, rows: list[dict]) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, epilog=EPILOG)
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--kernels", default=",".join(KERNELS), help="which kernels' configs to sweep")
     parser.add_argument("--workers", type=int, default=12)
     parser.add_argument("--loads", choices=["both", "tma", "pointer"], default="both")
     parser.add_argument("--orders", choices=["both", "tile", "head"], default="tile",
-                        help="grid order: (tiles, Z·H) as before, head-first (Z·H, tiles), or both")
+                        help="grid order: tiles first (tiles, Z·H), head-first (Z·H, tiles), or both")
     parser.add_argument("--overlap", choices=["both", "off", "on"], default="off",
-                        help="the \"overlap\" config flag: off as before, on, or every config both ways")
+                        help="the \"overlap\" config flag: off, on, or every config both ways")
     parser.add_argument("--regs", choices=["both", "off", "on"], default="off",
                         help="the \"regs\" config flag (resident tiles in registers), as --overlap")
     parser.add_argument("--candidates", choices=["sweep", "shipped"], default="sweep",
@@ -205,7 +200,7 @@ def main() -> int:
         q, k, v, do, out, lse, causal = tensors
         partners = PARTNERS[SHAPES[name][3]]
         reference = flash_backward(q, k, v, out, lse, do, causal, tma=False,
-                                   configs_by_kernel={kk: config(c, kk) for kk, c in partners.items()})
+                                   configs_by_kernel={kk: config(c, kk) for kk, c in partners.items()})[:3]
         fwd_reference = out
         for job in (j for j in todo if j[0] == name):
             row = {"shape": name, "kernel": job[1], "tma": job[2], "config": list(job[3]),
