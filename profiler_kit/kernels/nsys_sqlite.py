@@ -31,6 +31,9 @@ LAUNCH_CALLS = "%Launch%"
 # the export has it.
 PUSH_POP_EVENT = 59
 SOURCE = "nsys-sqlite"
+# Columns an export must have for its tables to be read at all.
+REQUIRED_COLUMNS = {KERNEL_TABLE: {"start", "end"}, NVTX_TABLE: {"start", "end", "eventType"},
+                    RUNTIME_TABLE: {"start", "correlationId"}}
 
 
 def connect(path: Path) -> sqlite3.Connection:
@@ -67,14 +70,37 @@ def _load(con: sqlite3.Connection, path: Path) -> KernelTrace:
             f"{path}: an SQLite file, but not an Nsight Systems export (no StringIds, "
             f"{KERNEL_TABLE} or {NVTX_TABLE} table)"
         )
+    for table, needed in REQUIRED_COLUMNS.items():
+        missing = sorted(needed - schema.get(table, needed))
+        if missing:
+            raise ProfilerKitError(f"{path}: table {table} has no {', '.join(missing)} column")
     cuda_traced = KERNEL_TABLE in schema or RUNTIME_TABLE in schema
+    notes: list[str] = []
     return KernelTrace(
         source=SOURCE,
         path=path,
-        kernels=_kernels(con, schema) if KERNEL_TABLE in schema else kernel_frame([], [], [], []),
-        ranges=_ranges(con, schema) if NVTX_TABLE in schema else range_frame([], [], [], [], []),
-        memory_ops=_memory_ops(con, schema) if cuda_traced else None,
+        kernels=_kernels(con, schema, notes) if KERNEL_TABLE in schema else kernel_frame([], [], [], []),
+        ranges=_ranges(con, schema, notes) if NVTX_TABLE in schema else range_frame([], [], [], [], []),
+        memory_ops=_memory_ops(con, schema, notes) if cuda_traced else None,
+        notes=notes,
     )
+
+
+def _timed(table: str, alias: str = "") -> str:
+    """SQL condition: a row whose start and end are integers with end ≥ start (NULLs, text or a negative
+    duration make a row unusable: SQLite would subtract text as 0)."""
+    a = f"{alias}." if alias else ""
+    return (f"typeof({a}start) = 'integer' AND typeof({a}end) = 'integer' AND {a}end >= {a}start")
+
+
+def _skipped(con: sqlite3.Connection, table: str, valid: str, what: str, notes: list[str]) -> None:
+    """Count the rows of `table` that fail `valid`: all of them is an error, some a note."""
+    total, bad = con.execute(f"SELECT count(*), coalesce(sum(NOT ({valid})), 0) FROM {table}").fetchone()
+    if bad and bad == total:
+        raise ProfilerKitError(f"none of the {total:,} rows of {table} has a usable start and end time "
+                               "(integers, end ≥ start)")
+    if bad:
+        notes.append(f"skipped {bad:,} of {total:,} {what} without a usable start and end time in {table}")
 
 
 def kernel_name_column(columns: set[str]) -> str:
@@ -84,15 +110,17 @@ def kernel_name_column(columns: set[str]) -> str:
     return found
 
 
-def _kernels(con: sqlite3.Connection, schema: dict[str, set[str]]) -> pd.DataFrame:
+def _kernels(con: sqlite3.Connection, schema: dict[str, set[str]], notes: list[str]) -> pd.DataFrame:
     """One row per kernel execution. The launch join is done in numpy (`match_launches`): SQLite would first
     build a temporary index over the whole runtime table, which costs more than reading both tables."""
     columns = schema[KERNEL_TABLE]
     name_col = kernel_name_column(columns)
     process = "globalPid" if "globalPid" in columns else "0"
+    correlation = "correlationId" if "correlationId" in columns else "NULL"
+    _skipped(con, KERNEL_TABLE, _timed(KERNEL_TABLE), "kernels", notes)
     rows = con.execute(
-        f"SELECT coalesce(correlationId, {NO_LAUNCH}), coalesce({process}, 0), end - start, {name_col} "
-        f"FROM {KERNEL_TABLE}"
+        f"SELECT coalesce({correlation}, {NO_LAUNCH}), coalesce({process}, 0), end - start, {name_col} "
+        f"FROM {KERNEL_TABLE} WHERE {_timed(KERNEL_TABLE)}"
     ).fetchall()
     if not rows:
         return kernel_frame([], [], [], [])
@@ -142,39 +170,50 @@ def _push_pop_event(con: sqlite3.Connection, schema: dict[str, set[str]]) -> int
     return PUSH_POP_EVENT
 
 
-def _ranges(con: sqlite3.Connection, schema: dict[str, set[str]]) -> pd.DataFrame:
-    """NVTX push/pop ranges; a range never popped lasts to the end of the report."""
+def _ranges(con: sqlite3.Connection, schema: dict[str, set[str]], notes: list[str]) -> pd.DataFrame:
+    """NVTX push/pop ranges; a range never popped (no end) lasts to the end of the report."""
     cols = schema[NVTX_TABLE]
     text = "n.text" if "text" in cols else "NULL"
     if "textId" in cols and "StringIds" in schema:
         name, join = f"coalesce({text}, s.value)", "LEFT JOIN StringIds AS s ON s.id = n.textId"
     else:
         name, join = text, ""
-    frame = pd.read_sql_query(
-        f"SELECT n.start, n.end, {name} AS name, n.globalTid FROM {NVTX_TABLE} AS n {join} "
+    tid = "coalesce(n.globalTid, 0)" if "globalTid" in cols else "0"
+    usable = "typeof(n.start) = 'integer' AND (n.end IS NULL OR (typeof(n.end) = 'integer' AND n.end >= n.start))"
+    event = _push_pop_event(con, schema)
+    rows = con.execute(
+        f"SELECT n.start, n.end, {name}, {tid}, {usable} FROM {NVTX_TABLE} AS n {join} "
         f"WHERE n.eventType = ? AND {name} IS NOT NULL",
-        con,
-        params=(_push_pop_event(con, schema),),
-    )
-    last = max(frame["start"].max(), frame["end"].max()) if len(frame) else 0
-    ends = frame["end"].fillna(last)
-    tids = frame["globalTid"].fillna(0).astype(np.int64).to_numpy()
-    return range_frame(frame["name"], frame["start"], ends, tids & PROCESS_MASK, tids)
+        (event,),
+    ).fetchall()
+    bad = sum(1 for row in rows if not row[4])
+    if bad:
+        notes.append(f"skipped {bad:,} of {len(rows):,} NVTX ranges without a usable start and end time")
+    rows = [row for row in rows if row[4]]
+    starts = np.array([row[0] for row in rows], dtype=np.int64)
+    known_ends = [row[1] for row in rows if row[1] is not None]
+    last = max(int(starts.max(initial=0)), max(known_ends, default=0))
+    ends = np.array([last if row[1] is None else row[1] for row in rows], dtype=np.int64)
+    tids = np.array([row[3] for row in rows], dtype=np.int64)
+    return range_frame([row[2] for row in rows], starts, ends, tids & PROCESS_MASK, tids)
 
 
-def _memory_ops(con: sqlite3.Connection, schema: dict[str, set[str]]) -> pd.DataFrame:
+def _memory_ops(con: sqlite3.Connection, schema: dict[str, set[str]], notes: list[str]) -> pd.DataFrame:
     """memcpy totals by copy kind (Host-to-Device, ...) and memset totals; empty when none were traced."""
     rows: list[tuple[str, int]] = []
     for kind, table in MEMORY_TABLES.items():
         if table not in schema:
             continue
+        if not {"start", "end"} <= schema[table]:
+            raise ProfilerKitError(f"table {table} has no start or end column")
+        _skipped(con, table, _timed(table), f"{kind} operations", notes)
         if kind == "memcpy" and "copyKind" in schema[table] and "ENUM_CUDA_MEMCPY_OPER" in schema:
             label = "label" if "label" in schema["ENUM_CUDA_MEMCPY_OPER"] else "name"
             query = (
                 f"SELECT 'memcpy ' || coalesce(e.{label}, m.copyKind), m.end - m.start FROM {table} AS m "
-                f"LEFT JOIN ENUM_CUDA_MEMCPY_OPER AS e ON e.id = m.copyKind"
+                f"LEFT JOIN ENUM_CUDA_MEMCPY_OPER AS e ON e.id = m.copyKind WHERE {_timed(table, 'm')}"
             )
         else:
-            query = f"SELECT '{kind}', end - start FROM {table}"
+            query = f"SELECT '{kind}', end - start FROM {table} WHERE {_timed(table)}"
         rows += con.execute(query).fetchall()
     return memory_frame([op for op, _ in rows], [duration for _, duration in rows])

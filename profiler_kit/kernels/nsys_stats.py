@@ -35,6 +35,8 @@ NS_PER_UNIT = {
     "sec": 1_000_000_000,
 }
 TRUNCATION_MARK = "…"
+# Integers summed as int64 nanoseconds stay below this (2^62 leaves room for sums of many rows).
+MAX_NS = 2.0**62
 
 _SECTION = re.compile(r"^\s*\*\*\s*(?P<title>.*?)\s*\((?P<report>[\w:-]+)\):\s*$")
 _CSV_HEADER = re.compile(r"^\"?(Time ?\(%\)|NVTX Range|Total Time|Range|Operation|Name|Start)\"?(,|\s\()")
@@ -67,6 +69,9 @@ def read_stats_table(text: str) -> StatsTable:
         raise ProfilerKitError("no table found in the `nsys stats` output")
     fmt, header_at = found
     frame = _parse_csv(lines, header_at) if fmt == "csv" else _parse_text(lines, header_at)
+    duplicated = frame.columns[frame.columns.duplicated()]
+    if len(duplicated):
+        raise ProfilerKitError(f"the `nsys stats` table has the column {duplicated[0]!r} twice")
     return StatsTable(report, frame, fmt)
 
 
@@ -80,13 +85,27 @@ def time_unit(columns: list[str]) -> str:
 
 
 def to_ns(values: pd.Series, unit: str) -> np.ndarray:
-    """Times as integer nanoseconds; newer text tables write thousands separators."""
-    numbers = pd.to_numeric(values.astype(str).str.replace(",", "", regex=False), errors="coerce")
-    if numbers.isna().any():
+    """Times as integer nanoseconds; newer text tables write thousands separators. A time that is not a
+    finite, non-negative number is an error: a summary must not add it up."""
+    numbers = _numbers(values, "times")
+    ns = numbers * NS_PER_UNIT[unit]
+    if (ns >= MAX_NS).any():
+        raise ProfilerKitError(f"a time in the `nsys stats` table is too large: {values[ns >= MAX_NS].iloc[0]!r}")
+    return np.rint(ns).astype(np.int64)
+
+
+def _numbers(values: pd.Series, what: str) -> np.ndarray:
+    """Cells as floats; a cell that is text, non-finite or negative is an error that quotes it."""
+    numbers = pd.to_numeric(values.astype(str).str.replace(",", "", regex=False), errors="coerce").to_numpy(
+        dtype=float
+    )
+    bad = ~np.isfinite(numbers) | (numbers < 0)
+    if bad.any():
         raise ProfilerKitError(
-            f"unreadable times in the `nsys stats` table: {values[numbers.isna()].iloc[0]!r}"
+            f"{int(bad.sum())} unreadable {what} in the `nsys stats` table (not a finite, non-negative number), "
+            f"the first {values[bad].iloc[0]!r}"
         )
-    return np.rint(numbers.to_numpy(dtype=float) * NS_PER_UNIT[unit]).astype(np.int64)
+    return numbers
 
 
 def load_stats(text: str, path: Path) -> KernelTrace:
@@ -117,12 +136,10 @@ def load_stats(text: str, path: Path) -> KernelTrace:
     totals = pd.DataFrame(
         {
             "name": names,
-            "instances": pd.to_numeric(frame["Instances"].str.replace(",", ""), errors="coerce"),
+            "instances": _instances(frame["Instances"]),
             "total_ns": to_ns(frame[_total_column(columns)], unit),
         }
     )
-    if totals["instances"].isna().any():
-        raise ProfilerKitError(f"{path}: unreadable Instances column in the `nsys stats` table")
     # 2022's report has one row per (name, grid, block); a summary wants one per name.
     per_name = totals.groupby("name", sort=False, as_index=False).agg(
         instances=("instances", "sum"), total_ns=("total_ns", "sum")
@@ -140,6 +157,15 @@ def load_stats(text: str, path: Path) -> KernelTrace:
         )
     kernels = kernel_frame(per_name["name"], per_name["total_ns"], instances=per_name["instances"])
     return KernelTrace(f"nsys-stats-{table.fmt}", path, kernels, notes=notes)
+
+
+def _instances(values: pd.Series) -> np.ndarray:
+    counts = _numbers(values, "Instances counts")
+    bad = (counts != np.floor(counts)) | (counts >= MAX_NS)
+    if bad.any():
+        raise ProfilerKitError(f"an Instances count in the `nsys stats` table is not a whole number within "
+                               f"int64: {values[bad].iloc[0]!r}")
+    return counts.astype(np.int64)
 
 
 def _decimals(values: pd.Series) -> int:
@@ -230,4 +256,6 @@ def _parse_pipes(lines: list[str], header_at: int) -> pd.DataFrame:
         if not line.lstrip().startswith("|"):
             break
         rows.append(cells(line))
+    if any(len(row) != len(names) for row in rows):
+        raise ProfilerKitError("a row of the `nsys stats` table has a different number of cells than its header")
     return pd.DataFrame(rows, columns=names, dtype=str)

@@ -7,12 +7,10 @@ a one-line ProfilerKitError that says what the file looked like and what summari
 
 from __future__ import annotations
 
-import gzip
-import json
-import zlib
 from pathlib import Path
 
 from profiler_kit.errors import ProfilerKitError
+from profiler_kit.files import InputLimits, parse_json, read_bytes, read_gzip, read_head
 from profiler_kit.kernels.nsys_sqlite import load_sqlite
 from profiler_kit.kernels.nsys_stats import load_stats, looks_like_stats
 from profiler_kit.kernels.torch_trace import load_torch_trace
@@ -22,6 +20,9 @@ SQLITE_MAGIC = b"SQLite format 3\x00"
 GZIP_MAGIC = b"\x1f\x8b"
 NSYS_REPORT_MAGIC = b"NVIDIA Tegra Profiler Report"
 NSYS_REPORT_SUFFIXES = (".nsys-rep", ".qdrep")
+# How much newer a report must be than the .sqlite beside it for the export to be stale: a checkout or a copy
+# writes the pair in either order within moments, a new recording comes at least seconds later.
+STALE_AFTER_NS = 2_000_000_000
 # Enough of the start of a file to recognise every kind above.
 SNIFF_BYTES = 64
 ACCEPTED = (
@@ -31,16 +32,8 @@ ACCEPTED = (
 
 
 def sniff(path: Path) -> str:
-    """The kind of a file: nsys-rep, sqlite, gzip, json or text."""
-    if not path.exists():
-        raise ProfilerKitError(f"{path}: no such file")
-    if path.is_dir():
-        raise ProfilerKitError(f"{path}: a directory, not a file")
-    try:
-        with path.open("rb") as fh:
-            head = fh.read(SNIFF_BYTES)
-    except OSError as exc:
-        raise ProfilerKitError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    """The kind of a file: nsys-rep, sqlite, gzip, json, text or binary."""
+    head = read_head(path, SNIFF_BYTES)
     if not head:
         raise ProfilerKitError(f"{path}: empty file")
     if head.startswith(SQLITE_MAGIC):
@@ -51,20 +44,47 @@ def sniff(path: Path) -> str:
         return "nsys-rep"
     if head.lstrip()[:1] in (b"{", b"["):
         return "json"
+    if b"\x00" in head:
+        return "binary"
     return "text"
 
 
-def load(path: str | Path) -> KernelTrace:
-    """Load any supported kernel report."""
+def load(path: str | Path, limits: InputLimits | None = None) -> KernelTrace:
+    """Load any supported kernel report, reading at most `limits` (default: `files.current_limits()`). Every
+    error names the file."""
     path = Path(path)
+    try:
+        return _load(path, limits)
+    except ProfilerKitError as exc:
+        if str(exc).startswith(str(path)):
+            raise
+        raise type(exc)(f"{path}: {exc}") from None
+
+
+def _load(path: Path, limits: InputLimits | None) -> KernelTrace:
     kind = sniff(path)
     if kind == "sqlite":
+        _refuse_stale_export(path)
         return load_sqlite(path)
     if kind == "nsys-rep":
         return _load_report(path)
     if kind in ("gzip", "json"):
-        return load_torch_trace(_read_json(path, kind), path)
-    return _load_text(path)
+        data = read_gzip(path, limits) if kind == "gzip" else read_bytes(path, limits)
+        return load_torch_trace(parse_json(data, path), path)
+    if kind == "binary":
+        raise ProfilerKitError(f"{path}: not a kernel report (binary data); expected {ACCEPTED}")
+    return _load_text(path, limits)
+
+
+def _refuse_stale_export(path: Path) -> None:
+    """An export older than the report beside it describes an earlier recording, not the report's."""
+    for suffix in NSYS_REPORT_SUFFIXES:
+        report = path.with_suffix(suffix)
+        if report.is_file() and report.stat().st_mtime_ns > path.stat().st_mtime_ns + STALE_AFTER_NS:
+            raise ProfilerKitError(
+                f"{path}: older than {report.name} beside it, so it is the export of an earlier recording; "
+                f"summarize {report} (exported again with nsys) or delete the stale .sqlite"
+            )
 
 
 def _load_report(path: Path) -> KernelTrace:
@@ -74,26 +94,9 @@ def _load_report(path: Path) -> KernelTrace:
     return load_sqlite(export_sqlite(path))
 
 
-def _read_json(path: Path, kind: str) -> object:
+def _load_text(path: Path, limits: InputLimits | None) -> KernelTrace:
     try:
-        if kind == "gzip":
-            with gzip.open(path, "rt", encoding="utf-8") as fh:
-                return json.load(fh)
-        with path.open(encoding="utf-8") as fh:
-            return json.load(fh)
-    except (OSError, EOFError, zlib.error) as exc:
-        raise ProfilerKitError(f"{path}: damaged or truncated gzip file ({exc})") from None
-    except UnicodeDecodeError:
-        raise ProfilerKitError(f"{path}: not a kernel report (binary data); expected {ACCEPTED}") from None
-    except json.JSONDecodeError as exc:
-        raise ProfilerKitError(
-            f"{path}: not valid JSON (line {exc.lineno}: {exc.msg}); expected {ACCEPTED}"
-        ) from None
-
-
-def _load_text(path: Path) -> KernelTrace:
-    try:
-        text = path.read_text(encoding="utf-8")
+        text = read_bytes(path, limits).decode("utf-8")
     except UnicodeDecodeError:
         raise ProfilerKitError(f"{path}: not a kernel report (binary data); expected {ACCEPTED}") from None
     if not looks_like_stats(text):

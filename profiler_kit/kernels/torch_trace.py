@@ -21,6 +21,8 @@ LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
 MEMORY_CATEGORIES = ("gpu_memcpy", "gpu_memset")
 RANGE_CATEGORY = "user_annotation"
 NS_PER_US = 1_000
+# Microsecond times at or above this would overflow int64 nanoseconds once summed.
+MAX_US = 2.0**62 / NS_PER_US
 SOURCE = "torch-trace"
 
 
@@ -38,7 +40,25 @@ def load_torch_trace(obj: object, path: Path) -> KernelTrace:
 
 
 def _ns(values: pd.Series) -> np.ndarray:
+    """Microseconds (already checked by `_usable`) as integer nanoseconds."""
     return np.rint(pd.to_numeric(values).to_numpy(dtype=float) * NS_PER_US).astype(np.int64)
+
+
+def _usable(events: pd.DataFrame, what: str, times: tuple[str, ...], notes: list[str]) -> pd.DataFrame:
+    """The events with a string name and finite, non-negative `times`; how many others were skipped goes into
+    `notes`, so no summary adds up a time the trace does not give. None usable out of some is an error."""
+    ok = np.array([isinstance(name, str) for name in events["name"]], dtype=bool)
+    for column in times:
+        values = pd.to_numeric(events[column], errors="coerce").to_numpy(dtype=float)
+        with np.errstate(invalid="ignore"):
+            ok &= np.isfinite(values) & (values >= 0) & (values < MAX_US)
+    if len(ok) and not ok.any():
+        raise ProfilerKitError(f"none of the {len(ok):,} {what} events has a name and a finite, non-negative "
+                               f"{'/'.join(times)}")
+    if not ok.all():
+        notes.append(f"skipped {int((~ok).sum()):,} of {len(ok):,} {what} events without a name or a finite, "
+                     f"non-negative {'/'.join(times)}")
+    return events[ok]
 
 
 def _correlation(args: pd.Series) -> np.ndarray:
@@ -48,8 +68,9 @@ def _correlation(args: pd.Series) -> np.ndarray:
 
 
 def _load(events: pd.DataFrame, path: Path) -> KernelTrace:
-    kernels = events[events["cat"] == "kernel"]
-    launches = events[events["cat"].isin(LAUNCH_CATEGORIES)]
+    notes: list[str] = []
+    kernels = _usable(events[events["cat"] == "kernel"], "kernel", ("dur",), notes)
+    launches = _usable(events[events["cat"].isin(LAUNCH_CATEGORIES)], "launch", ("ts",), notes)
     # GPU events carry the device as their pid: the launch's pid is the process.
     launch_ns, process = match_launches(
         _correlation(kernels["args"]),
@@ -60,7 +81,7 @@ def _load(events: pd.DataFrame, path: Path) -> KernelTrace:
     kernel_rows = kernel_frame(
         kernels["name"].astype(str).to_numpy(), _ns(kernels["dur"]), launch_ns, process
     )
-    annotations = events[events["cat"] == RANGE_CATEGORY]
+    annotations = _usable(events[events["cat"] == RANGE_CATEGORY], "range", ("ts", "dur"), notes)
     starts = _ns(annotations["ts"])
     ranges = range_frame(
         annotations["name"].astype(str).to_numpy(),
@@ -69,10 +90,10 @@ def _load(events: pd.DataFrame, path: Path) -> KernelTrace:
         pd.to_numeric(annotations["pid"], errors="coerce").fillna(0).to_numpy(),
         pd.to_numeric(annotations["tid"], errors="coerce").fillna(0).to_numpy(),
     )
-    memory = events[events["cat"].isin(MEMORY_CATEGORIES)]
+    memory = _usable(events[events["cat"].isin(MEMORY_CATEGORIES)], "memory", ("dur",), notes)
     # A trace with no CUDA activity at all (a CPU run) cannot say whether memory was copied.
     cuda_traced = len(kernels) or len(launches) or len(memory)
     memory_ops = (
         memory_frame(memory["name"].astype(str).to_numpy(), _ns(memory["dur"])) if cuda_traced else None
     )
-    return KernelTrace(SOURCE, path, kernel_rows, ranges, memory_ops)
+    return KernelTrace(SOURCE, path, kernel_rows, ranges, memory_ops, notes)

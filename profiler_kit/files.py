@@ -1,0 +1,196 @@
+"""Reading the files users give us within fixed bounds, and writing the files we make without losing old ones.
+
+Inputs may be anything: a FIFO that never ends, /dev/zero, a symbolic link loop, a gzip that expands a
+thousandfold, JSON nested a million deep. Every reader goes through `check_input` (regular files only) and
+reads at most `InputLimits.max_bytes` into memory, so a hostile input ends in a one-line ProfilerKitError
+instead of a hang, a MemoryError or a traceback. Outputs (reports, traces, plots) are written under a
+temporary name and renamed into place once complete, so a failed run never leaves a previous file deleted or
+half overwritten.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import gzip
+import json
+import os
+import stat
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from profiler_kit.errors import ProfilerKitError
+
+MIB = 2**20
+# Bytes one input may put in memory (after decompression): well above a torch.profiler trace of a few steps or
+# an `nsys stats` table, well below what fills a 4 GiB address space once parsed.
+DEFAULT_MAX_INPUT_MB = 256
+# How the limit is raised, for messages.
+RAISE_HINT = "raise the limit with `profiler-kit --max-input-mb N ...`"
+READ_CHUNK = 4 * MIB
+
+_SPECIAL = (
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+@dataclass(frozen=True)
+class InputLimits:
+    """How much of one input file may be read into memory."""
+
+    max_bytes: int = DEFAULT_MAX_INPUT_MB * MIB
+
+    @property
+    def max_mb(self) -> float:
+        return self.max_bytes / MIB
+
+
+_limits = InputLimits()
+
+
+def set_limits(limits: InputLimits) -> None:
+    """The limits every reader uses unless given its own (the CLI's `--max-input-mb`)."""
+    global _limits
+    _limits = limits
+
+
+def current_limits() -> InputLimits:
+    return _limits
+
+
+def check_input(path: str | os.PathLike) -> int:
+    """The size of `path` if it is a regular file that can be read; else a one-line error saying what it is.
+    Only `stat` is called, which never blocks, so a FIFO is refused before anything opens it."""
+    path = Path(path)
+    try:
+        info = path.stat()
+    except OSError as exc:
+        raise ProfilerKitError(f"{path}: {_os_reason(exc)}") from None
+    if stat.S_ISDIR(info.st_mode):
+        raise ProfilerKitError(f"{path}: a directory, not a file")
+    for test, what in _SPECIAL:
+        if test(info.st_mode):
+            raise ProfilerKitError(f"{path}: {what}, not a regular file; give the file itself")
+    if not stat.S_ISREG(info.st_mode):
+        raise ProfilerKitError(f"{path}: not a regular file")
+    if not os.access(path, os.R_OK):
+        raise ProfilerKitError(f"{path}: permission denied")
+    return info.st_size
+
+
+def _os_reason(exc: OSError) -> str:
+    if exc.errno == errno.ELOOP:
+        return "a loop of symbolic links (it never reaches a file)"
+    if exc.errno == errno.ENOENT:
+        return "no such file" if not os.path.islink(exc.filename or "") else "a symbolic link to nothing"
+    return exc.strerror or str(exc)
+
+
+def _over_limit(path: Path, what: str, limits: InputLimits) -> ProfilerKitError:
+    return ProfilerKitError(f"{path}: {what} more than the {limits.max_mb:g} MiB an input may hold; {RAISE_HINT}")
+
+
+def read_bytes(path: str | os.PathLike, limits: InputLimits | None = None) -> bytes:
+    """The whole file, if it is a regular file within the size limit."""
+    path, limits = Path(path), limits or _limits
+    size = check_input(path)
+    if size > limits.max_bytes:
+        raise _over_limit(path, f"{size / MIB:,.0f} MiB,", limits)
+    try:
+        with path.open("rb") as fh:
+            data = fh.read(limits.max_bytes + 1)
+    except OSError as exc:
+        raise ProfilerKitError(f"{path}: cannot read ({_os_reason(exc)})") from None
+    if len(data) > limits.max_bytes:
+        raise _over_limit(path, "grew while being read to", limits)
+    return data
+
+
+def read_head(path: str | os.PathLike, size: int) -> bytes:
+    """The first `size` bytes of a checked regular file."""
+    path = Path(path)
+    check_input(path)
+    try:
+        with path.open("rb") as fh:
+            return fh.read(size)
+    except OSError as exc:
+        raise ProfilerKitError(f"{path}: cannot read ({_os_reason(exc)})") from None
+
+
+def read_gzip(path: str | os.PathLike, limits: InputLimits | None = None) -> bytes:
+    """A gzip file's contents, decompressed in chunks and refused once they pass the limit."""
+    path, limits = Path(path), limits or _limits
+    check_input(path)
+    chunks, total = [], 0
+    try:
+        with gzip.open(path, "rb") as fh:
+            while chunk := fh.read(READ_CHUNK):
+                total += len(chunk)
+                if total > limits.max_bytes:
+                    raise _over_limit(path, "a gzip file that expands to", limits)
+                chunks.append(chunk)
+    except (OSError, EOFError, zlib.error) as exc:
+        raise ProfilerKitError(f"{path}: damaged or truncated gzip file ({exc})") from None
+    return b"".join(chunks)
+
+
+def parse_json(data: bytes, path: Path) -> object:
+    """JSON from bytes; invalid, undecodable or too deeply nested JSON is a one-line error."""
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise ProfilerKitError(f"{path}: JSON nested deeper than the reader's limit (about 1,000 levels)") from None
+    except UnicodeDecodeError:
+        raise ProfilerKitError(f"{path}: not JSON text (binary data)") from None
+    except json.JSONDecodeError as exc:
+        raise ProfilerKitError(f"{path}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
+
+
+def read_json(path: str | os.PathLike, limits: InputLimits | None = None) -> object:
+    """A .json or gzipped .json file (told apart by content), within the limits."""
+    path = Path(path)
+    gzipped = read_head(path, 2) == b"\x1f\x8b"
+    return parse_json(read_gzip(path, limits) if gzipped else read_bytes(path, limits), path)
+
+
+@contextlib.contextmanager
+def replaced_when_complete(path: str | os.PathLike) -> Iterator[Path]:
+    """A temporary path beside `path` to write to; renamed onto `path` when the block ends without an error,
+    removed when it fails. An existing file at `path` stays untouched until the new one is complete.
+
+    Use it for every report, trace and plot a command writes: `with replaced_when_complete(out) as tmp: ...`.
+    The temporary name keeps the suffixes, so tools that pick a format by extension still work.
+    """
+    path = Path(path)
+    check_output(path)
+    tmp = path.with_name(f".{path.name}.partial-{os.getpid()}{''.join(path.suffixes)}")
+    try:
+        yield tmp
+        if not tmp.is_file():
+            raise ProfilerKitError(f"{path}: nothing was written")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def check_output(path: str | os.PathLike) -> Path:
+    """Fail now, before any work, when `path` could not be written: its folder cannot be made or written to,
+    or it is a directory or a read-only file."""
+    path = Path(path)
+    parent = path.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ProfilerKitError(f"{path}: cannot create its folder ({_os_reason(exc)})") from None
+    if path.is_dir():
+        raise ProfilerKitError(f"{path}: a directory, not a file")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise ProfilerKitError(f"{path}: not writable")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ProfilerKitError(f"{path}: folder {parent} is not writable")
+    return path
