@@ -9,12 +9,14 @@ containers and refuses every other global, and the structure is checked before a
 
 from __future__ import annotations
 
+import io
 import json
 import pickle
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from profiler_kit.errors import ProfilerKitError
+from profiler_kit.files import read_bytes
 
 # Trace actions whose entries carry an address and a size the analysis reads.
 ADDRESS_ACTIONS = frozenset({
@@ -25,6 +27,8 @@ SIDECAR_FORMAT = "profiler-kit memory sidecar"
 SIDECAR_VERSION = 1
 # Builtin containers are the only globals a snapshot pickle may name (protocols below 4 spell sets this way;
 # protocol 2 names their module `__builtin__`, as Python 2 did).
+# Sizes and addresses are summed as int64 by the analysis.
+MAX_INT = 2**63
 _BUILTIN_MODULES = frozenset({"builtins", "__builtin__"})
 _ALLOWED_GLOBALS = frozenset({"dict", "list", "tuple", "set", "frozenset"})
 
@@ -66,21 +70,40 @@ def _unpickle(stream: BinaryIO) -> Any:
 
 
 def load_snapshot(path: str | Path) -> dict:
-    """Read and validate a snapshot pickle; any problem is a one-line `ProfilerKitError`."""
+    """Read and validate a snapshot pickle (within `files.current_limits()`); any problem is a one-line
+    `ProfilerKitError`."""
     path = Path(path)
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         raise ProfilerKitError(f"no such snapshot file: {path}")
     if path.is_dir():
         raise ProfilerKitError(f"{path} is a directory, not a snapshot pickle")
-    if path.stat().st_size == 0:
+    data = read_bytes(path)
+    if not data:
         raise ProfilerKitError(f"cannot read memory snapshot {path}: the file is empty")
     try:
-        with path.open("rb") as stream:
-            obj = _unpickle(stream)
+        obj = _unpickle(io.BytesIO(data))
+        _check_expansion(obj, len(data))
         validate_snapshot(obj)
     except ValueError as exc:
         raise ProfilerKitError(f"cannot read memory snapshot {path}: {exc}") from None
     return obj
+
+
+def _check_expansion(obj: Any, size: int) -> None:
+    """A pickle can list one object many times by reference, so a few KB can stand for millions of blocks
+    and trace entries; a recorded snapshot spends bytes on each. More items than bytes is refused before
+    anything walks them."""
+    if not isinstance(obj, dict):
+        return
+    segments = obj.get("segments") if isinstance(obj.get("segments"), list) else []
+    traces = obj.get("device_traces") if isinstance(obj.get("device_traces"), list) else []
+    blocks = [seg.get("blocks") for seg in segments if isinstance(seg, dict)]
+    lists = [items for items in [*blocks, *traces] if isinstance(items, list)]
+    frames = [item.get("frames") for items in lists for item in items if isinstance(item, dict)]
+    count = len(segments) + sum(len(items) for items in [*lists, *frames] if isinstance(items, list))
+    if count > size:
+        raise ValueError(f"it lists {count:,} segments, blocks, trace entries and frames in {size:,} bytes, by repeating "
+                         "shared objects; a recorded snapshot spends bytes on each")
 
 
 def _require(obj: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
@@ -91,7 +114,19 @@ def _require(obj: Any, key: str, kind: type | tuple[type, ...], where: str) -> A
     value = obj[key]
     if not isinstance(value, kind) or isinstance(value, bool):
         raise ValueError(f"{where}[{key!r}] is a {type(value).__name__}")
+    if isinstance(value, int) and not 0 <= value < MAX_INT:
+        raise ValueError(f"{where}[{key!r}] is {value}, outside 0 to 2^63 - 1")
     return value
+
+
+def _optional(obj: dict, key: str, kind: type | tuple[type, ...], where: str) -> None:
+    """A field the analysis reads when present: absent or None is fine, anything else must be `kind`."""
+    if obj.get(key) is not None:
+        _require(obj, key, kind, where)
+    if key == "frames" and key in obj:
+        for k, frame in enumerate(obj[key]):
+            if not isinstance(frame, dict):
+                raise ValueError(f"{where}['frames'][{k}] is a {type(frame).__name__}, expected a dict")
 
 
 def validate_snapshot(obj: Any) -> None:
@@ -105,9 +140,12 @@ def validate_snapshot(obj: Any) -> None:
         where = f"segments[{i}]"
         for key in ("address", "total_size"):
             _require(segment, key, int, where)
+        _optional(segment, "device", int, where)
         for j, block in enumerate(_require(segment, "blocks", list, where)):
             _require(block, "size", int, f"{where}.blocks[{j}]")
             _require(block, "state", str, f"{where}.blocks[{j}]")
+            _optional(block, "requested_size", int, f"{where}.blocks[{j}]")
+            _optional(block, "frames", list, f"{where}.blocks[{j}]")
     for d, trace in enumerate(_require(obj, "device_traces", list, "snapshot")):
         if not isinstance(trace, list):
             raise ValueError(f"device_traces[{d}] is a {type(trace).__name__}, expected a list")
@@ -116,6 +154,9 @@ def validate_snapshot(obj: Any) -> None:
             if _require(entry, "action", str, where) in ADDRESS_ACTIONS:
                 _require(entry, "addr", int, where)
                 _require(entry, "size", int, where)
+            _optional(entry, "frames", list, where)
+            _optional(entry, "device_free", int, where)
+            _optional(entry, "time_us", (int, float), where)
 
 
 def sidecar_path(snapshot_path: str | Path) -> Path:
