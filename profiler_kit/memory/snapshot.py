@@ -102,8 +102,8 @@ def _check_expansion(obj: Any, size: int) -> None:
     frames = [item.get("frames") for items in lists for item in items if isinstance(item, dict)]
     count = len(segments) + sum(len(items) for items in [*lists, *frames] if isinstance(items, list))
     if count > size:
-        raise ValueError(f"it lists {count:,} segments, blocks, trace entries and frames in {size:,} bytes, by repeating "
-                         "shared objects; a recorded snapshot spends bytes on each")
+        raise ValueError(f"it lists {count:,} segments, blocks, trace entries and frames in {size:,} bytes, by "
+                         "repeating shared objects; a recorded snapshot spends bytes on each")
 
 
 def _require(obj: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
