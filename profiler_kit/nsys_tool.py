@@ -58,6 +58,9 @@ VERSION_TIMEOUT_S = 60
 TAIL_LINES = 6
 TAIL_CHARS = 600
 REPORT_SUFFIXES = (".nsys-rep", ".qdrep")
+# How much newer a report must be than the .sqlite beside it for the export to be stale: a checkout or a copy
+# writes the pair in either order within moments, a new recording comes at least seconds later.
+STALE_AFTER_NS = 2_000_000_000
 
 UNKNOWN_REPORT = r"Report '[^']*' could not be found"
 # Known causes of failures, matched against nsys's output (and the profiled program's); first match wins.
@@ -240,14 +243,26 @@ def _require_file(path: Path) -> None:
         raise ProfilerKitError(f"{path}: no such file")
 
 
+def is_stale(sqlite: Path, report: Path) -> bool:
+    """Whether an export was made before the report beside it was recorded (so it is an earlier recording's)."""
+    return sqlite.stat().st_mtime_ns + STALE_AFTER_NS < report.stat().st_mtime_ns
+
+
 def export_sqlite(report: Path, nsys: NsysInstall | None = None) -> Path:
     """`<stem>.sqlite` beside `report`, exported now when it is missing, empty or older than the report."""
     report = Path(report)
     _require_file(report)
     sqlite = report.with_suffix(".sqlite")
-    if sqlite.is_file() and sqlite.stat().st_size and sqlite.stat().st_mtime_ns >= report.stat().st_mtime_ns:
+    exported = sqlite.is_file() and sqlite.stat().st_size > 0
+    if exported and sqlite.stat().st_mtime_ns >= report.stat().st_mtime_ns:
         return sqlite
-    nsys = nsys or find_nsys()
+    if nsys is None:
+        try:
+            nsys = find_nsys()
+        except NsysError:
+            if exported and not is_stale(sqlite, report):
+                return sqlite  # written moments before the report, as copying the pair can do
+            raise NsysError(_no_nsys_to_export(report, sqlite)) from None
     # Export under another name first, so that an interrupted export never passes for a fresh one.
     partial = report.with_name(f".{report.stem}.partial.sqlite")
     cmd = [str(nsys.path), "export", "--type", "sqlite", "--force-overwrite", "true", "--quiet", "true",
@@ -260,6 +275,21 @@ def export_sqlite(report: Path, nsys: NsysInstall | None = None) -> Path:
     finally:
         partial.unlink(missing_ok=True)
     return sqlite
+
+
+def _no_nsys_to_export(report: Path, sqlite: Path) -> str:
+    beside = (f"; {sqlite.name} beside it is older than the report, the export of an earlier recording "
+              "(`touch` it if it is this report's)" if sqlite.is_file() else "")
+    return (f"{report}: an .nsys-rep is read through its SQLite export, which needs nsys, and nsys (Nsight "
+            f"Systems) not found on PATH, $NSYS or the install folders{beside}; set $NSYS, or run `nsys export "
+            f"--type sqlite {report.name}` where nsys is and give the .sqlite")
+
+
+def publish_report(recorded: Path, report: Path) -> None:
+    """Put a new recording in place of `report`. The export of the report it replaces goes first, so that an
+    earlier recording's SQLite is never read as this one's; until this runs, the previous report is intact."""
+    report.with_suffix(".sqlite").unlink(missing_ok=True)
+    os.replace(recorded, report)
 
 
 def run_stats(source: Path, report: str, nsys: NsysInstall | None = None, fmt: str = "csv") -> str:

@@ -36,6 +36,7 @@ from profiler_kit.nsys_tool import (
     failure_message,
     find_nsys,
     hint_for,
+    publish_report,
     run,
 )
 from profiler_kit.profile_target import NOTE_PREFIX, build_target, drive
@@ -192,22 +193,27 @@ def _record_nsys(nsys: NsysInstall, spec: dict, tag: str, device: torch.device, 
         console_err.print(f"no CUDA device: nsys records the whole run, its {warmup} warm-up step(s) in NVTX "
                           "range 'warmup' (the cudaProfilerApi capture range needs CUDA)", soft_wrap=True)
     report = output_dir / f"{tag}.nsys-rep"
-    # A failed run must not leave the previous report passing for this one.
-    report.unlink(missing_ok=True)
-    cmd = nsys_command(nsys, output_dir / tag, capture, {**spec, "warmup": warmup, "steps": steps,
-                                                          "capture": capture})
+    # Recorded under another name: a failed run leaves the previous report (and its export) as they were.
+    recorded = output_dir / f".{tag}.partial-{os.getpid()}.nsys-rep"
+    cmd = nsys_command(nsys, recorded.with_suffix(""), capture, {**spec, "warmup": warmup, "steps": steps,
+                                                                  "capture": capture})
     with console_err.status(f"nsys {nsys.version_str}: {tag}, {warmup} warm-up + {steps} profiled step(s)"):
         proc = run(cmd, env=_child_env())
     notes = [ln[len(NOTE_PREFIX):] for ln in proc.stderr.splitlines() if ln.startswith(NOTE_PREFIX)]
     for note in notes:
         _note(note)
-    if proc.returncode != 0 or not report.is_file():
-        raise NsysError(_profile_failure(cmd, proc, report, capture))
+    try:
+        if proc.returncode != 0 or not recorded.is_file():
+            raise NsysError(_profile_failure(cmd, proc, report, capture, recorded))
+        publish_report(recorded, report)
+    finally:
+        recorded.unlink(missing_ok=True)
     sqlite = export_sqlite(report, nsys)
     return ProfileResult("nsys", tag, str(device), capture, phases, report=report, sqlite=sqlite)
 
 
-def _profile_failure(cmd: list[str], proc: subprocess.CompletedProcess, report: Path, capture: str) -> str:
+def _profile_failure(cmd: list[str], proc: subprocess.CompletedProcess, report: Path, capture: str,
+                     recorded: Path) -> str:
     """The workload's own error line when it printed one; else nsys's failure, with the likeliest cause."""
     errors = [ln.removeprefix("error: ") for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
     if errors:
@@ -215,7 +221,7 @@ def _profile_failure(cmd: list[str], proc: subprocess.CompletedProcess, report: 
         return f"profiling {report.stem} failed: {errors[-1]}" + (f" — hint: {hint}" if hint else "")
     if proc.returncode != 0:
         return failure_message(cmd, proc)
-    if report.with_suffix(".qdstrm").is_file():
-        return failure_message(cmd, proc, f"left {report.with_suffix('.qdstrm')} but no report")
+    if recorded.with_suffix(".qdstrm").is_file():
+        return failure_message(cmd, proc, f"left {recorded.with_suffix('.qdstrm')} but no report")
     reason = " (the workload never opened the cudaProfilerApi capture range)" if capture != "none" else ""
     return failure_message(cmd, proc, f"made no report{reason}")

@@ -20,9 +20,6 @@ SQLITE_MAGIC = b"SQLite format 3\x00"
 GZIP_MAGIC = b"\x1f\x8b"
 NSYS_REPORT_MAGIC = b"NVIDIA Tegra Profiler Report"
 NSYS_REPORT_SUFFIXES = (".nsys-rep", ".qdrep")
-# How much newer a report must be than the .sqlite beside it for the export to be stale: a checkout or a copy
-# writes the pair in either order within moments, a new recording comes at least seconds later.
-STALE_AFTER_NS = 2_000_000_000
 # Enough of the start of a file to recognise every kind above.
 SNIFF_BYTES = 64
 ACCEPTED = (
@@ -78,12 +75,14 @@ def _load(path: Path, limits: InputLimits | None) -> KernelTrace:
 
 def _refuse_stale_export(path: Path) -> None:
     """An export older than the report beside it describes an earlier recording, not the report's."""
+    from profiler_kit.nsys_tool import is_stale
+
     for suffix in NSYS_REPORT_SUFFIXES:
         report = path.with_suffix(suffix)
-        if report.is_file() and report.stat().st_mtime_ns > path.stat().st_mtime_ns + STALE_AFTER_NS:
+        if report.is_file() and is_stale(path, report):
             raise ProfilerKitError(
                 f"{path}: older than {report.name} beside it, so it is the export of an earlier recording; "
-                f"summarize {report} (exported again with nsys) or delete the stale .sqlite"
+                f"summarize {report} (exported again with nsys), or `touch` the .sqlite if it is that report's"
             )
 
 
