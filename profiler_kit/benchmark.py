@@ -8,6 +8,7 @@ Each config runs in isolation: an OOM or another error marks its row and the swe
 from __future__ import annotations
 
 import itertools
+import re
 import statistics
 import time
 from collections.abc import Iterable
@@ -42,6 +43,14 @@ COLUMNS = (
     "message",
 )
 MB = 2**20
+# How PyTorch's CPU allocator reports a failed allocation ("DefaultCPUAllocator: can't allocate memory: you
+# tried to allocate N bytes").
+HOST_OOM = re.compile(r"can't allocate memory|not enough memory", re.IGNORECASE)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
 
 
 def _stats(samples: list[float]) -> tuple[float, float, float]:
@@ -74,6 +83,11 @@ def time_steps(workload: Workload, warmup: int, steps: int) -> dict[str, list[fl
     return samples
 
 
+def device_label(device: torch.device) -> str:
+    """What a row's `device` column says: the GPU's name, or cpu."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
 def _base_row(cfg: WorkloadConfig, warmup: int, steps: int) -> dict:
     row: dict = dict.fromkeys(COLUMNS)
     row.update({k: getattr(cfg, k) for k in KEY_COLUMNS})
@@ -88,7 +102,7 @@ def run_config(cfg: WorkloadConfig, warmup: int, steps: int) -> dict:
     try:
         workload = Workload(cfg)
         device = workload.device
-        row["device"] = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+        row["device"] = device_label(device)
         row["params"] = count_parameters(workload.model_cfg)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
@@ -110,12 +124,16 @@ def run_config(cfg: WorkloadConfig, warmup: int, steps: int) -> dict:
         row["status"] = "ok"
     except torch.OutOfMemoryError as exc:
         row.update(status="oom", message=str(exc).splitlines()[0])
+    except (MemoryError, RuntimeError) as exc:
+        # Host memory: Python's MemoryError, or the CPU allocator's RuntimeError; any other RuntimeError is an error.
+        if not isinstance(exc, MemoryError) and not HOST_OOM.search(str(exc)):
+            row.update(status="error", message=_first_line(exc))
+        else:
+            row.update(status="oom", message=f"out of host memory: {_first_line(exc)}")
     except ProfilerKitError:
         raise
     except Exception as exc:  # one broken config must not end the sweep: record it and go on
-        row.update(
-            status="error", message=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-        )
+        row.update(status="error", message=_first_line(exc))
     finally:
         release(workload)
         del workload

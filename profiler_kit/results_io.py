@@ -8,13 +8,17 @@ measured; `--resume` reads the file back and skips configs whose key columns are
 from __future__ import annotations
 
 import csv
+import fcntl
+import io
 import json
 import math
+import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from profiler_kit.errors import ProfilerKitError
+from profiler_kit.files import check_input, check_output, read_bytes
 
 SUFFIXES = (".jsonl", ".csv", ".md")
 
@@ -49,19 +53,26 @@ def _parse_text(value: str) -> Any:
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
-    """Rows already in a result file; an absent file has none."""
+    """Rows already in a result file; an absent file has none. A line that is not a row is an error naming it."""
     path = Path(path)
     suffix = _check_suffix(path)
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         return []
-    text = path.read_text()
     try:
-        if suffix == ".jsonl":
-            return [json.loads(line) for line in text.splitlines() if line.strip()]
-        if suffix == ".csv":
-            return [{k: _parse_text(v) for k, v in row.items()} for row in csv.DictReader(text.splitlines())]
-    except (json.JSONDecodeError, csv.Error) as exc:
-        raise ProfilerKitError(f"cannot read {path} for --resume: {exc}") from None
+        text = read_bytes(path).decode("utf-8")
+    except UnicodeDecodeError:
+        raise ProfilerKitError(f"{path}: binary data, not a results file") from None
+    if suffix == ".jsonl":
+        return [_json_row(line, number, path) for number, line in enumerate(text.splitlines(), 1) if line.strip()]
+    if suffix == ".csv":
+        try:
+            reader = csv.DictReader(text.splitlines())
+            rows = [{k: _parse_text(v) for k, v in row.items()} for row in reader]
+        except csv.Error as exc:
+            raise ProfilerKitError(f"{path}: not a readable CSV ({exc})") from None
+        if any(None in row for row in rows):
+            raise ProfilerKitError(f"{path}: a row has more cells than the header")
+        return rows
     lines = [ln.strip() for ln in text.splitlines() if ln.strip().startswith("|")]
     if not lines:
         return []
@@ -73,42 +84,118 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def _json_row(line: str, number: int, path: Path) -> dict[str, Any]:
+    try:
+        row = json.loads(line)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise ProfilerKitError(f"{path}: line {number} is not valid JSON ({getattr(exc, 'msg', exc)})") from None
+    if not isinstance(row, dict):
+        raise ProfilerKitError(f"{path}: line {number} is a JSON {type(row).__name__}, not a row (an object)")
+    return row
+
+
+def _file_columns(path: Path, suffix: str) -> list[str]:
+    """The columns of an existing result file: its header, or the keys of a .jsonl's rows."""
+    if suffix == ".jsonl":
+        return list(dict.fromkeys(k for row in read_rows(path) for k in row))
+    rows = read_rows(path)
+    if rows:
+        return list(rows[0].keys())
+    head = read_bytes(path).decode("utf-8", errors="replace").strip().splitlines()[:1]
+    if suffix == ".csv":
+        return next(csv.reader(head), [])
+    return [c.strip() for c in head[0].strip().strip("|").split("|")] if head and head[0].startswith("|") else []
+
+
 def row_key(row: dict[str, Any], key_columns: Sequence[str]) -> tuple[str, ...]:
     """A comparable key, robust to the text round trip of .csv/.md (1 vs '1', True vs 'True')."""
     return tuple(str(_parse_text(str(row.get(c))) if row.get(c) is not None else None) for c in key_columns)
 
 
 class RowWriter:
-    """Appends rows to `path` (format from the suffix), writing a header when the file is new or empty."""
+    """Appends rows to `path` (format from the suffix), writing a header when the file is new or empty.
+
+    Checked when made, before any work: the file can be written, and an existing one is a result file with
+    these columns (a foreign file is refused, not appended to). Each row is appended under an exclusive lock,
+    which also decides whether the header is due, so concurrent sweeps never interleave headers or half rows.
+    A row that cannot be written (a full disk) is kept in `unwritten`, and the file cut back to its last whole
+    row; `check_all_written` then hands those rows to the caller and fails.
+    """
 
     def __init__(self, path: Path, columns: Sequence[str]) -> None:
         self.path = Path(path)
         self.suffix = _check_suffix(self.path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        existing = read_rows(self.path) if self.path.exists() and self.path.stat().st_size else []
-        # Keep an existing file's column order so appended rows line up with its header.
-        self.columns = list(existing[0].keys()) if existing and self.suffix != ".jsonl" else list(columns)
-        self._needs_header = not (self.path.exists() and self.path.stat().st_size)
+        check_output(self.path)
+        self.columns = list(columns)
+        self.unwritten: list[dict[str, Any]] = []
+        self.error: OSError | None = None
+        if self.path.exists() or self.path.is_symlink():
+            if check_input(self.path):
+                found = _file_columns(self.path, self.suffix)
+                extra = [c for c in found if c not in self.columns]
+                if extra or not found:
+                    raise ProfilerKitError(
+                        f"{self.path}: not a results file of this command (its columns: "
+                        f"{', '.join(found[:8]) or 'none'}{', ...' if len(found) > 8 else ''}); refused rather than "
+                        "appended to: give a new --output"
+                    )
+                # Keep an existing file's column order so appended rows line up with its header.
+                if self.suffix != ".jsonl":
+                    self.columns = found
 
     def append(self, row: dict[str, Any]) -> None:
-        with self.path.open("a", newline="") as fh:
-            if self.suffix == ".jsonl":
-                fh.write(json.dumps({k: _json_safe(v) for k, v in row.items()}) + "\n")
-            elif self.suffix == ".csv":
-                writer = csv.DictWriter(fh, fieldnames=self.columns, extrasaction="ignore")
-                if self._needs_header:
-                    writer.writeheader()
-                writer.writerow({k: row.get(k) for k in self.columns})
-            else:
-                if self._needs_header:
-                    fh.write("| " + " | ".join(self.columns) + " |\n")
-                    fh.write("|" + "|".join("---" for _ in self.columns) + "|\n")
-                fh.write("| " + " | ".join(_md_cell(row.get(k)) for k in self.columns) + " |\n")
-        self._needs_header = False
+        try:
+            with self.path.open("ab", buffering=0) as fh:
+                fcntl.flock(fh, fcntl.LOCK_EX)
+                end = fh.seek(0, os.SEEK_END)
+                try:
+                    _write_all(fh, self._text(row, header=end == 0).encode())
+                except OSError:
+                    fh.truncate(end)
+                    raise
+        except OSError as exc:
+            self.error = exc
+            self.unwritten.append(row)
+
+    def _text(self, row: dict[str, Any], header: bool) -> str:
+        if self.suffix == ".jsonl":
+            return json.dumps({k: _json_safe(v) for k, v in row.items()}) + "\n"
+        if self.suffix == ".csv":
+            buffer = io.StringIO()
+            writer = csv.DictWriter(buffer, fieldnames=self.columns, extrasaction="ignore")
+            if header:
+                writer.writeheader()
+            writer.writerow({k: row.get(k) for k in self.columns})
+            return buffer.getvalue()
+        lines = []
+        if header:
+            lines += ["| " + " | ".join(self.columns) + " |", "|" + "|".join("---" for _ in self.columns) + "|"]
+        lines.append("| " + " | ".join(_md_cell(row.get(k)) for k in self.columns) + " |")
+        return "\n".join(lines) + "\n"
 
     def extend(self, rows: Iterable[dict[str, Any]]) -> None:
         for row in rows:
             self.append(row)
+
+    def check_all_written(self, echo: Callable[[str], None]) -> None:
+        """Hand every row that could not be written to `echo` as a JSON line, then fail saying where they could
+        not go; nothing when all rows were written."""
+        if not self.unwritten:
+            return
+        for row in self.unwritten:
+            echo(json.dumps({k: _json_safe(v) for k, v in row.items()}))
+        reason = self.error.strerror or str(self.error) if self.error else "unknown"
+        raise ProfilerKitError(
+            f"{len(self.unwritten)} row(s) could not be written to {self.path} ({reason}); they are printed above "
+            "as JSON lines"
+        )
+
+
+def _write_all(fh: Any, data: bytes) -> None:
+    """An unbuffered write may take only part of the data; write the rest."""
+    view = memoryview(data)
+    while view:
+        view = view[fh.write(view):]
 
 
 def _json_safe(value: Any) -> Any:
@@ -124,16 +211,35 @@ class SweepConfig(Protocol):
 C = TypeVar("C", bound=SweepConfig)
 
 
-def pending(configs: Sequence[C], done_rows: Iterable[dict[str, Any]], key_columns: Sequence[str]) -> list[C]:
-    """Configs whose key is not among `done_rows` (for --resume)."""
-    done = {row_key(row, key_columns) for row in done_rows}
+def pending(
+    configs: Sequence[C],
+    done_rows: Iterable[dict[str, Any]],
+    key_columns: Sequence[str],
+    settings: dict[str, Any] | None = None,
+) -> list[C]:
+    """Configs without a row among `done_rows` (for --resume). `settings`: the values every row must have
+    besides its config's (steps, warm-up, device: whatever changes a measurement without being part of a
+    config); a row measured with other settings does not count as done."""
+    done = {row_key(row, key_columns) for row in matching(done_rows, settings)}
     return [cfg for cfg in configs if row_key(cfg.as_dict(), key_columns) not in done]
 
 
-def rows_of(configs: Sequence[C], rows: Iterable[dict[str, Any]], key_columns: Sequence[str]) -> list[dict[str, Any]]:
-    """The rows (e.g. read back from a result file) that belong to `configs`."""
+def rows_of(
+    configs: Sequence[C],
+    rows: Iterable[dict[str, Any]],
+    key_columns: Sequence[str],
+    settings: dict[str, Any] | None = None,
+) -> list[dict[str, Any]]:
+    """The rows (e.g. read back from a result file) that belong to `configs`, measured with `settings`."""
     keys = {row_key(cfg.as_dict(), key_columns) for cfg in configs}
-    return [row for row in rows if row_key(row, key_columns) in keys]
+    return [row for row in matching(rows, settings) if row_key(row, key_columns) in keys]
+
+
+def matching(rows: Iterable[dict[str, Any]], settings: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The rows whose values of `settings`' columns are those of `settings` (text round trip included)."""
+    settings = settings or {}
+    wanted = row_key(settings, list(settings))
+    return [row for row in rows if row_key(row, list(settings)) == wanted]
 
 
 def run_sweep(

@@ -15,6 +15,7 @@ import pandas as pd
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from profiler_kit.cli.common import comma_list, format_option, non_negative_int, one_of, positive_int, single
+from profiler_kit.errors import ProfilerKitError
 from profiler_kit.render import console_err, emit_tables, records
 from profiler_kit.results_io import RowWriter, pending, read_rows, rows_of
 from profiler_kit.workload import resolve_device
@@ -76,12 +77,15 @@ def _measure(configs: list, warmup: int, rep: int, rounds: int, backward_on_call
 
     if resume and output is None:
         raise click.UsageError("--resume needs --output (the file whose rows are skipped)")
-    resolve_device(configs[0].device)
-    done = rows_of(configs, read_rows(output), bench.KEY_COLUMNS) if resume else []
+    from profiler_kit.benchmark import device_label
+
+    settings = {"device": device_label(resolve_device(configs[0].device)), "rounds": rounds,
+                "backward_thread": "caller" if backward_on_caller else "engine"}
+    writer = RowWriter(output, bench.COLUMNS) if output else None
+    done = rows_of(configs, read_rows(output), bench.KEY_COLUMNS, settings) if resume else []
     todo = pending(configs, done, bench.KEY_COLUMNS)
     if done:
         console_err.print(f"resume: {len(configs) - len(todo)} of {len(configs)} configs already in {output}")
-    writer = RowWriter(output, bench.COLUMNS) if output else None
     rows = list(done)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console_err, transient=fmt != "table") as progress:
@@ -98,6 +102,8 @@ def _measure(configs: list, warmup: int, rep: int, rounds: int, backward_on_call
                                            f"d={row['d']}: {row['status']}: {row['message']}")
                 rows.append(row)
                 progress.advance(task)
+    if writer:
+        writer.check_all_written(lambda line: click.echo(line, err=True))
     return pd.DataFrame(rows, columns=list(bench.COLUMNS))
 
 
@@ -175,6 +181,9 @@ def leaderboard_cmd(impls, batch, heads, seq, d, dtype, causal, device, warmup, 
     from profiler_kit.attention import bench
     from profiler_kit.attention.bench_tables import leaderboard_table
 
+    if device == "auto" and resolve_device(device).type != "cuda":
+        raise ProfilerKitError("attention leaderboard races the SDPA CUDA backends and needs a CUDA GPU, which this "
+                               "machine lacks; to run it on the CPU anyway, pass --device cpu and a small --seq")
     configs = bench.sweep_configs(impls, [dtype], [d], [seq], batch, heads, causal, device)
     results = _measure(configs, warmup, rep, rounds, backward_on_caller, output, resume, fmt)
     board = leaderboard_table(results)

@@ -70,14 +70,14 @@ def benchmark_cmd(
     base = WorkloadConfig(
         model[0], ctx[0], mode[0], batch_size, mixed_precision, compile_, attention, device, seed, nvtx
     )
-    resolve_device(device)
+    settings = {"steps": steps, "warmup": warmup, "device": bench.device_label(resolve_device(device))}
     configs = bench.sweep_configs(base, model, ctx, mode)
+    writer = RowWriter(output, bench.COLUMNS) if output else None
     done = read_rows(output) if resume else []
-    todo = pending(configs, done, bench.KEY_COLUMNS) if resume else configs
+    todo = pending(configs, done, bench.KEY_COLUMNS, settings) if resume else configs
     if resume and len(todo) < len(configs):
         console_err.print(f"resume: {len(configs) - len(todo)} of {len(configs)} configs already in {output}")
-    writer = RowWriter(output, bench.COLUMNS) if output else None
-    rows = rows_of(configs, done, bench.KEY_COLUMNS)
+    rows = rows_of(configs, done, bench.KEY_COLUMNS, settings)
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -110,6 +110,8 @@ def benchmark_cmd(
     else:
         caption = f"{steps} timed steps after {warmup} warm-up; times are means in ms; device {df['device'].iloc[0]}"
         emit_tables([("benchmark", df[DISPLAY_COLUMNS])], fmt, caption=caption)
+    if writer:
+        writer.check_all_written(lambda line: click.echo(line, err=True))
     failed = df[df["status"] == "error"]
     if len(failed):
         console_err.print(f"[red]{len(failed)} of {len(df)} configs failed with errors")
