@@ -169,28 +169,40 @@ def replaced_when_complete(path: str | os.PathLike) -> Iterator[Path]:
     path = Path(path)
     check_output(path)
     tmp = path.with_name(f".{path.name}.partial-{os.getpid()}{''.join(path.suffixes)}")
+    kept = "; the file there before is unchanged" if path.exists() else ""
     try:
         yield tmp
         if not tmp.is_file():
-            raise ProfilerKitError(f"{path}: nothing was written")
+            raise ProfilerKitError(f"{path}: nothing was written{kept}")
         os.replace(tmp, path)
+    except OSError as exc:
+        raise ProfilerKitError(f"{path}: could not be written ({exc.strerror or exc}){kept}") from None
     finally:
         tmp.unlink(missing_ok=True)
 
 
 def check_output(path: str | os.PathLike) -> Path:
-    """Fail now, before any work, when `path` could not be written: its folder cannot be made or written to,
-    or it is a directory or a read-only file."""
+    """Fail now, before any work, when `path` could not be written: its folder cannot be made or written to, or
+    it is a directory or a read-only file. Tried for real (a new file is created and removed again), since
+    permission bits do not tell for root, read-only mounts or /proc."""
     path = Path(path)
     parent = path.parent
+    if parent.exists() and not parent.is_dir():
+        raise ProfilerKitError(f"{path}: {parent} is not a folder")
     try:
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ProfilerKitError(f"{path}: cannot create its folder ({_os_reason(exc)})") from None
     if path.is_dir():
         raise ProfilerKitError(f"{path}: a directory, not a file")
-    if path.exists() and not os.access(path, os.W_OK):
-        raise ProfilerKitError(f"{path}: not writable")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ProfilerKitError(f"{path}: folder {parent} is not writable")
+    existed = path.exists()
+    if existed and not stat.S_ISREG(path.stat().st_mode):
+        raise ProfilerKitError(f"{path}: exists and is not a regular file")
+    try:
+        with path.open("ab"):
+            pass
+    except OSError as exc:
+        raise ProfilerKitError(f"{path}: cannot be written ({exc.strerror or exc})") from None
+    if not existed:
+        path.unlink(missing_ok=True)
     return path

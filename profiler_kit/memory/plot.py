@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from profiler_kit.errors import ProfilerKitError
+from profiler_kit.files import replaced_when_complete
 from profiler_kit.memory.analyze import PhaseSpan, Reconstruction
 
 GIB = 1024**3
@@ -63,6 +64,6 @@ def plot_timeline(recon: Reconstruction, spans: list[PhaseSpan], path: str | Pat
     ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
+    with replaced_when_complete(path) as partial:
+        fig.savefig(partial, format="png")
     return path
