@@ -1,0 +1,181 @@
+"""Nothing lost: result files are checked before any work and appended under a lock, rows that cannot be
+written are kept and printed, and a failed run leaves the previous report, plot or file as it was."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from profiler_kit import benchmark as bench
+from profiler_kit.cli import main
+from profiler_kit.errors import ProfilerKitError
+from profiler_kit.files import replaced_when_complete
+from profiler_kit.nsys_tool import NsysError
+from profiler_kit.profiling import profile
+from profiler_kit.results_io import RowWriter, read_rows
+from profiler_kit.workload import WorkloadConfig
+
+MEMORY = Path(__file__).resolve().parents[1] / "fixtures" / "memory"
+FAST = ["--model", "tiny", "--ctx", "8", "--batch-size", "1", "--steps", "1", "--warmup", "0", "--device", "cpu"]
+COLUMNS = ("model", "ctx", "status", "total_ms")
+
+
+def row(i: int) -> dict:
+    return {"model": "tiny", "ctx": i, "status": "ok", "total_ms": 1.5 * i}
+
+
+@pytest.fixture
+def no_runs(monkeypatch) -> list:
+    """Configs the benchmark would have run (none, when the output is refused up front)."""
+    ran: list = []
+    monkeypatch.setattr(bench, "run_config", lambda cfg, warmup, steps: ran.append(cfg))
+    return ran
+
+
+@pytest.mark.parametrize("make", [
+    lambda tmp: (tmp / "file").write_text("x") and tmp / "file" / "out.csv",  # the folder is a file
+    lambda tmp: Path("/proc/out.csv"),  # a folder nothing can be created in
+])
+def test_an_unwritable_output_is_refused_before_any_config_runs(tmp_path, no_runs, make):
+    result = CliRunner().invoke(main, ["benchmark", *FAST, "--output", str(make(tmp_path) or tmp_path)])
+    assert result.exit_code == 1 and no_runs == []
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_foreign_file_is_refused_not_appended_to(tmp_path, no_runs):
+    foreign = tmp_path / "people.csv"
+    foreign.write_text("name,email\nada,ada@example.org\n")
+    result = CliRunner().invoke(main, ["benchmark", *FAST, "--output", str(foreign)])
+    assert result.exit_code == 1 and no_runs == []
+    assert "not a results file of this command" in result.stderr
+    assert foreign.read_text() == "name,email\nada,ada@example.org\n"
+
+
+def test_a_jsonl_error_names_its_line_and_not_resume(tmp_path):
+    path = tmp_path / "r.jsonl"
+    path.write_text('{"model": "tiny"}\n\n{"model": "x"}\n[1, 2]\n')
+    with pytest.raises(ProfilerKitError, match=r"line 4 is a JSON list, not a row") as info:
+        RowWriter(path, COLUMNS)
+    assert "--resume" not in str(info.value)
+    path.write_text('{"model": "tiny"}\n{oops\n')
+    with pytest.raises(ProfilerKitError, match=r"line 2 is not valid JSON"):
+        read_rows(path)
+
+
+def _append_many(path: str, start: int) -> None:
+    writer = RowWriter(Path(path), COLUMNS)
+    for i in range(start, start + 40):
+        writer.append(row(i))
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".md", ".jsonl"])
+def test_concurrent_writers_never_interleave_headers(tmp_path, suffix):
+    path = tmp_path / f"r{suffix}"
+    procs = [multiprocessing.get_context("fork").Process(target=_append_many, args=(str(path), s))
+             for s in (0, 1000, 2000)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    rows = read_rows(path)
+    assert sorted(r["ctx"] for r in rows) == sorted(i + s for s in (0, 1000, 2000) for i in range(40))
+    if suffix != ".jsonl":
+        assert path.read_text().count("model") == 1  # one header line
+
+
+FULL_DISK_SCRIPT = """
+import resource, sys
+from pathlib import Path
+from profiler_kit.results_io import RowWriter
+path = Path(sys.argv[1])
+writer = RowWriter(path, ("model", "ctx", "status", "message"))
+resource.setrlimit(resource.RLIMIT_FSIZE, (path.stat().st_size + 20, path.stat().st_size + 20))
+writer.append({"model": "tiny", "ctx": 8, "status": "ok", "message": "x" * 200})
+try:
+    writer.check_all_written(print)
+except Exception as exc:
+    print("error:", exc)
+"""
+
+
+def test_a_row_that_cannot_be_written_is_kept_and_the_file_cut_back(tmp_path):
+    path = tmp_path / "r.csv"
+    RowWriter(path, ("model", "ctx", "status", "message")).append({"model": "tiny", "ctx": 4, "status": "ok"})
+    before = path.read_bytes()
+    proc = subprocess.run([sys.executable, "-c", FULL_DISK_SCRIPT, str(path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    kept, error = proc.stdout.splitlines()
+    assert json.loads(kept)["ctx"] == 8
+    assert error.startswith("error: 1 row(s) could not be written to") and "File too large" in error
+    assert path.read_bytes() == before  # the half-written row was cut off
+
+
+def test_a_sweep_on_a_full_disk_prints_its_rows_and_fails(tmp_path, cli):
+    out = tmp_path / "r.jsonl"
+    out.write_text(json.dumps({"model": "tiny"}) + "\n")
+    before = out.read_bytes()
+    proc = cli("benchmark", *FAST, "--ctx", "8,16", "--output", out, "--format", "csv", file_size=len(before))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    printed = [json.loads(line) for line in proc.stderr.splitlines() if line.startswith("{")]
+    assert [(r["ctx"], r["status"]) for r in printed] == [(8, "ok"), (16, "ok")]
+    assert "2 row(s) could not be written to" in proc.stderr.splitlines()[-1]
+    assert out.read_bytes() == before
+    assert len(proc.stdout.splitlines()) == 3  # the CSV on stdout still has both rows
+
+
+def test_resume_reruns_a_config_measured_with_other_steps(tmp_path):
+    out = tmp_path / "r.csv"
+    assert CliRunner().invoke(main, ["benchmark", *FAST, "--output", str(out)]).exit_code == 0
+    again = CliRunner().invoke(main, ["benchmark", *FAST, "--output", str(out), "--resume"])
+    assert again.exit_code == 0 and len(read_rows(out)) == 1
+    other = CliRunner().invoke(main, ["benchmark", *FAST, "--steps", "2", "--output", str(out), "--resume"])
+    assert other.exit_code == 0
+    assert [r["steps"] for r in read_rows(out)] == [1, 2]
+
+
+def test_replaced_when_complete_keeps_the_old_file_on_failure(tmp_path):
+    path = tmp_path / "trace.json.gz"
+    path.write_bytes(b"old")
+    with pytest.raises(RuntimeError), replaced_when_complete(path) as partial:
+        assert partial.name.endswith(".json.gz") and partial.parent == tmp_path
+        partial.write_bytes(b"half")
+        raise RuntimeError("the run failed")
+    assert path.read_bytes() == b"old" and os.listdir(tmp_path) == ["trace.json.gz"]
+    with replaced_when_complete(path) as partial:
+        partial.write_bytes(b"new")
+    assert path.read_bytes() == b"new" and os.listdir(tmp_path) == ["trace.json.gz"]
+
+
+def test_a_plot_on_a_full_disk_keeps_the_previous_one(tmp_path, cli):
+    png = tmp_path / "timeline.png"
+    png.write_bytes(b"previous plot")
+    proc = cli("memory", "summarize", MEMORY / "tiny_ctx128_train.pickle", "--plot", png, file_size=4096)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert f"{png}: could not be written" in proc.stderr
+    assert png.read_bytes() == b"previous plot" and os.listdir(tmp_path) == ["timeline.png"]
+
+
+def test_a_failed_nsys_run_keeps_the_previous_report_and_export(tmp_path):
+    failing = tmp_path / "nsys"
+    failing.write_text("#!/bin/bash\n"
+                       "if [ \"$1\" = --version ]; then echo 'NVIDIA Nsight Systems version 2025.3.1.90-0'\n"
+                       "else echo 'ERROR: the workload crashed' >&2; exit 1; fi\n")
+    failing.chmod(failing.stat().st_mode | stat.S_IXUSR)
+    out = tmp_path / "out"
+    out.mkdir()
+    cfg = WorkloadConfig("tiny", 32, "forward", device="cpu")
+    report, sqlite = out / f"{cfg.tag()}.nsys-rep", out / f"{cfg.tag()}.sqlite"
+    report.write_bytes(b"previous report")
+    sqlite.write_bytes(b"previous export")
+    with pytest.raises(NsysError, match="the workload crashed"):
+        profile(cfg, 0, 1, "nsys", out, failing)
+    assert report.read_bytes() == b"previous report" and sqlite.read_bytes() == b"previous export"
+    assert sorted(os.listdir(out)) == sorted([report.name, sqlite.name])
