@@ -16,7 +16,7 @@ from dataclasses import replace
 
 import torch
 
-from profiler_kit.errors import ProfilerKitError
+from profiler_kit.errors import ProfilerKitError, first_line
 from profiler_kit.flops import mfu_pct, step_flops
 from profiler_kit.presets import count_parameters
 from profiler_kit.workload import Workload, WorkloadConfig, release, synchronize
@@ -46,11 +46,6 @@ MB = 2**20
 # How PyTorch's CPU allocator reports a failed allocation ("DefaultCPUAllocator: can't allocate memory: you
 # tried to allocate N bytes").
 HOST_OOM = re.compile(r"can't allocate memory|not enough memory", re.IGNORECASE)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
 
 
 def _stats(samples: list[float]) -> tuple[float, float, float]:
@@ -127,13 +122,15 @@ def run_config(cfg: WorkloadConfig, warmup: int, steps: int) -> dict:
     except (MemoryError, RuntimeError) as exc:
         # Host memory: Python's MemoryError, or the CPU allocator's RuntimeError; any other RuntimeError is an error.
         if not isinstance(exc, MemoryError) and not HOST_OOM.search(str(exc)):
-            row.update(status="error", message=_first_line(exc))
+            row.update(status="error", message=first_line(exc))
         else:
-            row.update(status="oom", message=f"out of host memory: {_first_line(exc)}")
+            row.update(status="oom", message=f"out of host memory: {first_line(exc)}")
     except ProfilerKitError:
         raise
     except Exception as exc:  # one broken config must not end the sweep: record it and go on
-        row.update(status="error", message=_first_line(exc))
+        row.update(
+            status="error", message=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        )
     finally:
         release(workload)
         del workload

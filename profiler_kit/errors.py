@@ -1,7 +1,7 @@
 """The one exception the library raises for problems a user can fix (bad input, missing tool, no GPU).
 
-The CLI turns it into a one-line message on stderr and a non-zero exit; anything else is a bug and keeps
-its traceback.
+The CLI turns it into a one-line message on stderr and exit 1; anything else is a bug, reported in one line
+with exit 3 (and its traceback under `profiler-kit --debug`).
 """
 
 

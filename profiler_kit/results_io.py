@@ -159,7 +159,7 @@ class RowWriter:
 
     def _text(self, row: dict[str, Any], header: bool) -> str:
         if self.suffix == ".jsonl":
-            return json.dumps({k: _json_safe(v) for k, v in row.items()}) + "\n"
+            return _json_line(row) + "\n"
         if self.suffix == ".csv":
             buffer = io.StringIO()
             writer = csv.DictWriter(buffer, fieldnames=self.columns, extrasaction="ignore")
@@ -183,7 +183,7 @@ class RowWriter:
         if not self.unwritten:
             return
         for row in self.unwritten:
-            echo(json.dumps({k: _json_safe(v) for k, v in row.items()}))
+            echo(_json_line(row))
         reason = self.error.strerror or str(self.error) if self.error else "unknown"
         raise ProfilerKitError(
             f"{len(self.unwritten)} row(s) could not be written to {self.path} ({reason}); they are printed above "
@@ -196,6 +196,10 @@ def _write_all(fh: Any, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[fh.write(view):]
+
+
+def _json_line(row: dict[str, Any]) -> str:
+    return json.dumps({k: _json_safe(v) for k, v in row.items()})
 
 
 def _json_safe(value: Any) -> Any:

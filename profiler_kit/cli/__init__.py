@@ -7,7 +7,7 @@ from __future__ import annotations
 import click
 
 from profiler_kit import __version__
-from profiler_kit.errors import ProfilerKitError
+from profiler_kit.errors import ProfilerKitError, first_line
 from profiler_kit.files import DEFAULT_MAX_INPUT_MB, MIB, InputLimits, set_limits
 
 # Exit status of an unexpected exception (a bug); ProfilerKitError and OS errors exit 1, usage errors 2.
@@ -23,23 +23,18 @@ class _Failure(click.ClickException):
         self.exit_code = exit_code
 
 
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())
-
-
 def _failure(exc: Exception) -> _Failure:
     """What the user reads for an exception that escaped a command."""
     if isinstance(exc, ProfilerKitError):
-        return _Failure(_one_line(exc))
+        return _Failure(" ".join(str(exc).split()))
     if isinstance(exc, OSError):
         where = f"{exc.filename}: " if exc.filename else ""
-        return _Failure(f"{where}{exc.strerror or _one_line(exc)}")
+        return _Failure(f"{where}{exc.strerror or first_line(exc)}")
     if isinstance(exc, MemoryError):
         return _Failure("out of memory (an input larger than this machine can hold?); lower --max-input-mb "
                         "or use a machine with more memory")
-    detail = _one_line(exc)[:300]
-    return _Failure(f"internal error: {type(exc).__name__}{': ' + detail if detail else ''} (a bug; rerun with "
-                    "--debug and report the traceback)", EXIT_INTERNAL)
+    return _Failure(f"internal error: {first_line(exc)[:300]} (a bug; rerun with --debug and report the "
+                    "traceback)", EXIT_INTERNAL)
 
 
 class _Group(click.Group):
