@@ -59,10 +59,6 @@ def set_limits(limits: InputLimits) -> None:
     _limits = limits
 
 
-def current_limits() -> InputLimits:
-    return _limits
-
-
 def check_input(path: str | os.PathLike) -> int:
     """The size of `path` if it is a regular file that can be read; else a one-line error saying what it is.
     Only `stat` is called, which never blocks, so a FIFO is refused before anything opens it."""
@@ -149,13 +145,6 @@ def parse_json(data: bytes, path: Path) -> object:
         raise ProfilerKitError(f"{path}: not JSON text (binary data)") from None
     except json.JSONDecodeError as exc:
         raise ProfilerKitError(f"{path}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
-
-
-def read_json(path: str | os.PathLike, limits: InputLimits | None = None) -> object:
-    """A .json or gzipped .json file (told apart by content), within the limits."""
-    path = Path(path)
-    gzipped = read_head(path, 2) == b"\x1f\x8b"
-    return parse_json(read_gzip(path, limits) if gzipped else read_bytes(path, limits), path)
 
 
 @contextlib.contextmanager

@@ -66,7 +66,7 @@ def _set_max_input(_ctx: click.Context, _param: click.Parameter, value: int) -> 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(__version__, prog_name="profiler-kit")
 @click.option("--debug", is_flag=True, envvar="PROFILER_KIT_DEBUG", expose_value=False, is_eager=True,
-              callback=_set_debug, help="Show the traceback of a failure (for bug reports).")
+              show_envvar=True, callback=_set_debug, help="Show the traceback of a failure (for bug reports).")
 @click.option("--max-input-mb", type=click.IntRange(min=1), default=DEFAULT_MAX_INPUT_MB, show_default=True,
               expose_value=False, callback=_set_max_input,
               help="The most an input file (decompressed) may put in memory.")

@@ -102,7 +102,7 @@ def _numbers(values: pd.Series, what: str) -> np.ndarray:
     bad = ~np.isfinite(numbers) | (numbers < 0)
     if bad.any():
         raise ProfilerKitError(
-            f"{int(bad.sum())} unreadable {what} in the `nsys stats` table (not a finite, non-negative number), "
+            f"{what} in the `nsys stats` table that are not finite, non-negative numbers: {int(bad.sum())}, "
             f"the first {values[bad].iloc[0]!r}"
         )
     return numbers

@@ -47,7 +47,7 @@ def sniff(path: Path) -> str:
 
 
 def load(path: str | Path, limits: InputLimits | None = None) -> KernelTrace:
-    """Load any supported kernel report, reading at most `limits` (default: `files.current_limits()`). Every
+    """Load any supported kernel report, reading at most `limits` (default: those of `files.set_limits`). Every
     error names the file."""
     path = Path(path)
     try:

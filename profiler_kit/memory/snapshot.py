@@ -70,7 +70,7 @@ def _unpickle(stream: BinaryIO) -> Any:
 
 
 def load_snapshot(path: str | Path) -> dict:
-    """Read and validate a snapshot pickle (within `files.current_limits()`); any problem is a one-line
+    """Read and validate a snapshot pickle (within the limits of `files.set_limits`); any problem is a one-line
     `ProfilerKitError`."""
     path = Path(path)
     if not path.exists() and not path.is_symlink():
