@@ -181,7 +181,7 @@ def check_output(path: str | os.PathLike) -> Path:
     try:
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise ProfilerKitError(f"{path}: cannot create its folder ({_os_reason(exc)})") from None
+        raise ProfilerKitError(f"{parent}: cannot create the folder ({exc.strerror or exc})") from None
     if path.is_dir():
         raise ProfilerKitError(f"{path}: a directory, not a file")
     existed = path.exists()

@@ -29,6 +29,7 @@ import torch
 
 from profiler_kit import nvtx_ranges
 from profiler_kit.errors import ProfilerKitError
+from profiler_kit.files import check_output
 from profiler_kit.nsys_tool import (
     NsysError,
     NsysInstall,
@@ -141,7 +142,8 @@ def _record(spec: dict, tag: str, device: torch.device, phases: tuple[str, ...],
         raise ProfilerKitError(f"need warmup ≥ 0 and steps ≥ 1, got warmup={warmup}, steps={steps}")
     # Look for nsys before anything slow: without it there is no point in starting.
     nsys = find_nsys(nsys_path) if backend == "nsys" else None
-    output_dir.mkdir(parents=True, exist_ok=True)
+    # The folder must take the recording before any step runs, not after.
+    check_output(output_dir / f"{tag}.nsys-rep")
     if nsys is not None:
         return _record_nsys(nsys, spec, tag, device, phases, warmup, steps, output_dir)
     trace = output_dir / f"{tag}.json.gz"

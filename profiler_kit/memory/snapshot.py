@@ -171,7 +171,7 @@ def load_sidecar(snapshot_path: str | Path) -> dict | None:
         return None
     try:
         data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise ProfilerKitError(f"sidecar {path}: not readable JSON ({exc})") from None
     if not isinstance(data, dict) or data.get("format") != SIDECAR_FORMAT:
         raise ProfilerKitError(
