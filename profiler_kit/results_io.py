@@ -122,6 +122,7 @@ class SweepConfig(Protocol):
 
 
 C = TypeVar("C", bound=SweepConfig)
+G = TypeVar("G")
 
 
 def pending(configs: Sequence[C], done_rows: Iterable[dict[str, Any]], key_columns: Sequence[str]) -> list[C]:
@@ -137,17 +138,18 @@ def rows_of(configs: Sequence[C], rows: Iterable[dict[str, Any]], key_columns: S
 
 
 def run_sweep(
-    configs: Iterable[C],
-    run: Callable[[C], dict[str, Any]],
-    on_start: Callable[[C], None] | None = None,
+    groups: Iterable[G],
+    run: Callable[[G], Iterable[dict[str, Any]]],
+    on_start: Callable[[G], None] | None = None,
     on_row: Callable[[dict[str, Any]], None] | None = None,
 ) -> Iterator[dict[str, Any]]:
-    """Run each config in turn, yielding (and handing to `on_row`) each row as soon as it exists. `run` must turn
-    its own failures into the row's status: one broken config never ends the sweep."""
-    for cfg in configs:
+    """Run each group (one config, or configs measured together) in turn, yielding (and handing to `on_row`) each
+    row as soon as it exists. `run` must turn its own failures into the row's status: one broken config never
+    ends the sweep."""
+    for group in groups:
         if on_start:
-            on_start(cfg)
-        row = run(cfg)
-        if on_row:
-            on_row(row)
-        yield row
+            on_start(group)
+        for row in run(group):
+            if on_row:
+                on_row(row)
+            yield row

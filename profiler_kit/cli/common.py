@@ -90,9 +90,10 @@ def model_name(name: str) -> str:
 def workload_options(sweep: bool) -> Callable:
     """The options that describe the workload, shared by `benchmark` (comma lists, swept as a product when
     `sweep`) and the one-config commands `nsys` and `memory`. Values land in the command as `model`, `ctx`,
-    `mode` (lists when `sweep`), `batch_size`, `mixed_precision`, `compile_`, `attention`, `device`, `seed`, `nvtx`."""
+    `mode`, `optimizer` (lists when `sweep`), `batch_size`, `mixed_precision`, `compile_`, `attention`, `device`,
+    `seed`, `nvtx`."""
     from profiler_kit.model import ATTENTION_IMPLS
-    from profiler_kit.workload import MODES
+    from profiler_kit.workload import MODES, OPTIMIZERS
 
     pick = comma_list if sweep else single
     many = " (comma list: swept as a product)" if sweep else ""
@@ -128,6 +129,14 @@ def workload_options(sweep: bool) -> Callable:
         click.option("--seed", type=int, default=0, show_default=True),
         click.option(
             "--nvtx/--no-nvtx", default=True, show_default=True, help="NVTX ranges around phases/layers."
+        ),
+        click.option(
+            "--optimizer",
+            default=OPTIMIZERS[0],
+            show_default=True,
+            callback=pick(one_of(OPTIMIZERS)),
+            help="AdamW as one fused kernel chain, multi-tensor (foreach) kernels, or a per-parameter loop; with "
+            f"--compile the foreach and loop steps are compiled too{many}.",
         ),
     ]
 

@@ -57,7 +57,7 @@ def _emit(report: MemoryReport, fmt: str) -> None:
 @_report_options
 @click.pass_context
 def memory_cmd(click_ctx: click.Context, model, ctx, mode, batch_size, mixed_precision, compile_, attention,
-               device, seed, nvtx, warmup, steps, max_entries, output_dir, plot, top, fmt) -> None:
+               device, seed, nvtx, optimizer, warmup, steps, max_entries, output_dir, plot, top, fmt) -> None:
     """Record CUDA memory history around one config's steps, dump the snapshot, and explain its peak.
 
     Run `profiler-kit memory summarize FILE.pickle` to explain any snapshot, also on a machine without a GPU;
@@ -66,7 +66,7 @@ def memory_cmd(click_ctx: click.Context, model, ctx, mode, batch_size, mixed_pre
     if click_ctx.invoked_subcommand is not None:
         return
     cfg = WorkloadConfig(model, ctx, mode, batch_size, mixed_precision, compile_, attention, device, seed,
-                         nvtx)
+                         nvtx, optimizer)
     require_cuda(cfg)
     with console_err.status("recording") as status:
         result = record(cfg, steps, warmup, max_entries, output_dir, on_progress=status.update)

@@ -50,7 +50,7 @@ def _recording_options(fn: Callable) -> Callable:
 @_recording_options
 @click.pass_context
 def nsys(click_ctx: click.Context, model: str, ctx: int, mode: str, batch_size: int, mixed_precision: bool,
-         compile_: bool, attention: str, device: str, seed: int, nvtx: bool, warmup: int, steps: int,
+         compile_: bool, attention: str, device: str, seed: int, nvtx: bool, optimizer: str, warmup: int, steps: int,
          backend: str, nsys_path: Path | None, output_dir: Path, top: int, fmt: str) -> None:
     """Profile one training-step config: kernels per phase, under Nsight Systems or torch.profiler.
 
@@ -67,7 +67,7 @@ def nsys(click_ctx: click.Context, model: str, ctx: int, mode: str, batch_size: 
                                    "its own after its name")
         return
     cfg = WorkloadConfig(model, ctx, mode, batch_size, mixed_precision, compile_, attention, device, seed,
-                         nvtx)
+                         nvtx, optimizer)
     result = profile(cfg, warmup, steps, backend, output_dir, nsys_path)
     _report(result, fmt, top)
 
