@@ -271,15 +271,13 @@ def sweep_configs(
     models: Iterable[str],
     ctxs: Iterable[int],
     modes: Iterable[str],
+    attentions: Iterable[str] | None = None,
     optimizers: Iterable[str] | None = None,
 ) -> list[WorkloadConfig]:
-    """The product models × ctxs × modes (× optimizers), validated up front so a typo fails before any GPU time
-    is spent."""
-    optimizers = list(optimizers) if optimizers else [base.optimizer]
-    configs = [
-        replace(base, model=m, ctx=c, mode=md, optimizer=o)
-        for m, c, md, o in itertools.product(models, ctxs, modes, optimizers)
-    ]
+    """The product models × ctxs × modes × attentions × optimizers (the last two default to the base's),
+    validated up front so a typo fails before any GPU time is spent."""
+    axes = itertools.product(models, ctxs, modes, attentions or [base.attention], optimizers or [base.optimizer])
+    configs = [replace(base, model=m, ctx=c, mode=md, attention=a, optimizer=o) for m, c, md, a, o in axes]
     for cfg in configs:
         cfg.validate()
     return configs

@@ -20,6 +20,7 @@ DISPLAY_COLUMNS = [
     "mode",
     "mixed_precision",
     "compile",
+    "attention",
     "optimizer",
     "repeat",
     "status",
@@ -103,18 +104,19 @@ def benchmark_cmd(
     resume,
     fmt,
 ) -> None:
-    """Time forward, backward and optimizer phases over a sweep of model × ctx × mode × optimizer."""
+    """Time forward, backward and optimizer phases over a sweep of model × ctx × mode × attention × optimizer."""
     base = WorkloadConfig(
-        model[0], ctx[0], mode[0], batch_size, mixed_precision, compile_, attention, device, seed, nvtx, optimizer[0]
+        model[0], ctx[0], mode[0], batch_size, mixed_precision, compile_, attention[0], device, seed, nvtx,
+        optimizer[0],
     )
     resolve_device(device)
     timing = bench.TimingOptions(warmup, max(warmup, max_warmup), steps, stable_pct, cpu_threads)
-    items = bench.sweep_items(bench.sweep_configs(base, model, ctx, mode, optimizer), repeat)
+    items = bench.sweep_items(bench.sweep_configs(base, model, ctx, mode, attention, optimizer), repeat)
 
     def describe(group: list[bench.SweepItem]) -> str:
         cfg = group[0].cfg
         again = f" (pass {group[0].repeat}/{repeat})" if repeat > 1 else ""
-        return f"{cfg.model} ctx={cfg.ctx} {cfg.mode}{again}"
+        return f"{cfg.model} ctx={cfg.ctx} {cfg.mode} {cfg.attention} {cfg.optimizer}{again}"
 
     rows = run_with_progress(
         items,
@@ -134,9 +136,10 @@ def benchmark_cmd(
     elif fmt == "csv":
         emit_tables([("benchmark", df)], fmt)
     else:
+        settle = f"-{timing.max_warmup} (until the step time settles)" if timing.max_warmup > warmup else ""
         caption = (
-            f"{steps} timed steps after {warmup}-{max(warmup, max_warmup)} warm-up steps (until the step time "
-            f"settles); times in ms, mean unless marked; device {df['device'].iloc[0]}"
+            f"{steps} timed steps after {warmup}{settle} warm-up steps; times in ms, mean unless marked; "
+            f"device {df['device'].iloc[0]}"
         )
         tables = [("benchmark", df[DISPLAY_COLUMNS])]
         if repeat > 1:

@@ -143,6 +143,7 @@ def test_json_output_contract():
         (["--steps", "0"], "--steps"),
         (["--batch-size", "0"], "--batch-size"),
         (["--mode", "inference"], "choose from"),
+        (["--attention", "sdpa,flashy"], "choose from"),
         (["--resume"], "--resume needs --output"),
         (["--output", "x.txt"], "unsupported extension"),
     ],
