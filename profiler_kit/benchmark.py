@@ -29,7 +29,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from profiler_kit.errors import ProfilerKitError
+from profiler_kit.errors import ProfilerKitError, first_line
 from profiler_kit.flops import mfu_pct, step_flops
 from profiler_kit.presets import count_parameters
 from profiler_kit.workload import Workload, WorkloadConfig, release, synchronize
@@ -257,9 +257,7 @@ def run_config(
     except ProfilerKitError:
         raise
     except Exception as exc:  # one broken config must not end the sweep: record it and go on
-        row.update(
-            status="error", message=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-        )
+        row.update(status="error", message=first_line(exc))
     finally:
         release(workload)
         del workload
