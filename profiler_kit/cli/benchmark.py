@@ -49,8 +49,9 @@ DISPLAY_COLUMNS = [
     type=non_negative_int,
     default=50,
     show_default=True,
-    help="Untimed steps per config, at most: past --warmup, warm-up goes on until the step time settles "
-    "(the median of the last 5 steps within --stable-pct of the 5 before). At most --warmup: a fixed count.",
+    help="Untimed steps per config, at most: past --warmup, warm-up goes on until the step time settles (the median "
+    f"of the last {bench.STABLE_WINDOW} steps within --stable-pct of the {bench.STABLE_WINDOW} before). At most "
+    "--warmup: a fixed count.",
 )
 @click.option(
     "--stable-pct",
