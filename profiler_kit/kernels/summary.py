@@ -30,6 +30,10 @@ from profiler_kit.kernels.sources import load
 from profiler_kit.kernels.trace import NO_LAUNCH, KernelTrace
 
 DEFAULT_PHASES = ("forward", "backward", "optimizer_step")
+# Top-level ranges that hold no step of the program, left out when phases are found in a report.
+NOT_PHASES = ("warmup",)
+# What the times are: GPU kernel durations, or (a trace without kernels) CPU operator self times.
+GPU_KERNELS, CPU_OPS = "gpu_kernels", "cpu_ops"
 DEFAULT_TOP = 10
 NS_PER_MS = 1_000_000
 NS_PER_US = 1_000
@@ -57,6 +61,12 @@ class KernelSummary:
     nvtx: str | None = None
     sub_ranges: pd.DataFrame | None = None  # sub_range, category, instances, total_ns
     notes: list[str] = field(default_factory=list)
+    basis: str = GPU_KERNELS
+
+    @property
+    def timed(self) -> str:
+        """What the tables time, for titles."""
+        return "Kernel time" if self.basis == GPU_KERNELS else "CPU operator self time"
 
     @property
     def kernel_count(self) -> int:
@@ -86,6 +96,7 @@ class KernelSummary:
     def to_json(self) -> dict[str, Any]:
         obj: dict[str, Any] = {
             "source": self.source,
+            "time_basis": self.basis,
             "kernel_count": self.kernel_count,
             "total_ns": self.total_ns,
             "categories": self.category_ns(),
@@ -143,7 +154,7 @@ class KernelSummary:
     def tables(self, display: bool = False) -> list[tuple[str, pd.DataFrame]]:
         where = f" inside `{self.nvtx}`" if self.nvtx else ""
         by_category = (
-            f"Kernel time by category{where} ({self.source}: {self.path.name})",
+            f"{self.timed} by category{where} ({self.source}: {self.path.name})",
             self.category_table(),
         )
         if self.kernel_count == 0:
@@ -152,9 +163,10 @@ class KernelSummary:
                 return [by_category]
             ranges = self.ranges.assign(total_ms=self.ranges["total_ns"] / NS_PER_MS).drop(columns="total_ns")
             return [("NVTX ranges (no kernels in this report)", ranges)]
-        tables = [by_category, (f"Top {self.top} kernels{where}", self.top_table(display))]
+        items = "kernels" if self.basis == GPU_KERNELS else "CPU operators"
+        tables = [by_category, (f"Top {self.top} {items}{where}", self.top_table(display))]
         if self.phase_names:
-            tables.append((f"Per phase{where}: share of each phase's kernel time", self.phase_table()))
+            tables.append((f"Per phase{where}: share of each phase's {self.timed.lower()}", self.phase_table()))
         if self.sub_ranges is not None:
             tables.append((f"`{self.nvtx}` split by its sub-ranges: kernel time", self.sub_range_table()))
         if self.memory_ops is not None and len(self.memory_ops):
@@ -166,7 +178,8 @@ class KernelSummary:
     def caption(self) -> str:
         memory = "unknown" if self.memory_ops_ns is None else f"{self.memory_ops_ns / NS_PER_MS:.3f} ms"
         lines = [
-            f"{self.kernel_count} kernels, {self.total_ns / NS_PER_MS:.3f} ms of kernel time; "
+            f"{self.kernel_count} {'kernels' if self.basis == GPU_KERNELS else 'CPU operator calls'}, "
+            f"{self.total_ns / NS_PER_MS:.3f} ms of {self.timed.lower()}; "
             f"memory operations: {memory}"
         ]
         return "\n".join(lines + [f"note: {n}" for n in self.notes])
@@ -196,10 +209,14 @@ def summarize_trace(
 ) -> KernelSummary:
     if top < 1:
         raise ProfilerKitError(f"--top must be at least 1, got {top}")
-    kernels = trace.kernels.assign(category=categorize(trace.kernels["name"]))
     notes = list(trace.notes)
+    timed, kind, basis = trace.kernels, "kernel", GPU_KERNELS
+    if not len(trace.kernels) and trace.cpu_ops is not None and len(trace.cpu_ops):
+        timed, kind, basis = trace.cpu_ops, "cpu_op", CPU_OPS
+        notes.append("no GPU kernels in this trace: the tables show CPU operator self time instead")
+    kernels = timed.assign(category=categorize(timed["name"], kind))
     has_ranges = trace.ranges is not None and len(trace.ranges) > 0
-    index = RangeIndex(trace.ranges) if has_ranges and trace.has_launches else None
+    index = RangeIndex(trace.ranges) if has_ranges and "launch_ns" in kernels.columns else None
     if index is not None and index.overlapping:
         notes.append("some NVTX ranges of one thread overlap without nesting; kernels in them may be missed")
     sub_ranges = None
@@ -226,6 +243,7 @@ def summarize_trace(
         nvtx=nvtx,
         sub_ranges=sub_ranges,
         notes=notes,
+        basis=basis,
     )
 
 
@@ -293,10 +311,10 @@ def _phases(
     kernels: pd.DataFrame, index: RangeIndex, phases: list[str] | tuple[str, ...] | None, notes: list[str]
 ) -> tuple[pd.DataFrame, list[str]]:
     """Kernel totals per phase and category (kernels in no phase under OUTSIDE_PHASES), and the phases:
-    those asked for, or the default ones the report has."""
+    those asked for, else those `found_phases` finds."""
     present = set(index.names())
     if phases is None:
-        wanted = [p for p in DEFAULT_PHASES if p in present]
+        wanted = found_phases(index)
     else:
         wanted = list(dict.fromkeys(phases))
         missing = [p for p in wanted if p not in present]
@@ -312,6 +330,27 @@ def _phases(
         rows = np.concatenate([rows, outside])
         codes = np.concatenate([codes, np.full(len(outside), len(wanted))])
     return _totals(kernels, rows, codes, labels, "phase"), wanted
+
+
+def found_phases(index: RangeIndex) -> list[str]:
+    """The phases of a report that names none: the built-in DEFAULT_PHASES when it has any of them; else, on
+    each process's main thread (the one whose outermost ranges last longest), the ranges directly inside the
+    outermost ones (`step` ⊃ `fwd`, `bwd`, `opt` gives fwd, bwd, opt), or the outermost ones when nothing is
+    inside them; `warmup` is never a phase. Names in the order they first start."""
+    present = set(index.names())
+    builtin = [p for p in DEFAULT_PHASES if p in present]
+    if builtin:
+        return builtin
+    ranges = index.ranges
+    top = index.depth == 0
+    span = (ranges["end_ns"] - ranges["start_ns"]).where(top, 0)
+    per_thread = span.groupby([ranges["process"], ranges["thread"]]).sum()
+    main = per_thread.groupby(level=0).idxmax().to_list()
+    on_main = pd.MultiIndex.from_frame(ranges[["process", "thread"]]).isin(main)
+    outer = top & on_main & ~ranges["name"].isin(NOT_PHASES).to_numpy()
+    inner = on_main & np.isin(index.parent, np.flatnonzero(outer))
+    chosen = inner if inner.any() else outer
+    return list(dict.fromkeys(ranges.loc[chosen].sort_values("start_ns", kind="stable")["name"]))
 
 
 def _inside(

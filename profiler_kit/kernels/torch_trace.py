@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from profiler_kit.errors import ProfilerKitError
+from profiler_kit.kernels.cpu_ops import cpu_operators
 from profiler_kit.kernels.trace import NO_LAUNCH, KernelTrace, kernel_frame, match_launches, memory_frame, range_frame
 
 LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
@@ -75,4 +76,4 @@ def _load(events: pd.DataFrame, path: Path) -> KernelTrace:
     memory_ops = (
         memory_frame(memory["name"].astype(str).to_numpy(), _ns(memory["dur"])) if cuda_traced else None
     )
-    return KernelTrace(SOURCE, path, kernel_rows, ranges, memory_ops)
+    return KernelTrace(SOURCE, path, kernel_rows, ranges, memory_ops, cpu_ops=cpu_operators(events))

@@ -30,6 +30,7 @@ class KernelTrace:
         the source cannot hold ranges, empty when it could but has none.
     memory_ops: memcpy/memset totals by operation; None when the source does not say.
     notes: caveats about the source to show beside the summary (rounded times, truncated names).
+    cpu_ops: CPU operator calls as a `kernels` frame of self times (torch.profiler traces); None elsewhere.
     """
 
     source: str
@@ -38,6 +39,7 @@ class KernelTrace:
     ranges: pd.DataFrame | None = None
     memory_ops: pd.DataFrame | None = None
     notes: list[str] = field(default_factory=list)
+    cpu_ops: pd.DataFrame | None = None
 
     @property
     def has_launches(self) -> bool:
