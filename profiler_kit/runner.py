@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from profiler_kit.environment import note
 from profiler_kit.errors import ProfilerKitError
 from profiler_kit.nsys_tool import NsysError, export_sqlite, find_nsys
 from profiler_kit.program_recorders import RANKS_ONLY, RECORD, TRACE, TRACE_SUFFIX, trace_path
@@ -130,6 +131,7 @@ def run_program(command: list[str], backend: str, output: Path | None = None,
     if backend == "torch":
         return _run_torch(cmd, output)
     nsys = find_nsys(nsys_path)
+    note("nsys", nsys.version_str)
     return _run_nsys(cmd, output, nsys, nsys_args, capture)
 
 

@@ -8,7 +8,7 @@ import click
 
 from profiler_kit.cli.common import format_option, positive_int
 from profiler_kit.kernels import DEFAULT_TOP, compare, summarize
-from profiler_kit.render import emit_report
+from profiler_kit.render import console_err, emit_report
 
 SOURCES_HELP = (
     "A report is an nsys .nsys-rep or its .sqlite export, `nsys stats` cuda_gpu_kern_sum output (CSV or "
@@ -32,7 +32,10 @@ _ANALYSIS_OPTIONS = (
         "phases",
         metavar="NAME",
         multiple=True,
-        help="An NVTX range to report as a phase (repeatable) [default: forward, backward, optimizer_step].",
+        help="An NVTX range to report as a phase (repeatable). Default: forward, backward, optimizer_step when "
+        "the report has them (the built-in model); else the ranges directly inside the outermost ranges of each "
+        "process's main thread (`step` holding `fwd`, `bwd`, `opt` gives fwd, bwd, opt), or those outermost "
+        "ranges when nothing is nested in them; `warmup` is never a phase.",
     ),
     format_option(),
 )
@@ -61,10 +64,19 @@ def summarize_command(path: Path, top: int, nvtx: str | None, phases: tuple[str,
 @click.argument("a", type=click.Path(path_type=Path))
 @click.argument("b", type=click.Path(path_type=Path))
 @_analysis_options
-def compare_command(a: Path, b: Path, top: int, nvtx: str | None, phases: tuple[str, ...], fmt: str) -> None:
+@click.option("--fail-above", "fail_above", type=click.FloatRange(min=0), metavar="PCT", default=None,
+              help="Exit 1 when B's kernel time (total, or any phase or category both have) is more than PCT "
+                   "percent above A's; the verdict is in the JSON's `gate`.")
+@click.pass_context
+def compare_command(ctx: click.Context, a: Path, b: Path, top: int, nvtx: str | None, phases: tuple[str, ...],
+                    fmt: str, fail_above: float | None) -> None:
     """Compare two reports: time per category, phase and kernel in A and B, delta (B − A), speedup (A / B)."""
     options = {"top": top, "phases": list(phases) or None, "nvtx": nvtx}
-    emit_report(compare(summarize(a, **options), summarize(b, **options), top=top), fmt)
+    comparison = compare(summarize(a, **options), summarize(b, **options), top=top, fail_above_pct=fail_above)
+    emit_report(comparison, fmt)
+    if comparison.failed:
+        console_err.print(f"regression: B is more than {fail_above:g}% above A", soft_wrap=True)
+        ctx.exit(1)
 
 
 COMMANDS = [kernels]
