@@ -26,6 +26,7 @@ import pandas as pd
 from profiler_kit.errors import ProfilerKitError
 from profiler_kit.kernels.attribution import RangeIndex
 from profiler_kit.kernels.categories import CATEGORIES, categorize
+from profiler_kit.kernels.idle import phase_idle
 from profiler_kit.kernels.sources import load
 from profiler_kit.kernels.trace import NO_LAUNCH, KernelTrace
 
@@ -62,6 +63,7 @@ class KernelSummary:
     sub_ranges: pd.DataFrame | None = None  # sub_range, category, instances, total_ns
     notes: list[str] = field(default_factory=list)
     basis: str = GPU_KERNELS
+    idle: pd.DataFrame | None = None  # per phase: where the GPU idles (kernels.idle.phase_idle)
 
     @property
     def timed(self) -> str:
@@ -102,6 +104,9 @@ class KernelSummary:
             "categories": self.category_ns(),
             "memory_ops_ns": self.memory_ops_ns,
             "phases": self.phase_ns(),
+            "idle": {} if self.idle is None else {
+                r["phase"]: {k: v for k, v in r.items() if k != "phase"} for r in self.idle.to_dict("records")
+            },
             "top_kernels": [
                 {
                     "name": r.name,
@@ -147,6 +152,15 @@ class KernelSummary:
         outside = [OUTSIDE_PHASES] if (self.phases["phase"] == OUTSIDE_PHASES).any() else []
         return _split_table(self.phases, "phase", self.total_ns, [*self.phase_names, *outside])
 
+    def idle_table(self) -> pd.DataFrame:
+        table = self.idle.copy()
+        for column in ("wall", "gpu_span", "busy", "idle"):
+            table[f"{column}_ms"] = table.pop(f"{column}_ns") / NS_PER_MS
+        gaps = table.pop("largest_gaps_ns").map(lambda g: ", ".join(f"{x / NS_PER_US:.1f}" for x in g))
+        table["largest_gaps_us"] = gaps
+        return table[["phase", "ranges", "wall_ms", "gpu_span_ms", "busy_ms", "idle_ms", "idle_pct",
+                      "largest_gaps_us", "verdict"]]
+
     def sub_range_table(self) -> pd.DataFrame:
         order = list(dict.fromkeys(self.sub_ranges["sub_range"]))
         return _split_table(self.sub_ranges, "sub_range", self.total_ns, order)
@@ -167,6 +181,9 @@ class KernelSummary:
         tables = [by_category, (f"Top {self.top} {items}{where}", self.top_table(display))]
         if self.phase_names:
             tables.append((f"Per phase{where}: share of each phase's {self.timed.lower()}", self.phase_table()))
+        if self.idle is not None:
+            tables.append((f"Where the GPU idles, per phase{where} (launch-bound: idle above half the GPU span)",
+                           self.idle_table()))
         if self.sub_ranges is not None:
             tables.append((f"`{self.nvtx}` split by its sub-ranges: kernel time", self.sub_range_table()))
         if self.memory_ops is not None and len(self.memory_ops):
@@ -223,6 +240,8 @@ def summarize_trace(
     if nvtx is not None:
         kernels, sub_ranges = _inside(kernels, index, trace, nvtx)
     phase_rows, phase_names = _phases(kernels, index, phases, notes) if index is not None else (None, [])
+    timestamped = basis == GPU_KERNELS and "start_ns" in kernels.columns
+    idle = phase_idle(kernels, index, phase_names) if timestamped and phase_names else None
     if nvtx is not None and phase_rows is not None:
         empty = [p for p in phase_names if p not in set(phase_rows.loc[phase_rows["total_ns"] > 0, "phase"])]
         if empty:
@@ -244,6 +263,7 @@ def summarize_trace(
         sub_ranges=sub_ranges,
         notes=notes,
         basis=basis,
+        idle=idle,
     )
 
 

@@ -58,8 +58,10 @@ def _load(events: pd.DataFrame, path: Path) -> KernelTrace:
         _ns(launches["ts"]),
         pd.to_numeric(launches["pid"], errors="coerce").fillna(0).to_numpy(dtype=np.int64),
     )
+    stream = kernels["args"].map(lambda a: a.get("stream", 0) if isinstance(a, dict) else 0)
     kernel_rows = kernel_frame(
-        kernels["name"].astype(str).to_numpy(), _ns(kernels["dur"]), launch_ns, process
+        kernels["name"].astype(str).to_numpy(), _ns(kernels["dur"]), launch_ns, process,
+        start_ns=_ns(kernels["ts"]), stream=pd.to_numeric(stream, errors="coerce").fillna(0).to_numpy(),
     )
     annotations = events[events["cat"] == RANGE_CATEGORY]
     starts = _ns(annotations["ts"])
