@@ -7,7 +7,8 @@ from pathlib import Path
 import click
 
 from profiler_kit.cli.common import format_option, positive_int
-from profiler_kit.kernels import DEFAULT_TOP, compare, summarize
+from profiler_kit.kernels import DEFAULT_TOP, compare, load, summarize
+from profiler_kit.kernels.timeline import timeline, write_trace
 from profiler_kit.render import console_err, emit_report
 
 SOURCES_HELP = (
@@ -77,6 +78,21 @@ def compare_command(ctx: click.Context, a: Path, b: Path, top: int, nvtx: str | 
     if comparison.failed:
         console_err.print(f"regression: B is more than {fail_above:g}% above A", soft_wrap=True)
         ctx.exit(1)
+
+
+@kernels.command("timeline", epilog=SOURCES_HELP)
+@click.argument("reports", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="The Chrome/Perfetto trace to write (.json, or .json.gz to compress); never replaced.")
+@click.option("--phase", "phases", metavar="NAME", multiple=True,
+              help="An NVTX range to show as a phase (repeatable) [default: as `kernels summarize`].")
+def timeline_command(reports: tuple[Path, ...], output: Path, phases: tuple[str, ...]) -> None:
+    """Write the attributed timeline for ui.perfetto.dev: one track per CUDA stream, one of phases (each
+    kernel under the phase that launched it, autograd's thread included) and the NVTX ranges; one process
+    track per report (e.g. per rank)."""
+    traces = [(path.name, load(path)) for path in reports]
+    write_trace(timeline(traces, list(phases) or None), output)
+    console_err.print(f"wrote {output}: open it in ui.perfetto.dev", soft_wrap=True)
 
 
 COMMANDS = [kernels]

@@ -33,23 +33,30 @@ def _busy_and_gaps(starts: np.ndarray, ends: np.ndarray) -> tuple[int, np.ndarra
     return int(reach[-1] - starts[0] - gaps.sum()), gaps
 
 
+def launches_in(kernels: pd.DataFrame, index: RangeIndex, range_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(kernel row, range id) pairs: each kernel launched inside each of `range_ids` (any thread of its
+    process)."""
+    launch = kernels["launch_ns"].to_numpy()
+    launched = np.flatnonzero(launch != NO_LAUNCH)
+    points, owners = index.containing(launch[launched], kernels["process"].to_numpy()[launched], range_ids)
+    return launched[points], owners
+
+
 def phase_idle(kernels: pd.DataFrame, index: RangeIndex, phases: list[str]) -> pd.DataFrame:
     """One row per phase: its ranges, their CPU wall time, the GPU span of their kernels, busy and idle time,
     idle share, the largest idle gaps and the verdict (`launch-bound` or `gpu-bound`; empty without kernels)."""
-    launched = np.flatnonzero(kernels["launch_ns"].to_numpy() != NO_LAUNCH)
-    starts_all = kernels["start_ns"].to_numpy()[launched]
-    ends_all = starts_all + kernels["total_ns"].to_numpy()[launched]
+    starts_all = kernels["start_ns"].to_numpy()
+    ends_all = starts_all + kernels["total_ns"].to_numpy()
     names = index.names().to_numpy()
     rows = []
     for phase in phases:
         ids = np.flatnonzero(names == phase)
-        points, owners = index.containing(kernels["launch_ns"].to_numpy()[launched],
-                                          kernels["process"].to_numpy()[launched], ids)
+        members, owners = launches_in(kernels, index, ids)
         wall = int((index.ranges["end_ns"].to_numpy()[ids] - index.ranges["start_ns"].to_numpy()[ids]).sum())
         span = busy = 0
         gaps: list[np.ndarray] = []
         for owner in np.unique(owners):
-            mine = points[owners == owner]
+            mine = members[owners == owner]
             piece_busy, piece_gaps = _busy_and_gaps(starts_all[mine], ends_all[mine])
             span += int(ends_all[mine].max() - starts_all[mine].min())
             busy += piece_busy

@@ -3,12 +3,15 @@
 `summarize(path)` loads any supported source and returns a `KernelSummary`: DataFrames for people and
 `to_json()`, the machine contract:
 
-    {"source", "kernel_count", "total_ns", "categories": {category: ns}, "memory_ops_ns",
-     "phases": {phase: {"total_ns", "categories"}}, "top_kernels": [{"name", "category", "instances",
-     "total_ns"}]}
+    {"schema_version", "environment", "source", "time_basis", "kernel_count", "total_ns",
+     "categories": {category: ns}, "memory_ops_ns", "phases": {phase: {"total_ns", "categories"}},
+     "idle": {phase: {"ranges", "wall_ns", "gpu_span_ns", "busy_ns", "idle_ns", "idle_pct", "largest_gaps_ns",
+     "verdict"}}, "top_kernels": [{"name", "category", "instances", "total_ns"}]}
 
 All times are integer nanoseconds, `categories` lists every category and sums exactly to `total_ns` (kernel
-time only; memory operations are apart), and `phases` is empty when the source has no NVTX ranges. With
+time only; memory operations are apart), and `phases` is empty when the source has no NVTX ranges.
+`time_basis` is `gpu_kernels`, or `cpu_ops` for a trace without kernels (a CPU run), whose tables then hold
+CPU operator self time. With
 `nvtx=RANGE`, everything covers only the kernels launched inside that range, and the object gains an `nvtx`
 entry with the split by the range's direct sub-ranges.
 """
