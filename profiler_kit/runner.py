@@ -153,13 +153,21 @@ def _rank_of(path: Path) -> int:
     return int(rank) if rank.isdigit() else -1
 
 
+def merge_flags(defaults: list[str], extra: tuple[str, ...]) -> list[str]:
+    """`defaults` (`--flag=value` words) less the flags `extra` sets again, then `extra`: nsys refuses a flag
+    given twice."""
+    given = {word.split("=", 1)[0] for word in extra if word.startswith("-")}
+    return [word for word in defaults if word.split("=", 1)[0] not in given] + list(extra)
+
+
 def _run_nsys(cmd: list[str], output: Path, nsys, nsys_args: tuple[str, ...], capture: bool) -> ProgramRun:
     report, sqlite = output.with_name(output.name + REPORT_SUFFIX), output.with_name(output.name + ".sqlite")
     _refuse_existing([report, sqlite])
     ranged = capture and torch.cuda.is_available()
     partial = output.with_name(f".{output.name}.partial-{os.getpid()}")
-    profile = [str(nsys.path), *NSYS_PROGRAM_ARGS, *(CAPTURE_ARGS if ranged else ()), "--force-overwrite=true",
-               *nsys_args, f"--output={partial}", *cmd]
+    defaults = [*NSYS_PROGRAM_ARGS[1:], *(CAPTURE_ARGS if ranged else ())]
+    profile = [str(nsys.path), NSYS_PROGRAM_ARGS[0], *merge_flags(defaults, nsys_args), "--force-overwrite=true",
+               f"--output={partial}", *cmd]
     what = "the marked steps, or all from the first CUDA call" if ranged else "the whole run"
     console_err.print(f"nsys {nsys.version_str} records {what}: {shlex.join(cmd)}", soft_wrap=True,
                       markup=False, highlight=False)
