@@ -56,9 +56,18 @@ def kernels() -> None:
 @kernels.command("summarize", epilog=SOURCES_HELP)
 @click.argument("path", type=click.Path(path_type=Path))
 @_analysis_options
-def summarize_command(path: Path, top: int, nvtx: str | None, phases: tuple[str, ...], fmt: str) -> None:
-    """Summarize the kernels of one report."""
-    emit_report(summarize(path, top=top, phases=list(phases) or None, nvtx=nvtx), fmt)
+@click.option("--flops-per-step", type=click.FloatRange(min=0, min_open=True), default=None, metavar="FLOPS",
+              help="The model FLOPs of one step: TFLOP/s (and MFU with --peak-tflops) over the phases' GPU span.")
+@click.option("--peak-tflops", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="The GPU's peak TFLOP/s at the run's precision, for MFU.")
+def summarize_command(path: Path, top: int, nvtx: str | None, phases: tuple[str, ...], fmt: str,
+                      flops_per_step: float | None, peak_tflops: float | None) -> None:
+    """Summarize the kernels of one report: by category, per kernel, per phase, and where the GPU idles in
+    each phase (launch-bound when idle above half of the phase's GPU span)."""
+    summary = summarize(path, top=top, phases=list(phases) or None, nvtx=nvtx)
+    if flops_per_step is not None:
+        summary.add_flops(per_step=flops_per_step, peak_tflops=peak_tflops)
+    emit_report(summary, fmt)
 
 
 @kernels.command("compare", epilog=SOURCES_HELP)

@@ -22,7 +22,14 @@ from profiler_kit.cli.common import (
     workload_options,
 )
 from profiler_kit.errors import ProfilerKitError
-from profiler_kit.profiling import BACKENDS, AttentionProfileConfig, ProfileResult, profile, profile_attention
+from profiler_kit.profiling import (
+    BACKENDS,
+    AttentionProfileConfig,
+    ProfileResult,
+    profile,
+    profile_attention,
+    workload_flops,
+)
 from profiler_kit.render import console_err, emit_report
 from profiler_kit.runner import ProgramRun, run_program
 from profiler_kit.workload import WorkloadConfig
@@ -77,13 +84,18 @@ def _program_options(fn: Callable) -> Callable:
         click.option("--phase", "phases", metavar="NAME", multiple=True,
                      help="With -- COMMAND: an NVTX range to report as a phase (repeatable) [default: the "
                           "ranges the report holds, see `kernels summarize --help`]."),
+        click.option("--flops-per-step", type=click.FloatRange(min=0, min_open=True), default=None,
+                     metavar="FLOPS", help="With -- COMMAND: the model FLOPs of one step, for TFLOP/s (and MFU "
+                                           "with --peak-tflops) over the phases' GPU span."),
+        click.option("--peak-tflops", type=click.FloatRange(min=0, min_open=True), default=None,
+                     help="With -- COMMAND: the GPU's peak TFLOP/s at the program's precision, for MFU."),
     ]
     for option in reversed(options):
         fn = option(fn)
     return fn
 
 
-PROGRAM_ONLY = ("output", "nsys_args", "capture", "phases")
+PROGRAM_ONLY = ("output", "nsys_args", "capture", "phases", "flops_per_step", "peak_tflops")
 
 
 @click.group("nsys", cls=_CommandGroup, invoke_without_command=True)
@@ -94,7 +106,8 @@ PROGRAM_ONLY = ("output", "nsys_args", "capture", "phases")
 def nsys(click_ctx: click.Context, model: str, ctx: int, mode: str, batch_size: int, mixed_precision: bool,
          compile_: bool, attention: str, device: str, seed: int, nvtx: bool, warmup: int, steps: int,
          backend: str, nsys_path: Path | None, output_dir: Path, top: int, fmt: str, output: Path | None,
-         nsys_args: str, capture: bool, phases: tuple[str, ...]) -> None:
+         nsys_args: str, capture: bool, phases: tuple[str, ...], flops_per_step: float | None,
+         peak_tflops: float | None) -> None:
     """Profile one training-step config, or any program given after `--`: kernels per phase, under Nsight
     Systems or torch.profiler.
 
@@ -124,14 +137,15 @@ def nsys(click_ctx: click.Context, model: str, ctx: int, mode: str, batch_size: 
         if builtin:
             raise click.UsageError(f"{', '.join(builtin)}: options of the built-in workload, not of -- COMMAND")
         run = run_program(command, backend, output, nsys_path, tuple(shlex.split(nsys_args)), capture)
-        click_ctx.exit(_report_program(run, fmt, top, list(phases) or None))
+        click_ctx.exit(_report_program(run, fmt, top, list(phases) or None, flops_per_step, peak_tflops))
     misplaced = [p.opts[0] for p in given if p.name in PROGRAM_ONLY]
     if misplaced:
         raise click.UsageError(f"{', '.join(misplaced)}: options of -- COMMAND")
     cfg = WorkloadConfig(model, ctx, mode, batch_size, mixed_precision, compile_, attention, device, seed,
                          nvtx)
     result = profile(cfg, warmup, steps, backend, output_dir, nsys_path)
-    _report(result, fmt, top)
+    per_phase, peak = workload_flops(cfg)
+    _report(result, fmt, top, lambda summary: summary.add_flops(per_phase, peak_tflops=peak))
 
 
 @nsys.command("attention")
@@ -161,16 +175,17 @@ def attention_cmd(impls: list[str] | None, batch: int, heads: int | None, seq: i
     _report(result, fmt, top)
 
 
-def _report(result: ProfileResult, fmt: str, top: int) -> None:
+def _report(result: ProfileResult, fmt: str, top: int, with_flops: Callable | None = None) -> None:
     what = {"cudaProfilerApi": "the profiled steps (cudaProfilerApi capture range)",
             "none": "the whole run, warm-up included",
             "torch.profiler": "the profiled steps (torch.profiler)"}
     console_err.print(f"recorded {what[result.capture]} on {result.device}: "
                       + ", ".join(str(p) for p in result.paths), soft_wrap=True)
-    print_summary(result, fmt, top)
+    print_summary(result, fmt, top, with_flops)
 
 
-def _report_program(run: ProgramRun, fmt: str, top: int, phases: list[str] | None) -> int:
+def _report_program(run: ProgramRun, fmt: str, top: int, phases: list[str] | None, flops_per_step: float | None,
+                    peak_tflops: float | None) -> int:
     """Summarize what a program's run recorded; the exit status to leave with: the program's."""
     if run.files:
         console_err.print("recorded: " + ", ".join(str(p) for p in run.files), soft_wrap=True)
@@ -182,12 +197,16 @@ def _report_program(run: ProgramRun, fmt: str, top: int, phases: list[str] | Non
     from profiler_kit.kernels import summarize
 
     for source in run.sources:
-        emit_report(summarize(source, top=top, phases=phases), fmt)
+        summary = summarize(source, top=top, phases=phases)
+        if flops_per_step is not None:
+            summary.add_flops(per_step=flops_per_step, peak_tflops=peak_tflops)
+        emit_report(summary, fmt)
     return run.exit_code
 
 
-def print_summary(result: ProfileResult, fmt: str, top: int) -> None:
-    """The kernel summary of a recording, by the kernel-summary engine (`profiler_kit.kernels`)."""
+def print_summary(result: ProfileResult, fmt: str, top: int, with_flops: Callable | None = None) -> None:
+    """The kernel summary of a recording, by the kernel-summary engine (`profiler_kit.kernels`); `with_flops`
+    adds the FLOP rates to it."""
     try:
         from profiler_kit.kernels import summarize
     except ModuleNotFoundError as exc:
@@ -196,7 +215,10 @@ def print_summary(result: ProfileResult, fmt: str, top: int) -> None:
         console_err.print("[yellow]no kernel summary: profiler_kit.kernels is not part of this checkout yet",
                           soft_wrap=True)
         return
-    emit_report(summarize(result.summary_source, top=top, phases=list(result.phases)), fmt)
+    summary = summarize(result.summary_source, top=top, phases=list(result.phases))
+    if with_flops is not None:
+        with_flops(summary)
+    emit_report(summary, fmt)
 
 
 COMMANDS = [nsys]

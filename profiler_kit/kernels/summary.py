@@ -67,6 +67,25 @@ class KernelSummary:
     notes: list[str] = field(default_factory=list)
     basis: str = GPU_KERNELS
     idle: pd.DataFrame | None = None  # per phase: where the GPU idles (kernels.idle.phase_idle)
+    step_mfu: dict[str, float | None] | None = None  # over all phases, from FLOPs per step (`add_flops`)
+
+    def add_flops(self, per_phase: dict[str, float] | None = None, per_step: float | None = None,
+                  peak_tflops: float | None = None) -> None:
+        """Achieved TFLOP/s and MFU over the GPU span of each phase whose FLOPs (per range) are in
+        `per_phase`, and over all phases together from `per_step`; MFU needs the GPU's `peak_tflops`."""
+        if self.idle is None:
+            self.notes.append("no FLOP rate: it needs kernel timestamps and phases")
+            return
+        flops = self.idle["phase"].map(per_phase or {}).astype(float) * self.idle["ranges"]
+        tflops = flops / self.idle["gpu_span_ns"].replace(0, np.nan) / 1e3
+        self.idle["tflops"] = tflops
+        self.idle["mfu_pct"] = tflops * 100.0 / peak_tflops if peak_tflops else np.nan
+        if per_step is not None:
+            span = int(self.idle["gpu_span_ns"].sum())
+            achieved = per_step * int(self.idle["ranges"].max()) / span / 1e3 if span else None
+            mfu = achieved * 100.0 / peak_tflops if achieved is not None and peak_tflops else None
+            self.step_mfu = {"flops_per_step": per_step, "tflops": achieved, "mfu_pct": mfu,
+                             "peak_tflops": peak_tflops}
 
     @property
     def timed(self) -> str:
@@ -107,6 +126,7 @@ class KernelSummary:
             "categories": self.category_ns(),
             "memory_ops_ns": self.memory_ops_ns,
             "phases": self.phase_ns(),
+            "mfu": self.step_mfu,
             "idle": {} if self.idle is None else {
                 r["phase"]: {k: v for k, v in r.items() if k != "phase"} for r in self.idle.to_dict("records")
             },
@@ -161,8 +181,9 @@ class KernelSummary:
             table[f"{column}_ms"] = table.pop(f"{column}_ns") / NS_PER_MS
         gaps = table.pop("largest_gaps_ns").map(lambda g: ", ".join(f"{x / NS_PER_US:.1f}" for x in g))
         table["largest_gaps_us"] = gaps
+        flops = [c for c in ("tflops", "mfu_pct") if c in table.columns]
         return table[["phase", "ranges", "wall_ms", "gpu_span_ms", "busy_ms", "idle_ms", "idle_pct",
-                      "largest_gaps_us", "verdict"]]
+                      "largest_gaps_us", "verdict", *flops]]
 
     def sub_range_table(self) -> pd.DataFrame:
         order = list(dict.fromkeys(self.sub_ranges["sub_range"]))
@@ -183,7 +204,8 @@ class KernelSummary:
         items = "kernels" if self.basis == GPU_KERNELS else "CPU operators"
         tables = [by_category, (f"Top {self.top} {items}{where}", self.top_table(display))]
         if self.phase_names:
-            tables.append((f"Per phase{where}: share of each phase's {self.timed.lower()}", self.phase_table()))
+            tables.append((f"Per phase{where}: share of each phase's {self.timed[0].lower()}{self.timed[1:]}",
+                           self.phase_table()))
         if self.idle is not None:
             tables.append((f"Where the GPU idles, per phase{where} (launch-bound: idle above half the GPU span)",
                            self.idle_table()))
@@ -197,12 +219,18 @@ class KernelSummary:
 
     def caption(self) -> str:
         memory = "unknown" if self.memory_ops_ns is None else f"{self.memory_ops_ns / NS_PER_MS:.3f} ms"
+        if self.step_mfu is not None and self.step_mfu["tflops"] is not None:
+            mfu = self.step_mfu["mfu_pct"]
+            lines_mfu = [f"{self.step_mfu['tflops']:.1f} TFLOP/s over the phases' GPU span"
+                         + (f", MFU {mfu:.1f}%" if mfu is not None else "")]
+        else:
+            lines_mfu = []
         lines = [
             f"{self.kernel_count} {'kernels' if self.basis == GPU_KERNELS else 'CPU operator calls'}, "
-            f"{self.total_ns / NS_PER_MS:.3f} ms of {self.timed.lower()}; "
+            f"{self.total_ns / NS_PER_MS:.3f} ms of {self.timed[0].lower()}{self.timed[1:]}; "
             f"memory operations: {memory}"
         ]
-        return "\n".join(lines + [f"note: {n}" for n in self.notes])
+        return "\n".join(lines + lines_mfu + [f"note: {n}" for n in self.notes])
 
 
 def display_name(name: str) -> str:

@@ -234,3 +234,30 @@ def test_found_phases_are_not_duplicated_by_several_steps():
     index = RangeIndex(trace.ranges)
     assert int(np.sum(index.names() == "step")) == 2  # --steps 2 of the recording
     assert found_phases(index) == ["fwd", "bwd", "opt"]
+
+
+# FLOP rates
+
+
+def test_flop_rate_per_phase_and_per_step():
+    summary = summarize(BF16)
+    spans = summary.idle.set_index("phase")["gpu_span_ns"]
+    summary.add_flops({"forward": 3e9, "backward": 6e9}, per_step=9e9, peak_tflops=989.0)
+    idle = summary.idle.set_index("phase")
+    assert idle.loc["forward", "tflops"] == pytest.approx(3e9 / spans["forward"] / 1e3)
+    assert idle.loc["backward", "mfu_pct"] == pytest.approx(6e9 / spans["backward"] / 1e3 * 100 / 989.0)
+    assert np.isnan(idle.loc["optimizer_step", "tflops"])
+    assert summary.step_mfu["tflops"] == pytest.approx(9e9 / spans.sum() / 1e3)
+    result = run("summarize", BF16, "--flops-per-step", "9e9", "--peak-tflops", "989", "--format", "json")
+    assert json.loads(result.stdout)["mfu"]["mfu_pct"] == pytest.approx(summary.step_mfu["mfu_pct"])
+
+
+def test_built_in_workload_flops_per_phase():
+    from profiler_kit.flops import forward_flops
+    from profiler_kit.presets import from_name
+    from profiler_kit.profiling import workload_flops
+    from profiler_kit.workload import WorkloadConfig
+
+    per_phase, peak = workload_flops(WorkloadConfig("tiny", 32, batch_size=2, device="cpu"))
+    fwd = forward_flops(from_name("tiny", 32), 2, 32)
+    assert per_phase == {"forward": fwd, "backward": 2 * fwd} and peak is None
