@@ -8,6 +8,7 @@ import click
 
 from profiler_kit.cli.common import format_option, positive_int
 from profiler_kit.kernels import DEFAULT_TOP, compare, load, summarize
+from profiler_kit.kernels.ranks import rank_of, summarize_ranks
 from profiler_kit.kernels.timeline import timeline, write_trace
 from profiler_kit.render import console_err, emit_report
 
@@ -54,17 +55,26 @@ def kernels() -> None:
 
 
 @kernels.command("summarize", epilog=SOURCES_HELP)
-@click.argument("path", type=click.Path(path_type=Path))
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
 @_analysis_options
 @click.option("--flops-per-step", type=click.FloatRange(min=0, min_open=True), default=None, metavar="FLOPS",
               help="The model FLOPs of one step: TFLOP/s (and MFU with --peak-tflops) over the phases' GPU span.")
 @click.option("--peak-tflops", type=click.FloatRange(min=0, min_open=True), default=None,
               help="The GPU's peak TFLOP/s at the run's precision, for MFU.")
-def summarize_command(path: Path, top: int, nvtx: str | None, phases: tuple[str, ...], fmt: str,
+def summarize_command(paths: tuple[Path, ...], top: int, nvtx: str | None, phases: tuple[str, ...], fmt: str,
                       flops_per_step: float | None, peak_tflops: float | None) -> None:
     """Summarize the kernels of one report: by category, per kernel, per phase, and where the GPU idles in
-    each phase (launch-bound when idle above half of the phase's GPU span)."""
-    summary = summarize(path, top=top, phases=list(phases) or None, nvtx=nvtx)
+    each phase (launch-bound when idle above half of the phase's GPU span).
+
+    Several reports are the ranks of one job (`<stem>.rank<R>.json.gz`, else in the order given): a table per
+    rank, the merged categories, communication per phase (overlapped by compute elsewhere, and exposed) and
+    each phase's spread across ranks with its slowest rank."""
+    if len(paths) > 1:
+        if nvtx is not None or flops_per_step is not None:
+            raise click.UsageError("--nvtx and --flops-per-step take one report")
+        emit_report(summarize_ranks(list(paths), top=top, phases=list(phases) or None), fmt)
+        return
+    summary = summarize(paths[0], top=top, phases=list(phases) or None, nvtx=nvtx)
     if flops_per_step is not None:
         summary.add_flops(per_step=flops_per_step, peak_tflops=peak_tflops)
     emit_report(summary, fmt)
@@ -99,7 +109,8 @@ def timeline_command(reports: tuple[Path, ...], output: Path, phases: tuple[str,
     """Write the attributed timeline for ui.perfetto.dev: one track per CUDA stream, one of phases (each
     kernel under the phase that launched it, autograd's thread included) and the NVTX ranges; one process
     track per report (e.g. per rank)."""
-    traces = [(path.name, load(path)) for path in reports]
+    labels = [f"rank {rank_of(path, i)}" if len(reports) > 1 else path.name for i, path in enumerate(reports)]
+    traces = [(label, load(path)) for label, path in zip(labels, reports, strict=True)]
     write_trace(timeline(traces, list(phases) or None), output)
     console_err.print(f"wrote {output}: open it in ui.perfetto.dev", soft_wrap=True)
 

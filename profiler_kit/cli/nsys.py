@@ -192,15 +192,20 @@ def _report_program(run: ProgramRun, fmt: str, top: int, phases: list[str] | Non
     if run.exit_code != 0:
         kept = "the summary covers what was recorded" if run.sources else "nothing was recorded"
         console_err.print(f"the program exited with status {run.exit_code}; {kept}", soft_wrap=True)
-    elif not run.sources:
-        raise ProfilerKitError("the command wrote no trace: it started no Python program that imports torch")
+    if not run.sources:
+        if run.exit_code == 0:
+            raise ProfilerKitError("the command wrote no trace: it started no Python program that imports torch")
+        return run.exit_code
     from profiler_kit.kernels import summarize
+    from profiler_kit.kernels.ranks import summarize_ranks
 
-    for source in run.sources:
-        summary = summarize(source, top=top, phases=phases)
-        if flops_per_step is not None:
-            summary.add_flops(per_step=flops_per_step, peak_tflops=peak_tflops)
-        emit_report(summary, fmt)
+    if len(run.sources) > 1 or ".rank" in run.sources[0].name:
+        emit_report(summarize_ranks(list(run.sources), top=top, phases=phases), fmt)
+        return run.exit_code
+    summary = summarize(run.sources[0], top=top, phases=phases)
+    if flops_per_step is not None:
+        summary.add_flops(per_step=flops_per_step, peak_tflops=peak_tflops)
+    emit_report(summary, fmt)
     return run.exit_code
 
 

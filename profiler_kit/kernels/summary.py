@@ -68,6 +68,8 @@ class KernelSummary:
     basis: str = GPU_KERNELS
     idle: pd.DataFrame | None = None  # per phase: where the GPU idles (kernels.idle.phase_idle)
     step_mfu: dict[str, float | None] | None = None  # over all phases, from FLOPs per step (`add_flops`)
+    attributed: pd.DataFrame | None = None  # one row per execution, with its category (what `kernels` sums)
+    index: RangeIndex | None = None  # the report's NVTX ranges, nested
 
     def add_flops(self, per_phase: dict[str, float] | None = None, per_step: float | None = None,
                   peak_tflops: float | None = None) -> None:
@@ -295,6 +297,8 @@ def summarize_trace(
         notes=notes,
         basis=basis,
         idle=idle,
+        attributed=kernels,
+        index=index,
     )
 
 

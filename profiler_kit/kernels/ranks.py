@@ -1,0 +1,190 @@
+"""A distributed job's reports side by side: one summary per rank, the merged figures, communication per phase
+and the stragglers.
+
+Communication is the `communication` category: NCCL kernels on GPUs, the collectives' own time on CPUs (gloo's
+`gloo:all_reduce` spans on the process group's thread). Per phase, the part of it that runs while compute runs
+elsewhere (kernels of other categories on other streams; on a CPU, outermost operators on other threads) is
+overlapped; the rest is exposed: the step waits for it. A phase's spread across ranks is the difference between
+its slowest and fastest rank's wall time (its ranges' CPU time) over the mean.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from profiler_kit.kernels.attribution import RangeIndex
+from profiler_kit.kernels.categories import CATEGORIES
+from profiler_kit.kernels.idle import launches_in
+from profiler_kit.kernels.summary import NS_PER_MS, KernelSummary, summarize
+from profiler_kit.render import records
+
+COMMUNICATION = "communication"
+_RANK = re.compile(r"\.rank(\d+)\.")
+
+
+def rank_of(path: Path, position: int) -> int:
+    """The rank a file name carries (`<stem>.rank<R>.json.gz`), else its position among the reports."""
+    match = _RANK.search(path.name)
+    return int(match.group(1)) if match else position
+
+
+def covered_ns(starts: np.ndarray, ends: np.ndarray, q_starts: np.ndarray, q_ends: np.ndarray) -> np.ndarray:
+    """How much of each query interval the union of the intervals `starts`/`ends` covers."""
+    if not len(starts):
+        return np.zeros(len(q_starts), dtype=np.int64)
+    order = np.argsort(starts, kind="stable")
+    starts, ends = starts[order], np.maximum.accumulate(ends[order])
+    # Merge into disjoint pieces: a piece starts where an interval starts after all earlier ones ended.
+    first = np.r_[True, starts[1:] > ends[:-1]]
+    piece_starts = starts[first]
+    piece_ends = ends[np.r_[np.flatnonzero(first)[1:] - 1, len(ends) - 1]]
+    cumulative = np.r_[0, np.cumsum(piece_ends - piece_starts)]
+
+    def covered_until(t: np.ndarray) -> np.ndarray:
+        i = np.searchsorted(piece_starts, t, side="right")
+        return cumulative[i] - np.maximum(piece_ends[np.maximum(i - 1, 0)] - t, 0) * (i > 0)
+
+    return covered_until(q_ends) - covered_until(q_starts)
+
+
+def communication(summary: KernelSummary, kernels: pd.DataFrame, index: RangeIndex | None) -> pd.DataFrame:
+    """phase, comm_ns, overlapped_ns, exposed_ns, overlap_pct of one report (`kernels` as summarized, with
+    `category`, `start_ns`, `stream` and, for CPU operators, `end_ns` and `outermost`)."""
+    rows = []
+    if index is None or "start_ns" not in kernels.columns:
+        return pd.DataFrame(columns=["phase", "comm_ns", "overlapped_ns", "exposed_ns", "overlap_pct"])
+    starts = kernels["start_ns"].to_numpy()
+    ends = kernels["end_ns"].to_numpy() if "end_ns" in kernels.columns else starts + kernels["total_ns"].to_numpy()
+    is_comm = (kernels["category"] == COMMUNICATION).to_numpy()
+    compute = ~is_comm & (kernels["outermost"].to_numpy() if "outermost" in kernels.columns else True)
+    streams, processes = kernels["stream"].to_numpy(), kernels["process"].to_numpy()
+    names = index.names().to_numpy()
+    for phase in summary.phase_names:
+        members, _ = launches_in(kernels, index, np.flatnonzero(names == phase))
+        comm = np.unique(members[is_comm[members]])
+        overlapped = 0
+        for proc, stream in {(processes[i], streams[i]) for i in comm}:
+            mine = comm[(processes[comm] == proc) & (streams[comm] == stream)]
+            elsewhere = compute & (processes == proc) & (streams != stream)
+            overlapped += int(covered_ns(starts[elsewhere], ends[elsewhere], starts[mine], ends[mine]).sum())
+        total = int((ends[comm] - starts[comm]).sum())
+        rows.append((phase, total, overlapped, total - overlapped, overlapped * 100.0 / total if total else np.nan))
+    return pd.DataFrame(rows, columns=["phase", "comm_ns", "overlapped_ns", "exposed_ns", "overlap_pct"])
+
+
+def phase_wall(index: RangeIndex | None, phases: list[str]) -> dict[str, int]:
+    """CPU wall time of each phase: the total length of its ranges."""
+    if index is None:
+        return {p: 0 for p in phases}
+    lengths = index.ranges["end_ns"] - index.ranges["start_ns"]
+    return {p: int(lengths[(index.names() == p).to_numpy()].sum()) for p in phases}
+
+
+@dataclass
+class RankedSummary:
+    """One summary per rank (rank order), with each rank's communication per phase and phase wall times."""
+
+    ranks: list[int]
+    summaries: list[KernelSummary]
+    communication: list[pd.DataFrame]
+    walls: list[dict[str, int]]
+
+    @property
+    def phase_names(self) -> list[str]:
+        return list(dict.fromkeys(p for s in self.summaries for p in s.phase_names))
+
+    def rank_table(self) -> pd.DataFrame:
+        """rank, total_ms, comm_ms, exposed_comm_ms, then each phase's wall time in ms."""
+        rows = []
+        for rank, summary, comm, wall in zip(self.ranks, self.summaries, self.communication, self.walls,
+                                             strict=True):
+            row = {"rank": rank, "total_ms": summary.total_ns / NS_PER_MS,
+                   "comm_ms": summary.category_ns()[COMMUNICATION] / NS_PER_MS,
+                   "exposed_comm_ms": comm["exposed_ns"].sum() / NS_PER_MS}
+            row.update({f"{p}_wall_ms": wall.get(p, 0) / NS_PER_MS for p in self.phase_names})
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+    def merged_categories(self) -> dict[str, int]:
+        return {c: sum(s.category_ns()[c] for s in self.summaries) for c in CATEGORIES}
+
+    def merged_communication(self) -> pd.DataFrame:
+        frame = pd.concat(self.communication).groupby("phase", sort=False)[
+            ["comm_ns", "overlapped_ns", "exposed_ns"]].sum().reindex(self.phase_names, fill_value=0)
+        comm = frame["comm_ns"].replace(0, np.nan)
+        return frame.assign(overlap_pct=frame["overlapped_ns"] * 100.0 / comm).reset_index()
+
+    def stragglers(self) -> pd.DataFrame:
+        """phase, mean_wall_ms, min_wall_ms, max_wall_ms, spread_pct, slowest_rank."""
+        rows = []
+        for phase in self.phase_names:
+            walls = np.array([w.get(phase, 0) for w in self.walls], dtype=float)
+            mean = walls.mean()
+            rows.append((phase, mean / NS_PER_MS, walls.min() / NS_PER_MS, walls.max() / NS_PER_MS,
+                         (walls.max() - walls.min()) * 100.0 / mean if mean else np.nan,
+                         self.ranks[int(walls.argmax())]))
+        return pd.DataFrame(rows, columns=["phase", "mean_wall_ms", "min_wall_ms", "max_wall_ms", "spread_pct",
+                                           "slowest_rank"])
+
+    def tables(self, display: bool = False) -> list[tuple[str, pd.DataFrame]]:
+        first = self.summaries[0]
+        merged = pd.DataFrame({"category": list(CATEGORIES), "total_ms": [
+            v / NS_PER_MS for v in self.merged_categories().values()]})
+        comm = self.merged_communication()
+        for column in ("comm", "overlapped", "exposed"):
+            comm[f"{column}_ms"] = comm.pop(f"{column}_ns") / NS_PER_MS
+        return [
+            (f"Per rank ({len(self.ranks)} ranks; {first.timed.lower()})", self.rank_table()),
+            ("All ranks merged: time by category", merged[merged["total_ms"] > 0]),
+            ("Communication per phase, all ranks: overlapped by compute elsewhere, and exposed", comm),
+            ("Stragglers: each phase's wall time across ranks", self.stragglers()),
+        ]
+
+    def to_json(self) -> dict[str, Any]:
+        ranks = []
+        for rank, summary, comm, wall in zip(self.ranks, self.summaries, self.communication, self.walls,
+                                             strict=True):
+            doc = summary.to_json()
+            doc["rank"], doc["path"] = rank, str(summary.path)
+            doc["communication"] = {r.pop("phase"): r for r in records(comm)}
+            doc["phase_wall_ns"] = wall
+            ranks.append(doc)
+        merged_comm = records(self.merged_communication())
+        return {
+            "ranks": ranks,
+            "merged": {
+                "total_ns": sum(s.total_ns for s in self.summaries),
+                "categories": self.merged_categories(),
+                "phases": {p: sum(s.phase_ns().get(p, {}).get("total_ns", 0) for s in self.summaries)
+                           for p in self.phase_names},
+                "communication": {r.pop("phase"): r for r in merged_comm},
+            },
+            "stragglers": {r.pop("phase"): r for r in records(self.stragglers())},
+        }
+
+    @property
+    def notes(self) -> list[str]:
+        return list(dict.fromkeys(n for s in self.summaries for n in s.notes))
+
+    def caption(self) -> str:
+        paths = ", ".join(f"rank {r}: {s.path.name}" for r, s in zip(self.ranks, self.summaries, strict=True))
+        return "\n".join([paths] + [f"note: {n}" for n in self.notes])
+
+
+def summarize_ranks(paths: list[Path], top: int = 10, phases: list[str] | None = None) -> RankedSummary:
+    """Summaries of several reports of one job, in rank order (from `.rank<R>.` in their names, else as given)."""
+    ordered = sorted(enumerate(paths), key=lambda item: rank_of(item[1], item[0]))
+    ranks, summaries, comms, walls = [], [], [], []
+    for position, path in ordered:
+        summary = summarize(path, top=top, phases=phases)
+        ranks.append(rank_of(path, position))
+        summaries.append(summary)
+        comms.append(communication(summary, summary.attributed, summary.index))
+        walls.append(phase_wall(summary.index, summary.phase_names))
+    return RankedSummary(ranks, summaries, comms, walls)
