@@ -60,7 +60,10 @@ def communication(summary: KernelSummary, kernels: pd.DataFrame, index: RangeInd
     if index is None or "start_ns" not in kernels.columns:
         return pd.DataFrame(columns=["phase", "comm_ns", "overlapped_ns", "exposed_ns", "overlap_pct"])
     starts = kernels["start_ns"].to_numpy()
-    ends = kernels["end_ns"].to_numpy() if "end_ns" in kernels.columns else starts + kernels["total_ns"].to_numpy()
+    # A collective's own time (a kernel's duration, an operator's self time) is what counts as communication;
+    # compute elsewhere covers it for as long as its outermost calls run.
+    comm_ends = starts + kernels["total_ns"].to_numpy()
+    ends = kernels["end_ns"].to_numpy() if "end_ns" in kernels.columns else comm_ends
     is_comm = (kernels["category"] == COMMUNICATION).to_numpy()
     compute = ~is_comm & (kernels["outermost"].to_numpy() if "outermost" in kernels.columns else True)
     streams, processes = kernels["stream"].to_numpy(), kernels["process"].to_numpy()
@@ -72,8 +75,8 @@ def communication(summary: KernelSummary, kernels: pd.DataFrame, index: RangeInd
         for proc, stream in {(processes[i], streams[i]) for i in comm}:
             mine = comm[(processes[comm] == proc) & (streams[comm] == stream)]
             elsewhere = compute & (processes == proc) & (streams != stream)
-            overlapped += int(covered_ns(starts[elsewhere], ends[elsewhere], starts[mine], ends[mine]).sum())
-        total = int((ends[comm] - starts[comm]).sum())
+            overlapped += int(covered_ns(starts[elsewhere], ends[elsewhere], starts[mine], comm_ends[mine]).sum())
+        total = int((comm_ends[comm] - starts[comm]).sum())
         rows.append((phase, total, overlapped, total - overlapped, overlapped * 100.0 / total if total else np.nan))
     return pd.DataFrame(rows, columns=["phase", "comm_ns", "overlapped_ns", "exposed_ns", "overlap_pct"])
 
