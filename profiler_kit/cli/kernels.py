@@ -7,8 +7,8 @@ from pathlib import Path
 import click
 
 from profiler_kit.cli.common import format_option, positive_int
-from profiler_kit.kernels import DEFAULT_TOP, compare, load, summarize
-from profiler_kit.kernels.ranks import rank_of, summarize_ranks
+from profiler_kit.kernels import DEFAULT_TOP, compare, load, summarize, summarize_trace
+from profiler_kit.kernels.ranks import rank_of, rank_traces, summarize_ranks
 from profiler_kit.kernels.timeline import timeline, write_trace
 from profiler_kit.render import console_err, emit_report
 
@@ -69,12 +69,13 @@ def summarize_command(paths: tuple[Path, ...], top: int, nvtx: str | None, phase
     Several reports are the ranks of one job (`<stem>.rank<R>.json.gz`, else in the order given): a table per
     rank, the merged categories, communication per phase (overlapped by compute elsewhere, and exposed) and
     each phase's spread across ranks with its slowest rank."""
-    if len(paths) > 1:
+    ranks = rank_traces(list(paths))
+    if len(ranks) > 1:
         if nvtx is not None or flops_per_step is not None:
-            raise click.UsageError("--nvtx and --flops-per-step take one report")
-        emit_report(summarize_ranks(list(paths), top=top, phases=list(phases) or None), fmt)
+            raise click.UsageError("--nvtx and --flops-per-step take the report of one process")
+        emit_report(summarize_ranks(ranks, top=top, phases=list(phases) or None), fmt)
         return
-    summary = summarize(paths[0], top=top, phases=list(phases) or None, nvtx=nvtx)
+    summary = summarize_trace(ranks[0][1], top=top, phases=list(phases) or None, nvtx=nvtx)
     if flops_per_step is not None:
         summary.add_flops(per_step=flops_per_step, peak_tflops=peak_tflops)
     emit_report(summary, fmt)

@@ -196,13 +196,14 @@ def _report_program(run: ProgramRun, fmt: str, top: int, phases: list[str] | Non
         if run.exit_code == 0:
             raise ProfilerKitError("the command wrote no trace: it started no Python program that imports torch")
         return run.exit_code
-    from profiler_kit.kernels import summarize
-    from profiler_kit.kernels.ranks import summarize_ranks
+    from profiler_kit.kernels import summarize_trace
+    from profiler_kit.kernels.ranks import rank_traces, summarize_ranks
 
-    if len(run.sources) > 1 or ".rank" in run.sources[0].name:
-        emit_report(summarize_ranks(list(run.sources), top=top, phases=phases), fmt)
+    ranks = rank_traces(list(run.sources))
+    if len(ranks) > 1 or ".rank" in run.sources[0].name:
+        emit_report(summarize_ranks(ranks, top=top, phases=phases), fmt)
         return run.exit_code
-    summary = summarize(run.sources[0], top=top, phases=phases)
+    summary = summarize_trace(ranks[0][1], top=top, phases=phases)
     if flops_per_step is not None:
         summary.add_flops(per_step=flops_per_step, peak_tflops=peak_tflops)
     emit_report(summary, fmt)

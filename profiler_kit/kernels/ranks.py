@@ -11,7 +11,7 @@ its slowest and fastest rank's wall time (its ranges' CPU time) over the mean.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,9 @@ import pandas as pd
 from profiler_kit.kernels.attribution import RangeIndex
 from profiler_kit.kernels.categories import CATEGORIES
 from profiler_kit.kernels.idle import launches_in
-from profiler_kit.kernels.summary import NS_PER_MS, KernelSummary, summarize
+from profiler_kit.kernels.sources import load
+from profiler_kit.kernels.summary import NS_PER_MS, KernelSummary, summarize_trace
+from profiler_kit.kernels.trace import NO_LAUNCH, KernelTrace
 from profiler_kit.render import records
 
 COMMUNICATION = "communication"
@@ -180,13 +182,41 @@ class RankedSummary:
         return "\n".join([paths] + [f"note: {n}" for n in self.notes])
 
 
-def summarize_ranks(paths: list[Path], top: int = 10, phases: list[str] | None = None) -> RankedSummary:
-    """Summaries of several reports of one job, in rank order (from `.rank<R>.` in their names, else as given)."""
+def split_processes(trace: KernelTrace) -> list[KernelTrace]:
+    """One trace per process that ran kernels (or, without kernels, CPU operators), in process-id order: an
+    nsys report of a torchrun job holds every rank's process. Memory operations are not split (None)."""
+    timed = trace.kernels if len(trace.kernels) or trace.cpu_ops is None else trace.cpu_ops
+    if "launch_ns" not in timed.columns:
+        return [trace]
+    processes = np.unique(timed["process"].to_numpy()[timed["launch_ns"].to_numpy() != NO_LAUNCH])
+    if len(processes) <= 1:
+        return [trace]
+
+    def only(frame: pd.DataFrame | None, proc: int) -> pd.DataFrame | None:
+        return None if frame is None else frame[frame["process"] == proc].reset_index(drop=True)
+
+    return [replace(trace, kernels=only(trace.kernels, proc) if "process" in trace.kernels else trace.kernels,
+                    ranges=only(trace.ranges, proc), cpu_ops=only(trace.cpu_ops, proc), memory_ops=None,
+                    notes=[*trace.notes, f"process {proc} of {trace.path.name}"])
+            for proc in processes]
+
+
+def rank_traces(paths: list[Path]) -> list[tuple[int, KernelTrace]]:
+    """(rank, trace) of a job's reports in rank order: from `.rank<R>.` in the names, else as given; a single
+    report that holds several processes gives one per process."""
+    if len(paths) == 1:
+        return list(enumerate(split_processes(load(paths[0]))))
     ordered = sorted(enumerate(paths), key=lambda item: rank_of(item[1], item[0]))
+    return [(rank_of(path, position), load(path)) for position, path in ordered]
+
+
+def summarize_ranks(ranked: list[tuple[int, KernelTrace]], top: int = 10,
+                    phases: list[str] | None = None) -> RankedSummary:
+    """Summaries of one job's traces, rank by rank (`rank_traces` reads them)."""
     ranks, summaries, comms, walls = [], [], [], []
-    for position, path in ordered:
-        summary = summarize(path, top=top, phases=phases)
-        ranks.append(rank_of(path, position))
+    for rank, trace in ranked:
+        summary = summarize_trace(trace, top=top, phases=phases)
+        ranks.append(rank)
         summaries.append(summary)
         comms.append(communication(summary, summary.attributed, summary.index))
         walls.append(phase_wall(summary.index, summary.phase_names))

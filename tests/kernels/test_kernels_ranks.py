@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from profiler_kit.cli import main
-from profiler_kit.kernels.ranks import covered_ns, rank_of, summarize_ranks
+from profiler_kit.kernels.ranks import covered_ns, rank_of, rank_traces, split_processes, summarize_ranks
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "kernels"
 # Listed out of order on purpose: ranks come from the names.
@@ -77,7 +77,7 @@ def _events(path: Path) -> list[dict]:
 def test_gloo_overlap_against_a_plain_loop():
     """Rank 0's collectives (gloo's spans, the c10d calls that queue them) that start inside `bwd`, against the
     outermost operators of its other threads."""
-    ranked = summarize_ranks([RANKS[1]])
+    ranked = summarize_ranks(rank_traces([RANKS[1]]))
     events = _events(RANKS[1])
     to_ns = lambda us: int(round(us * 1000))  # noqa: E731
     bwd = [(to_ns(e["ts"]), to_ns(e["ts"]) + to_ns(e["dur"])) for e in events if e["name"] == "bwd"]
@@ -136,3 +136,25 @@ def test_torchrun_two_ranks_under_the_torch_backend(tmp_path):
     assert [r["rank"] for r in doc["ranks"]] == [0, 1]
     for rank in doc["ranks"]:
         assert list(rank["phases"]) == ["fwd", "bwd", "opt"] and rank["categories"]["communication"] > 0
+
+
+def test_one_report_of_several_processes_is_split_per_process():
+    """Two real exports in one trace, as nsys records a torchrun job: each process comes back whole."""
+    from dataclasses import replace
+
+    import pandas as pd
+
+    from profiler_kit.kernels import load, summarize_trace
+
+    a, b = load(FIXTURES / "h100_tiny_train_bf16.sqlite"), load(FIXTURES / "h100_tiny_train_fp32.sqlite")
+    shift = int(a.kernels["process"].max()) + (1 << 24)
+    moved = lambda frame: frame.assign(process=frame["process"] + shift)  # noqa: E731
+    both = replace(a, kernels=pd.concat([a.kernels, moved(b.kernels)], ignore_index=True),
+                   ranges=pd.concat([a.ranges, moved(b.ranges)], ignore_index=True))
+    parts = split_processes(both)
+    assert len(parts) == 2
+    for part, original in zip(parts, (a, b), strict=True):
+        ours, theirs = summarize_trace(part), summarize_trace(original)
+        assert ours.category_ns() == theirs.category_ns() and ours.phase_ns() == theirs.phase_ns()
+    ranked = summarize_ranks(list(enumerate(parts)))
+    assert ranked.ranks == [0, 1] and ranked.summaries[1].total_ns == summarize_trace(b).total_ns
