@@ -3,7 +3,7 @@
 `summarize(path)` loads any supported source and returns a `KernelSummary`: DataFrames for people and
 `to_json()`, the machine contract:
 
-    {"schema_version", "environment", "source", "time_basis", "kernel_count", "total_ns",
+    {"schema_version", "environment", "source", "time_basis", "kernel_count", "total_ns", "mfu",
      "categories": {category: ns}, "memory_ops_ns", "phases": {phase: {"total_ns", "categories"}},
      "idle": {phase: {"ranges", "wall_ns", "gpu_span_ns", "busy_ns", "idle_ns", "idle_pct", "largest_gaps_ns",
      "verdict"}}, "top_kernels": [{"name", "category", "instances", "total_ns"}]}
