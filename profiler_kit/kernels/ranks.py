@@ -1,11 +1,6 @@
 """A distributed job's reports side by side: one summary per rank, the merged figures, communication per phase
-and the stragglers.
-
-Communication is the `communication` category: NCCL kernels on GPUs, the collectives' own time on CPUs (gloo's
-`gloo:all_reduce` spans on the process group's thread). Per phase, the part of it that runs while compute runs
-elsewhere (kernels of other categories on other streams; on a CPU, outermost operators on other threads) is
-overlapped; the rest is exposed: the step waits for it. A phase's spread across ranks is the difference between
-its slowest and fastest rank's wall time (its ranges' CPU time) over the mean.
+(`idle.communication`) and the stragglers. A phase's spread across ranks is the difference between its slowest
+and fastest rank's wall time (its ranges' CPU time) over the mean.
 """
 
 from __future__ import annotations
@@ -18,15 +13,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from profiler_kit.kernels.attribution import RangeIndex
 from profiler_kit.kernels.categories import CATEGORIES
-from profiler_kit.kernels.idle import launches_in
+from profiler_kit.kernels.idle import COMMUNICATION, communication, phase_wall
 from profiler_kit.kernels.sources import load
 from profiler_kit.kernels.summary import NS_PER_MS, KernelSummary, summarize_trace
 from profiler_kit.kernels.trace import NO_LAUNCH, KernelTrace
 from profiler_kit.render import records
 
-COMMUNICATION = "communication"
 _RANK = re.compile(r"\.rank(\d+)\.")
 
 
@@ -34,61 +27,6 @@ def rank_of(path: Path, position: int) -> int:
     """The rank a file name carries (`<stem>.rank<R>.json.gz`), else its position among the reports."""
     match = _RANK.search(path.name)
     return int(match.group(1)) if match else position
-
-
-def covered_ns(starts: np.ndarray, ends: np.ndarray, q_starts: np.ndarray, q_ends: np.ndarray) -> np.ndarray:
-    """How much of each query interval the union of the intervals `starts`/`ends` covers."""
-    if not len(starts):
-        return np.zeros(len(q_starts), dtype=np.int64)
-    order = np.argsort(starts, kind="stable")
-    starts, ends = starts[order], np.maximum.accumulate(ends[order])
-    # Merge into disjoint pieces: a piece starts where an interval starts after all earlier ones ended.
-    first = np.r_[True, starts[1:] > ends[:-1]]
-    piece_starts = starts[first]
-    piece_ends = ends[np.r_[np.flatnonzero(first)[1:] - 1, len(ends) - 1]]
-    cumulative = np.r_[0, np.cumsum(piece_ends - piece_starts)]
-
-    def covered_until(t: np.ndarray) -> np.ndarray:
-        i = np.searchsorted(piece_starts, t, side="right")
-        return cumulative[i] - np.maximum(piece_ends[np.maximum(i - 1, 0)] - t, 0) * (i > 0)
-
-    return covered_until(q_ends) - covered_until(q_starts)
-
-
-def communication(summary: KernelSummary, kernels: pd.DataFrame, index: RangeIndex | None) -> pd.DataFrame:
-    """phase, comm_ns, overlapped_ns, exposed_ns, overlap_pct of one report (`kernels` as summarized, with
-    `category`, `start_ns`, `stream` and, for CPU operators, `end_ns` and `outermost`)."""
-    rows = []
-    if index is None or "start_ns" not in kernels.columns:
-        return pd.DataFrame(columns=["phase", "comm_ns", "overlapped_ns", "exposed_ns", "overlap_pct"])
-    starts = kernels["start_ns"].to_numpy()
-    # A collective's own time (a kernel's duration, an operator's self time) is what counts as communication;
-    # compute elsewhere covers it for as long as its outermost calls run.
-    comm_ends = starts + kernels["total_ns"].to_numpy()
-    ends = kernels["end_ns"].to_numpy() if "end_ns" in kernels.columns else comm_ends
-    is_comm = (kernels["category"] == COMMUNICATION).to_numpy()
-    compute = ~is_comm & (kernels["outermost"].to_numpy() if "outermost" in kernels.columns else True)
-    streams, processes = kernels["stream"].to_numpy(), kernels["process"].to_numpy()
-    names = index.names().to_numpy()
-    for phase in summary.phase_names:
-        members, _ = launches_in(kernels, index, np.flatnonzero(names == phase))
-        comm = np.unique(members[is_comm[members]])
-        overlapped = 0
-        for proc, stream in {(processes[i], streams[i]) for i in comm}:
-            mine = comm[(processes[comm] == proc) & (streams[comm] == stream)]
-            elsewhere = compute & (processes == proc) & (streams != stream)
-            overlapped += int(covered_ns(starts[elsewhere], ends[elsewhere], starts[mine], comm_ends[mine]).sum())
-        total = int((comm_ends[comm] - starts[comm]).sum())
-        rows.append((phase, total, overlapped, total - overlapped, overlapped * 100.0 / total if total else np.nan))
-    return pd.DataFrame(rows, columns=["phase", "comm_ns", "overlapped_ns", "exposed_ns", "overlap_pct"])
-
-
-def phase_wall(index: RangeIndex | None, phases: list[str]) -> dict[str, int]:
-    """CPU wall time of each phase: the total length of its ranges."""
-    if index is None:
-        return {p: 0 for p in phases}
-    lengths = index.ranges["end_ns"] - index.ranges["start_ns"]
-    return {p: int(lengths[(index.names() == p).to_numpy()].sum()) for p in phases}
 
 
 @dataclass
@@ -218,6 +156,6 @@ def summarize_ranks(ranked: list[tuple[int, KernelTrace]], top: int = 10,
         summary = summarize_trace(trace, top=top, phases=phases)
         ranks.append(rank)
         summaries.append(summary)
-        comms.append(communication(summary, summary.attributed, summary.index))
+        comms.append(communication(summary.attributed, summary.index, summary.phase_names))
         walls.append(phase_wall(summary.index, summary.phase_names))
     return RankedSummary(ranks, summaries, comms, walls)

@@ -14,7 +14,8 @@ import pytest
 from click.testing import CliRunner
 
 from profiler_kit.cli import main
-from profiler_kit.kernels.ranks import covered_ns, rank_of, rank_traces, split_processes, summarize_ranks
+from profiler_kit.kernels.idle import covered_ns
+from profiler_kit.kernels.ranks import rank_of, rank_traces, split_processes, summarize_ranks
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "kernels"
 # Listed out of order on purpose: ranks come from the names.
