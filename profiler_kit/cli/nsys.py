@@ -98,7 +98,8 @@ def _program_options(fn: Callable) -> Callable:
 PROGRAM_ONLY = ("output", "nsys_args", "capture", "phases", "flops_per_step", "peak_tflops")
 
 
-@click.group("nsys", cls=_CommandGroup, invoke_without_command=True)
+@click.group("nsys", cls=_CommandGroup, invoke_without_command=True,
+             subcommand_metavar="[-- PROGRAM [ARGS]... | attention [OPTIONS]]")
 @workload_options(sweep=False)
 @_recording_options
 @_program_options

@@ -11,7 +11,8 @@
 All times are integer nanoseconds, `categories` lists every category and sums exactly to `total_ns` (kernel
 time only; memory operations are apart), and `phases` is empty when the source has no NVTX ranges.
 `time_basis` is `gpu_kernels`, or `cpu_ops` for a trace without kernels (a CPU run), whose tables then hold
-CPU operator self time. With
+CPU operator self time. `idle` (GPU span, busy and idle time of each phase's kernels) is empty without kernel
+timestamps; `mfu` is null unless FLOPs per step were given. With
 `nvtx=RANGE`, everything covers only the kernels launched inside that range, and the object gains an `nvtx`
 entry with the split by the range's direct sub-ranges.
 """
