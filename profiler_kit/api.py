@@ -150,11 +150,13 @@ class Instrumented:
         self.handles = []
 
 
-def instrument(model: nn.Module, depth: int = 1) -> Instrumented:
+def instrument(model: nn.Module, depth: int = 1, backward: bool = True) -> Instrumented:
     """Ranges `<path>.forward` and `<path>.backward` around every submodule of `model` down to `depth` levels
     (`blocks` is depth 1, `blocks.0` depth 2), by module hooks: the backward ones run on the autograd thread,
     so each block's backward kernels get a range of their own. A module whose inputs need no gradient (an
-    embedding) gets an empty backward range: its hook fires before its backward runs."""
+    embedding) gets an empty backward range: its hook fires before its backward runs. For a model under
+    `torch.compile`, pass `backward=False`: module backward hooks break the graph (they need compiled
+    autograd), forward hooks do not."""
     if depth < 1:
         raise ProfilerKitError(f"instrument needs depth ≥ 1, got {depth}")
     warnings.filterwarnings("ignore", message=_NO_INPUT_GRAD_WARNING)
@@ -164,11 +166,14 @@ def instrument(model: nn.Module, depth: int = 1) -> Instrumented:
         if not name or name.count(".") >= depth:
             continue
         names.append(name)
-        forward, backward = f"{name}.forward", f"{name}.backward"
+        forward, backward_name = f"{name}.forward", f"{name}.backward"
         handles += [
             module.register_forward_pre_hook(lambda _m, _a, n=forward: push_range(n)),
             module.register_forward_hook(lambda _m, _a, _o: pop_range()),
-            module.register_full_backward_pre_hook(lambda _m, _g, n=backward: push_range(n)),
-            module.register_full_backward_hook(lambda _m, _gi, _go: pop_range()),
         ]
+        if backward:
+            handles += [
+                module.register_full_backward_pre_hook(lambda _m, _g, n=backward_name: push_range(n)),
+                module.register_full_backward_hook(lambda _m, _gi, _go: pop_range()),
+            ]
     return Instrumented(handles, names)

@@ -211,3 +211,17 @@ def test_instrument_ranges_forward_and_backward_of_each_block():
     with torch.profiler.profile() as prof:
         model(x).sum().backward()
     assert "0.forward" not in {e.name for e in prof.events()}
+
+
+def test_phase_and_forward_instrumentation_compile_without_graph_breaks():
+    @torch.compile(backend="eager", fullgraph=True)
+    def step(x: torch.Tensor) -> torch.Tensor:
+        with profiler_kit.phase("inside"):
+            return x.sin() + 1
+
+    assert torch.equal(step(torch.zeros(3)), torch.ones(3))
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    profiler_kit.instrument(model, depth=1, backward=False)
+    compiled = torch.compile(model, backend="eager", fullgraph=True)
+    x = torch.randn(2, 4)
+    assert torch.equal(compiled(x), model(x))
