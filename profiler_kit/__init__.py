@@ -15,5 +15,6 @@ def __getattr__(name: str) -> Any:
     if name in __all__:
         from profiler_kit import api
 
-        return getattr(api, name)
+        globals().update({attr: getattr(api, attr) for attr in __all__})  # later lookups skip this function
+        return globals()[name]
     raise AttributeError(f"module 'profiler_kit' has no attribute {name!r}")

@@ -41,16 +41,13 @@ class phase(contextlib.ContextDecorator):  # noqa: N801 (used like a function: `
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self._ranges: list[contextlib.AbstractContextManager] = []
 
     def __enter__(self) -> phase:
-        rng = nvtx_range(self.name)
-        rng.__enter__()
-        self._ranges.append(rng)
+        push_range(self.name)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._ranges.pop().__exit__(*exc)
+        pop_range()
 
 
 class Recorder(Protocol):

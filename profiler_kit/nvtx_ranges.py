@@ -75,13 +75,18 @@ def nvtx_range(name: str) -> Iterator[None]:
 
 # Open record_functions of `push_range`, per thread: hooks open a range in one call and close it in another.
 _open = threading.local()
+# Stands for a range `push_range` skipped while ranges were off, so that its `pop_range` pops nothing.
+_SKIPPED = object()
 
 
 def push_range(name: str) -> None:
     """Open a range that `pop_range` on the same thread closes (module hooks cannot use a `with` block)."""
-    if not _state["enabled"] or torch.compiler.is_compiling():
+    if torch.compiler.is_compiling():
         return
     stack = _open.__dict__.setdefault("stack", [])
+    if not _state["enabled"]:
+        stack.append(_SKIPPED)
+        return
     record = torch.profiler.record_function(name) if _recording() else None
     if record is not None:
         record.__enter__()
@@ -95,6 +100,8 @@ def pop_range() -> None:
     if not stack or torch.compiler.is_compiling():
         return
     record = stack.pop()
+    if record is _SKIPPED:
+        return
     _pop()
     if record is not None:
         record.__exit__(None, None, None)
