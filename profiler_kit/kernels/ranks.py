@@ -13,14 +13,17 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from profiler_kit.kernels.attribution import RangeIndex
 from profiler_kit.kernels.categories import CATEGORIES
-from profiler_kit.kernels.idle import COMMUNICATION, communication, phase_wall
+from profiler_kit.kernels.idle import COMMUNICATION, communication, launches_in, phase_wall
 from profiler_kit.kernels.sources import load
 from profiler_kit.kernels.summary import NS_PER_MS, KernelSummary, summarize_trace
 from profiler_kit.kernels.trace import NO_LAUNCH, KernelTrace
 from profiler_kit.render import records
 
 _RANK = re.compile(r"\.rank(\d+)\.")
+# The ProcessGroup operators one collective call goes through, once each, whatever the backend.
+COLLECTIVE_OP = r"c10d::"
 
 
 def rank_of(path: Path, position: int) -> int:
@@ -37,6 +40,7 @@ class RankedSummary:
     summaries: list[KernelSummary]
     communication: list[pd.DataFrame]
     walls: list[dict[str, int]]
+    collective_calls: list[dict[str, int]]
 
     @property
     def phase_names(self) -> list[str]:
@@ -48,6 +52,7 @@ class RankedSummary:
         for rank, summary, comm, wall in zip(self.ranks, self.summaries, self.communication, self.walls,
                                              strict=True):
             row = {"rank": rank, "total_ms": summary.total_ns / NS_PER_MS,
+                   "collective_calls": sum(self.collective_calls[self.ranks.index(rank)].values()),
                    "comm_ms": summary.category_ns()[COMMUNICATION] / NS_PER_MS,
                    "exposed_comm_ms": comm["exposed_ns"].sum() / NS_PER_MS}
             row.update({f"{p}_wall_ms": wall.get(p, 0) / NS_PER_MS for p in self.phase_names})
@@ -83,7 +88,7 @@ class RankedSummary:
         for column in ("comm", "overlapped", "exposed"):
             comm[f"{column}_ms"] = comm.pop(f"{column}_ns") / NS_PER_MS
         return [
-            (f"Per rank ({len(self.ranks)} ranks; {first.timed.lower()})", self.rank_table()),
+            (f"Per rank ({len(self.ranks)} ranks; {first.timed})", self.rank_table()),
             ("All ranks merged: time by category", merged[merged["total_ms"] > 0]),
             ("Communication per phase, all ranks: overlapped by compute elsewhere, and exposed", comm),
             ("Stragglers: each phase's wall time across ranks", self.stragglers()),
@@ -97,6 +102,7 @@ class RankedSummary:
             doc["rank"], doc["path"] = rank, str(summary.path)
             doc["communication"] = {r.pop("phase"): r for r in records(comm)}
             doc["phase_wall_ns"] = wall
+            doc["collective_calls"] = self.collective_calls[self.ranks.index(rank)]
             ranks.append(doc)
         merged_comm = records(self.merged_communication())
         return {
@@ -151,11 +157,22 @@ def rank_traces(paths: list[Path]) -> list[tuple[int, KernelTrace]]:
 def summarize_ranks(ranked: list[tuple[int, KernelTrace]], top: int = 10,
                     phases: list[str] | None = None) -> RankedSummary:
     """Summaries of one job's traces, rank by rank (`rank_traces` reads them)."""
-    ranks, summaries, comms, walls = [], [], [], []
+    ranks, summaries, comms, walls, calls = [], [], [], [], []
     for rank, trace in ranked:
         summary = summarize_trace(trace, top=top, phases=phases)
         ranks.append(rank)
         summaries.append(summary)
         comms.append(communication(summary.attributed, summary.index, summary.phase_names))
         walls.append(phase_wall(summary.index, summary.phase_names))
-    return RankedSummary(ranks, summaries, comms, walls)
+        calls.append(collective_calls(trace, summary.index, summary.phase_names))
+    return RankedSummary(ranks, summaries, comms, walls, calls)
+
+
+def collective_calls(trace: KernelTrace, index: RangeIndex | None, phases: list[str]) -> dict[str, int]:
+    """How many collectives (`c10d::` operators: all-reduce, broadcast, ...) each phase called, from a trace
+    with CPU operators; on one GPU NCCL runs them as copies without a kernel, and this still counts them."""
+    if trace.cpu_ops is None or index is None:
+        return {}
+    calls = trace.cpu_ops[trace.cpu_ops["name"].astype(str).str.match(COLLECTIVE_OP)].reset_index(drop=True)
+    names = index.names().to_numpy()
+    return {p: len(np.unique(launches_in(calls, index, np.flatnonzero(names == p))[0])) for p in phases}

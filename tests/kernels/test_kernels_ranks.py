@@ -68,6 +68,15 @@ def test_two_gloo_ranks_per_rank_and_merged():
         assert stats["spread_pct"] == pytest.approx((max(walls) - min(walls)) * 100 / np.mean(walls))
     comm = merged["communication"]["bwd"]
     assert comm["comm_ns"] == comm["overlapped_ns"] + comm["exposed_ns"]
+    # Collective calls per phase: the c10d operators that start inside the phase's ranges, counted by a loop.
+    for path, rank in zip(sorted(RANKS), doc["ranks"], strict=True):
+        events = _events(path)
+        for phase in ("fwd", "bwd", "opt"):
+            spans = [(e["ts"], e["ts"] + e["dur"]) for e in events if e["name"] == phase]
+            calls = [e for e in events if e["cat"] == "cpu_op" and e["name"].startswith("c10d::")
+                     and any(a <= e["ts"] <= b for a, b in spans)]
+            assert rank["collective_calls"][phase] == len(calls)
+        assert rank["collective_calls"]["bwd"] > 0
 
 
 def _events(path: Path) -> list[dict]:
