@@ -113,6 +113,7 @@ class RankedSummary:
                 "phases": {p: sum(s.phase_ns().get(p, {}).get("total_ns", 0) for s in self.summaries)
                            for p in self.phase_names},
                 "communication": {r.pop("phase"): r for r in merged_comm},
+                "collective_calls": {p: sum(c.get(p, 0) for c in self.collective_calls) for p in self.phase_names},
             },
             "stragglers": {r.pop("phase"): r for r in records(self.stragglers())},
         }
