@@ -90,14 +90,15 @@ def _kernels(con: sqlite3.Connection, schema: dict[str, set[str]]) -> pd.DataFra
     columns = schema[KERNEL_TABLE]
     name_col = kernel_name_column(columns)
     process = "globalPid" if "globalPid" in columns else "0"
+    stream = "coalesce(streamId, 0)" if "streamId" in columns else "0"
     rows = con.execute(
-        f"SELECT coalesce(correlationId, {NO_LAUNCH}), coalesce({process}, 0), end - start, {name_col} "
-        f"FROM {KERNEL_TABLE}"
+        f"SELECT coalesce(correlationId, {NO_LAUNCH}), coalesce({process}, 0), end - start, {name_col}, start, "
+        f"{stream} FROM {KERNEL_TABLE}"
     ).fetchall()
     if not rows:
         return kernel_frame([], [], [], [])
     table = np.array(rows, dtype=object if isinstance(rows[0][3], str) else np.int64)
-    corr, processes, durations, name_ids = (table[:, i] for i in range(4))
+    corr, processes, durations, name_ids, starts, streams = (table[:, i] for i in range(6))
     names = _strings(con, name_ids.astype(np.int64)) if table.dtype != object else name_ids
     if RUNTIME_TABLE in schema:
         kernel_process = processes.astype(np.int64) if process != "0" else None
@@ -106,7 +107,8 @@ def _kernels(con: sqlite3.Connection, schema: dict[str, set[str]]) -> pd.DataFra
         )
     else:
         launch_ns, launch_process = np.full(len(rows), NO_LAUNCH), np.zeros(len(rows), dtype=np.int64)
-    return kernel_frame(names, durations.astype(np.int64), launch_ns, launch_process)
+    return kernel_frame(names, durations.astype(np.int64), launch_ns, launch_process,
+                        start_ns=starts.astype(np.int64), stream=streams.astype(np.int64))
 
 
 def _launches(

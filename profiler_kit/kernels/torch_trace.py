@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from profiler_kit.errors import ProfilerKitError
+from profiler_kit.kernels.cpu_ops import cpu_operators
 from profiler_kit.kernels.trace import NO_LAUNCH, KernelTrace, kernel_frame, match_launches, memory_frame, range_frame
 
 LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
@@ -57,8 +58,10 @@ def _load(events: pd.DataFrame, path: Path) -> KernelTrace:
         _ns(launches["ts"]),
         pd.to_numeric(launches["pid"], errors="coerce").fillna(0).to_numpy(dtype=np.int64),
     )
+    stream = kernels["args"].map(lambda a: a.get("stream", 0) if isinstance(a, dict) else 0)
     kernel_rows = kernel_frame(
-        kernels["name"].astype(str).to_numpy(), _ns(kernels["dur"]), launch_ns, process
+        kernels["name"].astype(str).to_numpy(), _ns(kernels["dur"]), launch_ns, process,
+        start_ns=_ns(kernels["ts"]), stream=pd.to_numeric(stream, errors="coerce").fillna(0).to_numpy(),
     )
     annotations = events[events["cat"] == RANGE_CATEGORY]
     starts = _ns(annotations["ts"])
@@ -75,4 +78,4 @@ def _load(events: pd.DataFrame, path: Path) -> KernelTrace:
     memory_ops = (
         memory_frame(memory["name"].astype(str).to_numpy(), _ns(memory["dur"])) if cuda_traced else None
     )
-    return KernelTrace(SOURCE, path, kernel_rows, ranges, memory_ops)
+    return KernelTrace(SOURCE, path, kernel_rows, ranges, memory_ops, cpu_ops=cpu_operators(events))
