@@ -251,11 +251,14 @@ def record(
             "tensor_roles": tensor_roles(workload),
             "linear_weight_numels": linear_weight_numels(workload),
         }
-        snapshot[EMBEDDED_KEY] = sidecar
+        side_text = json.dumps(sidecar, indent=1) + "\n"
+        # The JSON round trip stores plain containers only (torch's version string is a str subclass, which the
+        # restricted unpickler refuses), i.e. exactly what the sidecar file holds.
+        snapshot[EMBEDDED_KEY] = json.loads(side_text)
         _write_atomically(snapshot_file, pickle.dumps(snapshot, protocol=SNAPSHOT_PICKLE_PROTOCOL))
         del snapshot
     finally:
         release(workload)
     side_file = sidecar_path(snapshot_file)
-    _write_atomically(side_file, (json.dumps(sidecar, indent=1) + "\n").encode())
+    _write_atomically(side_file, side_text.encode())
     return RecordResult(snapshot_file, side_file, sidecar)
