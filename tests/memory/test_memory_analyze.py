@@ -18,8 +18,8 @@ from profiler_kit.memory import analyze, plot_timeline, reconstruct
 from profiler_kit.memory.analyze import BEFORE_TRACE, first_user_frame, short_path
 from profiler_kit.memory.phases import phase_spans
 from profiler_kit.memory.roles import assign_roles
-from profiler_kit.memory.tables import expected_vs_measured, parameter_tensor_count
 from profiler_kit.memory.snapshot import SIDECAR_FORMAT, SIDECAR_VERSION
+from profiler_kit.memory.tables import expected_vs_measured, parameter_tensor_count
 from profiler_kit.model import TransformerLM
 from profiler_kit.presets import from_name
 
