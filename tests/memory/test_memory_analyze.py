@@ -361,3 +361,35 @@ def test_summarize_without_metadata_or_ranges_has_no_phase_or_expected_tables(tm
     assert "largest" in result.stdout and "expected vs measured" not in result.stdout
     assert "peaks per phase" not in result.stdout
     assert "no phases" in result.stderr
+
+
+def test_outermost_annotated_ranges_are_the_phases():
+    fake = FakeAllocator()
+    fake.recording = True
+    notes = []
+
+    def mark(stage, name, device=0):
+        notes.append({"stage": stage, "name": name, "device": device, "time_us": fake.tick()})
+
+    blocks = []
+    for step in range(2):
+        mark("START", "train_step")
+        blocks.append(fake.alloc(1000 * (step + 1), [user_frame("forward", 1)]))
+        mark("START", "inner")  # nested: part of train_step
+        mark("START", "other device", device=1)
+        scratch = fake.alloc(5000, [user_frame("forward", 2)])
+        fake.free(scratch)
+        mark("END", "inner")
+        mark("END", "train_step")
+        mark("START", "never closed")
+    outside = fake.alloc(9000, [user_frame("step", 3)])
+    fake.free(outside)
+    snapshot = dict(fake.snapshot(), external_annotations=notes)
+    report = analyze(snapshot)
+    assert [s.label for s in report.spans] == ["train_step #1", "train_step #2"]
+    phases = report.as_json()["phases"]
+    # Each range's peak holds what it inherited plus its own scratch; the larger allocation outside is not in it.
+    assert [p["peak_allocated_bytes"] for p in phases] == [1000 + 5000, 1000 + 2000 + 5000]
+    assert report.recon.peak_allocated_bytes == 1000 + 2000 + 9000
+    assert report.summary.loc[0, "peak_phase"] == "outside phases"
+    assert set(report.roles[report.recon.allocations["size_bytes"] == 5000]) == {"temporary"}

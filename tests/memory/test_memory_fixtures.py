@@ -39,14 +39,15 @@ COUNTER_SLACK = 0.03
 
 def replay_levels(snapshot: dict) -> tuple[np.ndarray, np.ndarray]:
     """Allocated bytes after each trace entry, rebuilt backwards from the final allocated blocks (a different
-    route from the analysis, which walks forwards), with each entry's time."""
+    route from the analysis, which walks forwards), with each entry's time (made monotone: the trace's clock may
+    step back by a few µs)."""
     trace = snapshot["device_traces"][0]
     final = sum(b["requested_size"] for s in snapshot["segments"] for b in s["blocks"]
                 if b["state"] in ("active_allocated", "active_pending_free"))
     delta = np.array([e["size"] if e["action"] == "alloc" else -e["size"] if e["action"] == "free_completed"
                       else 0 for e in trace], dtype=np.int64)
     after = final - delta.sum() + np.cumsum(delta)
-    return after, np.array([e["time_us"] for e in trace])
+    return after, np.maximum.accumulate(np.array([e["time_us"] for e in trace]))
 
 
 def replay_range_peak(levels: np.ndarray, times: np.ndarray, start_us: int, end_us: int) -> int:

@@ -238,7 +238,7 @@ def test_cli_writes_pickle_sidecar_plot_and_json(tmp_path):
     data = json.loads(result.stdout)
     assert data["config"]["mixed_precision"] and len(data["top_allocations"]) == 4
     stem = tmp_path / "tiny_ctx64_forward_bf16"
-    assert all(stem.with_suffix(s).exists() for s in (".pickle", ".json", ".png"))
+    assert all(stem.with_suffix(s).exists() for s in (".pickle", ".json", ".png", ".html"))
 
 
 @pytest.mark.gpu
