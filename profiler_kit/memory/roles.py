@@ -8,7 +8,8 @@ Evidence, strongest first:
   made in a forward phase and kept is an activation or a tensor saved for backward; made in backward and kept is a
   gradient; made in an optimizer step and kept is optimizer state;
 - for the recorder's mixed-precision runs, the model's parameter list: a bf16 tensor of a Linear weight's size made
-  by `nn.Linear` in forward is autocast's weight copy.
+  by `nn.Linear` in forward and released in backward is autocast's weight copy (the Linear's output, e.g. the
+  logits, may have the same size, but the step still holds it after backward).
 With none of these (e.g. a tensor alive before the trace began, with no stack), the role is `unknown`.
 """
 
@@ -89,25 +90,29 @@ def assign_roles(recon: Reconstruction, spans: list[PhaseSpan], meta: dict | Non
         if config.get("mixed_precision") else set()
     a = recon.allocations
     span_idx = _span_index(spans, a["start"].to_numpy())
+    end_idx = _span_index(spans, a["end"].to_numpy())
     roles = []
     columns = ["addr", "size_bytes", "start", "end", "frames", "free_frames", "alive_at_end"]
-    for (addr, size, start, end, frames, free_frames, alive_at_end), k in zip(
-            a[columns].itertuples(index=False), span_idx, strict=True):
+    for (addr, size, start, end, frames, free_frames, alive_at_end), k, k_end in zip(
+            a[columns].itertuples(index=False), span_idx, end_idx, strict=True):
         if alive_at_end and addr in by_address:
             roles.append(by_address[addr])
             continue
         made, freed = _frame_evidence(frames), _frame_evidence(free_frames)
         span = spans[k] if k >= 0 else None
-        roles.append(_role(made, "engine" in freed, span, start, end, size, bool(alive_at_end), bf16_weights))
+        freed_in_backward = "engine" in freed or (k_end >= 0 and phase_kind(spans[k_end].label) == "backward")
+        roles.append(_role(made, "engine" in freed, freed_in_backward, span, start, end, size, bool(alive_at_end),
+                           bf16_weights))
     return pd.Series(roles, index=a.index, dtype=object)
 
 
-def _role(made: set[str], freed_by_engine: bool, span: PhaseSpan | None, start: int, end: int, size: int,
-          alive_at_end: bool, bf16_weights: set[int]) -> str:
+def _role(made: set[str], freed_by_engine: bool, freed_in_backward: bool, span: PhaseSpan | None, start: int,
+          end: int, size: int, alive_at_end: bool, bf16_weights: set[int]) -> str:
     """The role one allocation's evidence supports (see the module docstring), `unknown` when none does."""
     kind = phase_kind(span.label) if span else None
     outlives = end >= span.end if span else alive_at_end
-    if "autocast" in made or (kind == "forward" and "linear" in made and size in bf16_weights):
+    if "autocast" in made or (kind == "forward" and "linear" in made and size in bf16_weights
+                              and freed_in_backward):
         return AUTOCAST_COPY
     if start == BEFORE_TRACE:
         return _role_before_trace(made)

@@ -393,3 +393,27 @@ def test_outermost_annotated_ranges_are_the_phases():
     assert report.recon.peak_allocated_bytes == 1000 + 2000 + 9000
     assert report.summary.loc[0, "peak_phase"] == "outside phases"
     assert set(report.roles[report.recon.allocations["size_bytes"] == 5000]) == {"temporary"}
+
+
+def test_autocast_weight_copies_are_told_from_a_linear_output_of_the_same_size():
+    weight_numel = 1600 * 6400
+    copy_bytes = 2 * weight_numel  # a bf16 copy of the weight; the bf16 logits below have exactly this size
+    fake = FakeAllocator()
+    fake.recording = True
+    phases = []
+    copies = [fake.alloc(copy_bytes, [TORCH_LINEAR, user_frame("forward", 112)]) for _ in range(2)]
+    logits = fake.alloc(copy_bytes, [TORCH_LINEAR, user_frame("forward", 159)])
+    phases.append({"step": 0, "phase": "forward", "end_time_us": fake.tick()})
+    for addr in copies:  # released with the saved tensors of the backward
+        fake.free(addr)
+    phases.append({"step": 0, "phase": "backward", "end_time_us": fake.tick()})
+    phases.append({"step": 0, "phase": "optimizer_step", "end_time_us": fake.tick()})
+    fake.free(logits)  # the step's local variable goes when the step returns
+    meta = {"config": {"mixed_precision": True}, "linear_weight_numels": [weight_numel], "phases": phases}
+    recon = reconstruct(fake.snapshot())
+    spans = phase_spans(recon, fake.snapshot(), meta)
+    roles = dict(zip(recon.allocations["addr"], assign_roles(recon, spans, meta), strict=True))
+    assert [roles[a] for a in copies] == ["autocast weight copy"] * 2
+    assert roles[logits] == "activation"
+    fp32_meta = dict(meta, config={"mixed_precision": False})  # no autocast, no copies
+    assert "autocast weight copy" not in set(assign_roles(recon, spans, fp32_meta))
