@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from profiler_kit.cli.common import non_negative_int, positive_int, workload_options
+from profiler_kit.cli.common import format_option, non_negative_int, positive_int, workload_options
 from profiler_kit.errors import ProfilerKitError
 from profiler_kit.memory import (
     DEFAULT_MAX_ENTRIES,
@@ -22,30 +22,14 @@ from profiler_kit.memory import (
 )
 from profiler_kit.memory.html import MEMORY_VIZ_URL
 from profiler_kit.memory.recorder import require_cuda
-from profiler_kit.render import console_err, emit_tables
+from profiler_kit.render import console_err, emit_report
 from profiler_kit.workload import WorkloadConfig
-
-MEMORY_FORMATS = ("table", "json", "markdown")
-
-
-def _format_option(fn):
-    return click.option("--format", "fmt", type=click.Choice(MEMORY_FORMATS), default="table",
-                        show_default=True, help="table for people; json/markdown print only that on stdout.")(fn)
 
 
 def _report_options(fn):
-    fn = _format_option(fn)
+    fn = format_option()(fn)
     return click.option("--top", type=positive_int, default=DEFAULT_TOP, show_default=True,
                         help="How many of the largest allocations alive at the peak to list.")(fn)
-
-
-def _emit(report: MemoryReport, fmt: str) -> None:
-    caption = (f"{report.source}: device {report.recon.device}, {report.recon.n_entries:,} trace entries; "
-               "MiB = 2^20 bytes")
-    emit_tables(report.tables(), fmt, json_obj=report.as_json(), caption=caption)
-    if fmt != "json":
-        for note in report.notes:
-            console_err.print(f"[yellow]note:[/] {note}", highlight=False)
 
 
 def _plot(report: MemoryReport, path: Path) -> Path:
@@ -88,7 +72,7 @@ def memory_cmd(click_ctx: click.Context, model, ctx, mode, batch_size, mixed_pre
         written.append(_plot(report, result.snapshot_path.with_suffix(".png")))
     if html:
         written.append(write_html(report, result.snapshot_path.with_suffix(".html")))
-    _emit(report, fmt)
+    emit_report(report, fmt)
     console_err.print(f"wrote {', '.join(map(str, written))} (the pickle also opens at {MEMORY_VIZ_URL})",
                       highlight=False)
     if result.oom:
@@ -124,7 +108,7 @@ def summarize_cmd(snapshot: Path, device_index: int | None, use_sidecar: bool, p
         if path is not None:
             write(report, path)
             console_err.print(f"wrote {path}", highlight=False)
-    _emit(report, fmt)
+    emit_report(report, fmt)
 
 
 @memory_cmd.command("compare")
@@ -132,15 +116,13 @@ def summarize_cmd(snapshot: Path, device_index: int | None, use_sidecar: bool, p
 @click.argument("snapshot_b", type=click.Path(path_type=Path))
 @_DEVICE_INDEX
 @_SIDECAR
-@_format_option
+@format_option()
 def compare_cmd(snapshot_a: Path, snapshot_b: Path, device_index: int | None, use_sidecar: bool,
                 fmt: str) -> None:
     """Two snapshots side by side: peak allocated and reserved, the peak of each phase (by name) and bytes per
     role at each one's peak, with B − A in MiB and in % of A."""
-    result = compare(analyze_file(snapshot_a, device=device_index, use_sidecar=use_sidecar),
-                     analyze_file(snapshot_b, device=device_index, use_sidecar=use_sidecar))
-    caption = f"A = {snapshot_a} ({result.a.title()}), B = {snapshot_b} ({result.b.title()}); MiB = 2^20 bytes"
-    emit_tables(result.tables(), fmt, json_obj=result.as_json(), caption=caption)
+    emit_report(compare(analyze_file(snapshot_a, device=device_index, use_sidecar=use_sidecar),
+                        analyze_file(snapshot_b, device=device_index, use_sidecar=use_sidecar)), fmt)
 
 
 COMMANDS = [memory_cmd]

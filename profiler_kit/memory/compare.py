@@ -23,14 +23,24 @@ class MemoryComparison:
     phases: pd.DataFrame | None
     roles: pd.DataFrame
 
-    def tables(self) -> list[tuple[str, pd.DataFrame]]:
+    @property
+    def notes(self) -> list[str]:
+        return [f"A: {n}" for n in self.a.notes] + [f"B: {n}" for n in self.b.notes]
+
+    def caption(self) -> str:
+        lines = [f"A = {self.a.source} ({self.a.title()}), B = {self.b.source} ({self.b.title()}); "
+                 "MiB = 2^20 bytes"]
+        return "\n".join(lines + [f"note: {n}" for n in self.notes])
+
+    def tables(self, display: bool = False) -> list[tuple[str, pd.DataFrame]]:
+        """The comparison's tables; the same for every format (`display` is part of the render layer's protocol)."""
         out = [("peaks", self.peaks)]
         if self.phases is not None:
             out.append(("peak allocated per phase", self.phases))
         out.append(("allocated at the peak by role", self.roles))
         return out
 
-    def as_json(self) -> dict:
+    def to_json(self) -> dict:
         return {
             "a": {"snapshot": self.a.source, "title": self.a.title()},
             "b": {"snapshot": self.b.source, "title": self.b.title()},

@@ -44,7 +44,13 @@ class MemoryReport:
         gpu = f", {self.meta['device_name']}" if self.meta.get("device_name") else ""
         return f"{cfg['model']} ctx {cfg['ctx']} {cfg['mode']}{precision}, batch {cfg['batch_size']}{gpu}"
 
-    def tables(self) -> list[tuple[str, pd.DataFrame]]:
+    def caption(self) -> str:
+        lines = [f"{self.source}: device {self.recon.device}, {self.recon.n_entries:,} trace entries; "
+                 "MiB = 2^20 bytes"]
+        return "\n".join(lines + [f"note: {n}" for n in self.notes])
+
+    def tables(self, display: bool = False) -> list[tuple[str, pd.DataFrame]]:
+        """The report's tables; the same for every format (`display` is part of the render layer's protocol)."""
         out = [("peak memory", self.summary)]
         if self.phases is not None:
             out.append(("peaks per phase", self.phases.drop(columns=["peak_allocated_bytes"])))
@@ -54,7 +60,7 @@ class MemoryReport:
             out.append(("expected vs measured tensor sizes", self.expected))
         return out
 
-    def as_json(self) -> dict:
+    def to_json(self) -> dict:
         recon = self.recon
         peak = recon.peak_index
         phases = None

@@ -59,7 +59,7 @@ def replay_range_peak(levels: np.ndarray, times: np.ndarray, start_us: int, end_
 def test_phases_of_a_plain_snapshot_come_from_its_annotations_and_match_a_replay():
     report = analyze_file(PLAIN)
     assert report.meta is None
-    phases = report.as_json()["phases"]
+    phases = report.to_json()["phases"]
     assert [p["name"] for p in phases] == ["Optimizer.step#AdamW.step"]
     snapshot = load_snapshot(PLAIN)
     (name, start_us, end_us, _), = annotation_ranges(snapshot, 0)
@@ -85,7 +85,7 @@ def test_the_pickle_alone_analyses_like_pickle_and_sidecar(tmp_path):
     sidecar = json.loads(RECORDER.with_suffix(".json").read_text())
     alone = tmp_path / RECORDER.name
     alone.write_bytes(pickle.dumps(dict(snapshot, **{EMBEDDED_KEY: sidecar}), protocol=4))
-    a, b = analyze_file(RECORDER).as_json(), analyze_file(alone).as_json()
+    a, b = analyze_file(RECORDER).to_json(), analyze_file(alone).to_json()
     assert (a.pop("metadata_source"), b.pop("metadata_source")) == ("sidecar", "snapshot")
     a.pop("snapshot"), b.pop("snapshot")
     assert a == b
@@ -94,7 +94,7 @@ def test_the_pickle_alone_analyses_like_pickle_and_sidecar(tmp_path):
 
 def test_recorder_phases_replayed_against_its_counters():
     report = analyze_file(RECORDER)
-    for phase in report.as_json()["phases"]:
+    for phase in report.to_json()["phases"]:
         counter = phase["counter_peak_allocated_mib"]
         assert phase["peak_allocated_mib"] <= counter <= (1 + COUNTER_SLACK) * phase["peak_allocated_mib"]
     rows = report.expected.set_index("tensor")
@@ -166,7 +166,7 @@ def test_plain_script_phases_match_replay_and_counters():
     snapshot = load_snapshot(PLAIN_PHASES)
     levels, times = replay_levels(snapshot)
     outer = [r for r in annotation_ranges(snapshot, 0) if r[3] == 0]
-    phases = report.as_json()["phases"]
+    phases = report.to_json()["phases"]
     assert [p["name"] for p in phases] == [c["name"] for c in counters]
     for phase, counter, (_, start_us, end_us, _) in zip(phases, counters, outer, strict=True):
         assert phase["peak_allocated_bytes"] == replay_range_peak(levels, times, start_us, end_us)
@@ -176,8 +176,8 @@ def test_plain_script_phases_match_replay_and_counters():
 
 @pytest.mark.skipif(not RECORDER_BF16.exists(), reason="recorded on the H100 by the GPU script")
 def test_mixed_precision_recording_describes_itself():
-    with_sidecar = analyze_file(RECORDER_BF16).as_json()
-    alone = analyze_file(RECORDER_BF16, use_sidecar=False).as_json()
+    with_sidecar = analyze_file(RECORDER_BF16).to_json()
+    alone = analyze_file(RECORDER_BF16, use_sidecar=False).to_json()
     assert (with_sidecar.pop("metadata_source"), alone.pop("metadata_source")) == ("sidecar", "snapshot")
     assert with_sidecar == alone
     rows = {r["tensor"]: r for r in alone["expected_vs_measured"]}

@@ -205,8 +205,8 @@ def check_recording(path: Path) -> None:
 
 def check_self_describing(path: Path) -> None:
     """A new recording analyses the same from the pickle alone, and its phases are annotated ranges in it."""
-    with_sidecar = analyze_file(path).as_json()
-    alone = analyze_file(path, use_sidecar=False).as_json()
+    with_sidecar = analyze_file(path).to_json()
+    alone = analyze_file(path, use_sidecar=False).to_json()
     assert (with_sidecar.pop("metadata_source"), alone.pop("metadata_source")) == ("sidecar", "snapshot")
     assert with_sidecar == alone
     snapshot = load_snapshot(path)
