@@ -51,18 +51,17 @@ class MemoryComparison:
 
 
 def _row(key: str, name: str, a_bytes: int | None, b_bytes: int | None) -> dict:
-    a_mib = None if a_bytes is None else a_bytes / MIB
-    b_mib = None if b_bytes is None else b_bytes / MIB
-    delta = None if a_mib is None or b_mib is None else b_mib - a_mib
-    pct = None if delta is None or not a_bytes else 100.0 * delta / a_mib
+    """One compared quantity; a side without it (a phase only one snapshot has) is NaN, null in JSON."""
+    nan = float("nan")
+    a_mib = nan if a_bytes is None else a_bytes / MIB
+    b_mib = nan if b_bytes is None else b_bytes / MIB
+    delta = nan if a_bytes is None or b_bytes is None else (b_bytes - a_bytes) / MIB
+    pct = 100.0 * (b_bytes - a_bytes) / a_bytes if a_bytes and b_bytes is not None else nan
     return {key: name, "a_mib": a_mib, "b_mib": b_mib, "delta_mib": delta, "delta_pct": pct}
 
 
 def _frame(rows: list[dict], key: str) -> pd.DataFrame:
-    df = pd.DataFrame(rows, columns=[key, *COMPARE_COLUMNS])
-    for col in COMPARE_COLUMNS:  # keep None (a phase only one side has) instead of NaN
-        df[col] = pd.Series([r[col] for r in rows], index=df.index, dtype=object)
-    return df
+    return pd.DataFrame(rows, columns=[key, *COMPARE_COLUMNS])
 
 
 def _phase_bytes(report: MemoryReport) -> dict[str, int]:

@@ -155,11 +155,9 @@ def phase_peaks(recon: Reconstruction, spans: list[PhaseSpan]) -> pd.DataFrame |
             "end_event": span.end,
             "peak_allocated_mib": allocated / MIB,
             "peak_reserved_mib": reserved / MIB,
-            "counter_peak_allocated_mib": None if span.counter_peak_bytes is None
+            "counter_peak_allocated_mib": float("nan") if span.counter_peak_bytes is None
             else span.counter_peak_bytes / MIB,
             "completed": span.completed,
             "peak_allocated_bytes": allocated,
         })
-    df = pd.DataFrame(rows)
-    df["counter_peak_allocated_mib"] = pd.Series([r["counter_peak_allocated_mib"] for r in rows], dtype=object)
-    return df[PHASE_COLUMNS + ["peak_allocated_bytes"]]
+    return pd.DataFrame(rows, columns=PHASE_COLUMNS + ["peak_allocated_bytes"])
