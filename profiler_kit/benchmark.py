@@ -1,19 +1,33 @@
 """End-to-end timing of forward / backward / optimizer phases of a TransformerLM step.
 
-Honest timing: warm-up steps run first and are never timed; each timed step reads the host clock only after
-synchronizing the device, at the step's start and at every phase boundary; exactly `steps` steps are timed.
+How a config is timed:
+- Warm-up: at least `warmup` untimed steps, then more until the step time stops changing (the median of the
+  last `STABLE_WINDOW` steps within `stable_pct` of the median of the window before), at most `max_warmup`.
+  Rows report how many warm-up steps ran and whether the time settled before the cap.
+- Exactly `steps` timed steps follow. Each starts on an idle device and ends with one synchronize: `total_ms` is
+  the wall time of the step on the host clock; phase times come from CUDA events recorded at the phase
+  boundaries (on a CPU, from the host clock there, since CPU work is done when a phase returns). Nothing
+  synchronizes inside a step, so the launch queue is never drained between phases.
+- `cpu_threads` sets torch's intra-op threads for the config (on a CPU whose cores other processes share, fewer
+  threads than cores keep one preempted thread from stalling every parallel op); rows record the count.
+- Python's garbage collector is off from the first warm-up step to the last timed step (one collection right
+  before timing), and nothing in this module reports progress between the timed steps.
 Each config runs in isolation: an OOM or another error marks its row and the sweep goes on.
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import itertools
 import re
 import statistics
 import time
-from collections.abc import Iterable
-from dataclasses import replace
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
 
+import pandas as pd
 import torch
 
 from profiler_kit.errors import ProfilerKitError, first_line
@@ -22,18 +36,19 @@ from profiler_kit.presets import count_parameters
 from profiler_kit.workload import Workload, WorkloadConfig, release, synchronize
 
 # Row columns, in display order. Times are milliseconds per step; *_ms is the mean.
-PHASE_COLUMNS = {"forward": "forward", "backward": "backward", "optimizer_step": "optimizer"}
-KEY_COLUMNS = ("model", "ctx", "mode", "batch_size", "mixed_precision", "compile", "attention")
+PHASE_COLUMNS = {"forward": "forward", "backward": "backward", "optimizer_step": "optimizer", "total": "total"}
+STAT_SUFFIXES = ("", "_std", "_median", "_p10", "_p90")
+CONFIG_COLUMNS = ("model", "ctx", "mode", "batch_size", "mixed_precision", "compile", "attention", "optimizer")
+KEY_COLUMNS = (*CONFIG_COLUMNS, "repeat")
 COLUMNS = (
     *KEY_COLUMNS,
     "device",
     "status",
     "steps",
     "warmup",
-    *(f"{p}_ms{s}" for p in PHASE_COLUMNS.values() for s in ("", "_std", "_median")),
-    "total_ms",
-    "total_ms_std",
-    "total_ms_median",
+    "warmup_stable",
+    "cpu_threads",
+    *(f"{p}_ms{s}" for p in PHASE_COLUMNS.values() for s in STAT_SUFFIXES),
     "tokens_per_s",
     "model_tflops",
     "mfu_pct",
@@ -43,39 +58,89 @@ COLUMNS = (
     "message",
 )
 MB = 2**20
+STABLE_WINDOW = 5
 # How PyTorch's CPU allocator reports a failed allocation ("DefaultCPUAllocator: can't allocate memory: you
 # tried to allocate N bytes").
 HOST_OOM = re.compile(r"can't allocate memory|not enough memory", re.IGNORECASE)
 
 
-def _stats(samples: list[float]) -> tuple[float, float, float]:
-    """Mean, sample standard deviation and median of seconds, in milliseconds."""
-    ms = [s * 1e3 for s in samples]
-    std = statistics.stdev(ms) if len(ms) > 1 else 0.0
-    return statistics.fmean(ms), std, statistics.median(ms)
+@dataclass(frozen=True)
+class TimingOptions:
+    """Warm-up bounds, the number of timed steps, when the warm-up counts as settled, and torch's intra-op
+    threads (None: torch's default)."""
+
+    warmup: int = 5
+    max_warmup: int = 50
+    steps: int = 10
+    stable_pct: float = 2.0
+    cpu_threads: int | None = None
+
+    def validate(self) -> None:
+        if self.warmup < 0 or self.steps < 1 or self.stable_pct <= 0 or (self.cpu_threads or 1) < 1:
+            raise ProfilerKitError(f"need warmup ≥ 0, steps ≥ 1, stable_pct > 0 and cpu_threads ≥ 1, got {self}")
 
 
-def time_steps(workload: Workload, warmup: int, steps: int) -> dict[str, list[float]]:
-    """Run `warmup` untimed steps, then time `steps` steps. Returns seconds per step for each phase and `total`."""
-    device = workload.device
-    for _ in range(warmup):
-        workload.step()
-    synchronize(device)
-    samples: dict[str, list[float]] = {p: [] for p in (*workload.phases, "total")}
-    for _ in range(steps):
-        synchronize(device)
-        start = last = time.perf_counter()
+@dataclass(frozen=True)
+class SweepItem:
+    """One run of a config in a sweep: `repeat` counts from 1 when each config runs several times."""
+
+    cfg: WorkloadConfig
+    repeat: int = 1
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**self.cfg.as_dict(), "repeat": self.repeat}
+
+
+@dataclass
+class Timing:
+    """Seconds per timed step for each phase and `total`; the warm-up steps run and whether they settled."""
+
+    samples: dict[str, list[float]]
+    warmup_steps: int
+    warmup_stable: bool
+
+
+class StepTimer:
+    """Times one step: its wall time on the host clock, from an idle device to the synchronize after its last
+    phase, and each phase from the marks at the phase boundaries (CUDA events on a GPU, the host clock on a CPU)."""
+
+    def __init__(self, device: torch.device, phases: Sequence[str]) -> None:
+        self.device = device
+        self.phases = tuple(phases)
+        self.uses_events = device.type == "cuda"
+        if self.uses_events:
+            self.events = [torch.cuda.Event(enable_timing=True) for _ in range(len(self.phases) + 1)]
+
+    def _mark(self, index: int) -> float:
+        if self.uses_events:
+            self.events[index].record()
+            return 0.0
+        return time.perf_counter()
+
+    def run(self, step: Callable[[Callable[[str], None] | None], object], phases: bool = True) -> dict[str, float]:
+        """Run `step` once and return its seconds: `total`, and each phase when `phases` (warm-up steps are run
+        without phase marks)."""
+        marks: list[float] = []
 
         def on_phase_end(phase: str) -> None:
-            nonlocal last
-            synchronize(device)
-            now = time.perf_counter()
-            samples[phase].append(now - last)
-            last = now
+            marks.append(self._mark(len(marks)))
 
-        workload.step(on_phase_end)
-        samples["total"].append(last - start)
-    return samples
+        start = time.perf_counter()
+        if phases:
+            marks.append(self._mark(0))
+        step(on_phase_end if phases else None)
+        synchronize(self.device)
+        out = {"total": time.perf_counter() - start}
+        if not phases:
+            return out
+        if len(marks) != len(self.phases) + 1:
+            raise RuntimeError(f"the step ended {len(marks) - 1} phases, expected {len(self.phases)}")
+        for i, phase in enumerate(self.phases):
+            if self.uses_events:
+                out[phase] = self.events[i].elapsed_time(self.events[i + 1]) / 1e3
+            else:
+                out[phase] = marks[i + 1] - marks[i]
+        return out
 
 
 def device_label(device: torch.device) -> str:
@@ -83,31 +148,110 @@ def device_label(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
-def _base_row(cfg: WorkloadConfig, warmup: int, steps: int) -> dict:
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off inside the block (after one collection), restored after it."""
+    was_enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+@contextlib.contextmanager
+def intra_op_threads(threads: int | None) -> Iterator[None]:
+    """torch's intra-op thread count set to `threads` inside the block (unchanged for None), restored after it."""
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def settled(totals: Sequence[float], stable_pct: float, window: int = STABLE_WINDOW) -> bool:
+    """Whether the median of the last `window` step times is within `stable_pct` of the median of the window
+    before it (medians: one slow step does not restart the wait)."""
+    if len(totals) < 2 * window:
+        return False
+    last = statistics.median(totals[-window:])
+    before = statistics.median(totals[-2 * window : -window])
+    return abs(last - before) <= stable_pct / 100 * last
+
+
+def time_steps(
+    workload: Workload, timing: TimingOptions, on_status: Callable[[str], None] | None = None
+) -> Timing:
+    """Warm up until the step time settles (within the bounds of `timing`), then time exactly `timing.steps`
+    steps. `on_status` hears about the warm-up between its steps and once before the timed steps, never during
+    them."""
+    timer = StepTimer(workload.device, workload.phases)
+    warm: list[float] = []
+    with collector_paused():
+        synchronize(workload.device)
+        while len(warm) < timing.warmup or (
+            len(warm) < timing.max_warmup and not settled(warm, timing.stable_pct)
+        ):
+            if on_status:
+                on_status(f"warm-up {len(warm) + 1}")
+            warm.append(timer.run(workload.step, phases=False)["total"])
+        if on_status:
+            on_status(f"timing {timing.steps} steps")
+        gc.collect()
+        samples: dict[str, list[float]] = {p: [] for p in (*workload.phases, "total")}
+        for _ in range(timing.steps):
+            for phase, seconds in timer.run(workload.step).items():
+                samples[phase].append(seconds)
+    return Timing(samples, len(warm), settled(warm, timing.stable_pct))
+
+
+def step_stats(samples: list[float]) -> dict[str, float]:
+    """Mean, sample standard deviation, median, 10th and 90th percentiles of seconds, in milliseconds, keyed by
+    the column suffixes."""
+    ms = [s * 1e3 for s in samples]
+    if len(ms) > 1:
+        deciles = statistics.quantiles(ms, n=10, method="inclusive")
+        std, p10, p90 = statistics.stdev(ms), deciles[0], deciles[-1]
+    else:
+        std, p10, p90 = 0.0, ms[0], ms[0]
+    values = (statistics.fmean(ms), std, statistics.median(ms), p10, p90)
+    return dict(zip(STAT_SUFFIXES, values, strict=True))
+
+
+def _base_row(item: SweepItem, timing: TimingOptions) -> dict:
     row: dict = dict.fromkeys(COLUMNS)
-    row.update({k: getattr(cfg, k) for k in KEY_COLUMNS})
-    row.update(device=cfg.device, steps=steps, warmup=warmup, message="")
+    row.update({k: getattr(item.cfg, k) for k in CONFIG_COLUMNS})
+    row.update(repeat=item.repeat, device=item.cfg.device, steps=timing.steps, warmup=0, message="")
     return row
 
 
-def run_config(cfg: WorkloadConfig, warmup: int, steps: int) -> dict:
+def run_config(
+    item: SweepItem | WorkloadConfig, timing: TimingOptions, on_status: Callable[[str], None] | None = None
+) -> dict:
     """Benchmark one config; never raises for OOMs or runtime errors (they become the row's status)."""
-    row = _base_row(cfg, warmup, steps)
+    item = item if isinstance(item, SweepItem) else SweepItem(item)
+    cfg = item.cfg
+    row = _base_row(item, timing)
     workload = None
     try:
+        timing.validate()
         workload = Workload(cfg)
         device = workload.device
         row["device"] = device_label(device)
         row["params"] = count_parameters(workload.model_cfg)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        samples = time_steps(workload, warmup, steps)
+        with intra_op_threads(timing.cpu_threads):
+            row["cpu_threads"] = torch.get_num_threads()
+            result = time_steps(workload, timing, on_status)
+        row.update(warmup=result.warmup_steps, warmup_stable=result.warmup_stable)
         for phase, column in PHASE_COLUMNS.items():
-            if samples.get(phase):
-                row[f"{column}_ms"], row[f"{column}_ms_std"], row[f"{column}_ms_median"] = _stats(
-                    samples[phase]
-                )
-        row["total_ms"], row["total_ms_std"], row["total_ms_median"] = _stats(samples["total"])
+            if result.samples.get(phase):
+                row.update({f"{column}_ms{k}": v for k, v in step_stats(result.samples[phase]).items()})
         seconds = row["total_ms"] / 1e3
         row["tokens_per_s"] = cfg.batch_size * cfg.ctx / seconds
         flops = step_flops(workload.model_cfg, cfg.batch_size, cfg.ctx, cfg.mode)
@@ -128,9 +272,7 @@ def run_config(cfg: WorkloadConfig, warmup: int, steps: int) -> dict:
     except ProfilerKitError:
         raise
     except Exception as exc:  # one broken config must not end the sweep: record it and go on
-        row.update(
-            status="error", message=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-        )
+        row.update(status="error", message=first_line(exc))
     finally:
         release(workload)
         del workload
@@ -138,10 +280,41 @@ def run_config(cfg: WorkloadConfig, warmup: int, steps: int) -> dict:
 
 
 def sweep_configs(
-    base: WorkloadConfig, models: Iterable[str], ctxs: Iterable[int], modes: Iterable[str]
+    base: WorkloadConfig,
+    models: Iterable[str],
+    ctxs: Iterable[int],
+    modes: Iterable[str],
+    attentions: Iterable[str] | None = None,
+    optimizers: Iterable[str] | None = None,
 ) -> list[WorkloadConfig]:
-    """The product models × ctxs × modes, validated up front so a typo fails before any GPU time is spent."""
-    configs = [replace(base, model=m, ctx=c, mode=md) for m, c, md in itertools.product(models, ctxs, modes)]
+    """The product models × ctxs × modes × attentions × optimizers (the last two default to the base's),
+    validated up front so a typo fails before any GPU time is spent."""
+    axes = itertools.product(models, ctxs, modes, attentions or [base.attention], optimizers or [base.optimizer])
+    configs = [replace(base, model=m, ctx=c, mode=md, attention=a, optimizer=o) for m, c, md, a, o in axes]
     for cfg in configs:
         cfg.validate()
     return configs
+
+
+def sweep_items(configs: Sequence[WorkloadConfig], repeat: int = 1) -> list[SweepItem]:
+    """Each config `repeat` times, interleaved: the whole sweep once, then again, so that a drift of the machine
+    over the sweep shows up as a spread across repeats instead of a difference between configs."""
+    if repeat < 1:
+        raise ProfilerKitError(f"repeat must be ≥ 1, got {repeat}")
+    return [SweepItem(cfg, r) for r in range(1, repeat + 1) for cfg in configs]
+
+
+def across_repeats(rows: pd.DataFrame) -> pd.DataFrame:
+    """One line per config run more than once: its repeats' median step times and their spread,
+    `(max - min) / mean` of the repeats' medians in percent."""
+    ok = rows[rows["status"] == "ok"]
+    columns = [*CONFIG_COLUMNS, "repeats", "total_ms_median", "total_ms_median_min", "total_ms_median_max",
+               "repeat_spread_pct"]  # fmt: skip
+    if ok.empty:
+        return pd.DataFrame(columns=columns)
+    keys = list(CONFIG_COLUMNS)
+    grouped = ok.groupby(keys, sort=False, dropna=False)["total_ms_median"]
+    out = grouped.agg(repeats="count", total_ms_median="mean", total_ms_median_min="min",
+                      total_ms_median_max="max").reset_index()  # fmt: skip
+    out["repeat_spread_pct"] = (out["total_ms_median_max"] - out["total_ms_median_min"]) / out["total_ms_median"] * 100
+    return out[out["repeats"] > 1][columns].reset_index(drop=True)

@@ -125,6 +125,21 @@ def profile(cfg: WorkloadConfig, warmup: int, steps: int, backend: str, output_d
                    nsys_path)
 
 
+def workload_flops(cfg: WorkloadConfig) -> tuple[dict[str, float], float | None]:
+    """FLOPs per range of each phase of `cfg` (forward F, backward 2F) and this machine's GPU peak in TFLOP/s
+    for its precision (None without CUDA or for an unlisted GPU)."""
+    from profiler_kit.flops import BACKWARD_FACTOR, forward_flops, gpu_peak
+    from profiler_kit.presets import from_name
+
+    fwd = forward_flops(from_name(cfg.model, cfg.ctx), cfg.batch_size, cfg.ctx)
+    per_phase = {"forward": fwd, "backward": fwd * BACKWARD_FACTOR}
+    device = resolve_device(cfg.device)
+    peak = gpu_peak(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
+    if peak is None:
+        return per_phase, None
+    return per_phase, peak.bf16_tflops if cfg.mixed_precision else peak.fp32_tflops
+
+
 def profile_attention(cfg: AttentionProfileConfig, warmup: int, steps: int, backend: str, output_dir: Path,
                       nsys_path: str | os.PathLike | None = None) -> ProfileResult:
     """Record `steps` forward+backward passes of each attention implementation after `warmup` ones."""

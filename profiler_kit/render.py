@@ -116,11 +116,16 @@ def emit_tables(
 ) -> None:
     """Print titled tables in `fmt`.
 
-    json: `json_obj` when given (a contract object), else one table's rows as an array, or title → rows for several.
+    json: `json_obj` when given (an object gains `schema_version` and `environment`), else one table's rows as
+    an array, or title → rows for several.
     csv: several tables are separated by a blank line and a `# title` comment."""
     tables = list(tables)
     if fmt == "json":
-        if json_obj is not None:
+        if isinstance(json_obj, dict):
+            from profiler_kit.environment import envelope
+
+            obj = envelope(json_obj)
+        elif json_obj is not None:
             obj = json_obj
         elif len(tables) == 1:
             obj = records(tables[0][1])

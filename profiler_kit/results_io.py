@@ -116,13 +116,14 @@ class RowWriter:
     """Appends rows to `path` (format from the suffix), writing a header when the file is new or empty.
 
     Checked when made, before any work: the file can be written, and an existing one is a result file with
-    these columns (a foreign file is refused, not appended to). Each row is appended under an exclusive lock,
-    which also decides whether the header is due, so concurrent sweeps never interleave headers or half rows.
+    these columns, a .csv/.md header holding every one of `key_columns` (a foreign file is refused, not appended
+    to). Each row is appended under an exclusive lock, which also decides whether the header is due, so
+    concurrent sweeps never interleave headers or half rows.
     A row that cannot be written (a full disk) is kept in `unwritten`, and the file cut back to its last whole
     row; `check_all_written` then hands those rows to the caller and fails.
     """
 
-    def __init__(self, path: Path, columns: Sequence[str]) -> None:
+    def __init__(self, path: Path, columns: Sequence[str], key_columns: Sequence[str] = ()) -> None:
         self.path = Path(path)
         self.suffix = _check_suffix(self.path)
         check_output(self.path)
@@ -141,6 +142,12 @@ class RowWriter:
                     )
                 # Keep an existing file's column order so appended rows line up with its header.
                 if self.suffix != ".jsonl":
+                    missing = [c for c in key_columns if c not in found]
+                    if missing:
+                        raise ProfilerKitError(
+                            f"{self.path}: its header lacks the key column(s) {', '.join(missing)}, which rows "
+                            "appended to it would lose; refused rather than appended to: give a new --output"
+                        )
                     self.columns = found
 
     def append(self, row: dict[str, Any]) -> None:
@@ -213,6 +220,7 @@ class SweepConfig(Protocol):
 
 
 C = TypeVar("C", bound=SweepConfig)
+G = TypeVar("G")
 
 
 def pending(
@@ -247,17 +255,18 @@ def matching(rows: Iterable[dict[str, Any]], settings: dict[str, Any] | None) ->
 
 
 def run_sweep(
-    configs: Iterable[C],
-    run: Callable[[C], dict[str, Any]],
-    on_start: Callable[[C], None] | None = None,
+    groups: Iterable[G],
+    run: Callable[[G], Iterable[dict[str, Any]]],
+    on_start: Callable[[G], None] | None = None,
     on_row: Callable[[dict[str, Any]], None] | None = None,
 ) -> Iterator[dict[str, Any]]:
-    """Run each config in turn, yielding (and handing to `on_row`) each row as soon as it exists. `run` must turn
-    its own failures into the row's status: one broken config never ends the sweep."""
-    for cfg in configs:
+    """Run each group (one config, or configs measured together) in turn, yielding (and handing to `on_row`) each
+    row as soon as it exists. `run` must turn its own failures into the row's status: one broken config never
+    ends the sweep."""
+    for group in groups:
         if on_start:
-            on_start(cfg)
-        row = run(cfg)
-        if on_row:
-            on_row(row)
-        yield row
+            on_start(group)
+        for row in run(group):
+            if on_row:
+                on_row(row)
+            yield row

@@ -1,8 +1,8 @@
 """One training-step workload shared by the benchmark, the nsys/torch profilers and the memory recorder.
 
 A step runs `forward`, then `backward`, then `optimizer_step` (AdamW), each in an NVTX range of that name, as far
-as the mode asks. Callers observe phase boundaries through `on_phase_end(phase)`: the benchmark synchronizes
-and reads a clock there, the memory recorder reads the allocator's peak.
+as the mode asks. Callers observe phase boundaries through `on_phase_end(phase)`: the benchmark records a CUDA
+event there, the memory recorder reads the allocator's peak.
 """
 
 from __future__ import annotations
@@ -24,6 +24,9 @@ PHASES = ("forward", "backward", "optimizer_step")
 # AdamW settings of a typical LM run; they do not change the step's cost.
 ADAMW_LR = 1e-4
 ADAMW_WEIGHT_DECAY = 0.1
+# AdamW implementations: one fused kernel chain, multi-tensor (foreach) kernels, or a loop over the parameters.
+OPTIMIZER_KWARGS = {"adamw-fused": {"fused": True}, "adamw-foreach": {"foreach": True}, "adamw": {"foreach": False}}
+OPTIMIZERS = tuple(OPTIMIZER_KWARGS)
 
 
 def resolve_device(name: str = "auto") -> torch.device:
@@ -64,6 +67,7 @@ class WorkloadConfig:
     device: str = "auto"
     seed: int = 0
     nvtx: bool = True
+    optimizer: str = "adamw-fused"
 
     def validate(self) -> None:
         for field in ("ctx", "batch_size"):
@@ -73,6 +77,8 @@ class WorkloadConfig:
             raise ProfilerKitError(
                 f"unknown attention {self.attention!r}; choose from {', '.join(ATTENTION_IMPLS)}"
             )
+        if self.optimizer not in OPTIMIZERS:
+            raise ProfilerKitError(f"unknown optimizer {self.optimizer!r}; choose from {', '.join(OPTIMIZERS)}")
         phases_for(self.mode)
         from_name(self.model, self.ctx)
 
@@ -99,11 +105,15 @@ class Workload:
             model = TransformerLM(self.model_cfg, attention=cfg.attention)
         self.model = model
         self.forward_fn = torch.compile(model) if cfg.compile else model
-        self.optimizer = (
-            torch.optim.AdamW(model.parameters(), lr=ADAMW_LR, weight_decay=ADAMW_WEIGHT_DECAY)
-            if "optimizer_step" in self.phases
-            else None
-        )
+        self.optimizer = None
+        self.optimizer_step: Callable[[], object] | None = None
+        if "optimizer_step" in self.phases:
+            self.optimizer = torch.optim.AdamW(
+                model.parameters(), lr=ADAMW_LR, weight_decay=ADAMW_WEIGHT_DECAY, **OPTIMIZER_KWARGS[cfg.optimizer]
+            )
+            # The compiler fuses the foreach and loop updates into a few kernels; the fused one already is.
+            compile_step = cfg.compile and cfg.optimizer != "adamw-fused"
+            self.optimizer_step = torch.compile(self.optimizer.step) if compile_step else self.optimizer.step
         generator = torch.Generator(device="cpu").manual_seed(cfg.seed)
         shape = (cfg.batch_size, cfg.ctx + 1)
         data = torch.randint(0, self.model_cfg.vocab_size, shape, generator=generator)
@@ -129,9 +139,9 @@ class Workload:
                 loss.backward()
             if on_phase_end:
                 on_phase_end("backward")
-        if self.optimizer is not None:
+        if self.optimizer_step is not None:
             with nvtx_range("optimizer_step"):
-                self.optimizer.step()
+                self.optimizer_step()
             if on_phase_end:
                 on_phase_end("optimizer_step")
         return loss.detach()
@@ -140,7 +150,7 @@ class Workload:
 def release(workload: Workload | None) -> None:
     """Drop a workload's tensors and give cached GPU memory back (after an OOM, before the next config)."""
     if workload is not None:
-        workload.optimizer = None
+        workload.optimizer = workload.optimizer_step = None
         workload.model = workload.forward_fn = None
     import gc
 

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import click
 import pandas as pd
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from profiler_kit.cli.common import comma_list, format_option, non_negative_int, one_of, positive_int, single
+from profiler_kit.cli.sweep import run_with_progress
 from profiler_kit.errors import ProfilerKitError
 from profiler_kit.render import console_err, emit_tables, records
-from profiler_kit.results_io import RowWriter, pending, read_rows, rows_of
+from profiler_kit.results_io import RowWriter
 from profiler_kit.workload import resolve_device
 
 KEY_VIEW = ["impl", "dtype", "seq", "d", "status"]
@@ -74,34 +74,23 @@ def _measure(configs: list, warmup: int, rep: int, rounds: int, backward_on_call
     """Run the configs not yet in --output (all of them without --resume), appending each row as it comes; with
     several rounds, a shape's implementations run together and their rows come together."""
     from profiler_kit.attention import bench
-
-    if resume and output is None:
-        raise click.UsageError("--resume needs --output (the file whose rows are skipped)")
     from profiler_kit.benchmark import device_label
 
     settings = {"device": device_label(resolve_device(configs[0].device)), "rounds": rounds,
                 "backward_thread": "caller" if backward_on_caller else "engine"}
-    writer = RowWriter(output, bench.COLUMNS) if output else None
-    done = rows_of(configs, read_rows(output), bench.KEY_COLUMNS, settings) if resume else []
-    todo = pending(configs, done, bench.KEY_COLUMNS)
-    if done:
-        console_err.print(f"resume: {len(configs) - len(todo)} of {len(configs)} configs already in {output}")
-    rows = list(done)
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console_err, transient=fmt != "table") as progress:
-        task = progress.add_task("attention", total=len(todo))
-        for group in bench.shape_groups(todo, together=rounds > 1):
-            cfg = group[0]
-            what = ",".join(c.impl for c in group) + (f" ×{rounds} rounds" if rounds > 1 else "")
-            progress.update(task, description=f"{what} {cfg.dtype} seq={cfg.seq} d={cfg.d}")
-            for row in bench.run_shape(group, warmup, rep, rounds, backward_on_caller):
-                if writer:
-                    writer.append(row)
-                if row["status"] != "ok":
-                    progress.console.print(f"[yellow]{row['impl']} {row['dtype']} seq={row['seq']} "
-                                           f"d={row['d']}: {row['status']}: {row['message']}")
-                rows.append(row)
-                progress.advance(task)
+    writer = RowWriter(output, bench.COLUMNS, bench.KEY_COLUMNS) if output else None
+
+    def describe(group: list) -> str:
+        cfg = group[0]
+        what = ",".join(c.impl for c in group) + (f" ×{rounds} rounds" if rounds > 1 else "")
+        return f"{what} {cfg.dtype} seq={cfg.seq} d={cfg.d}"
+
+    rows = run_with_progress(
+        configs, lambda group, status: bench.run_shape(group, warmup, rep, rounds, backward_on_caller),
+        key_columns=bench.KEY_COLUMNS, writer=writer, resume=resume, fmt=fmt,
+        title="attention", describe=describe,
+        label=lambda row: f"{row['impl']} {row['dtype']} seq={row['seq']} d={row['d']}",
+        groups=lambda todo: bench.shape_groups(todo, together=rounds > 1), settings=settings)
     if writer:
         writer.check_all_written(lambda line: click.echo(line, err=True))
     return pd.DataFrame(rows, columns=list(bench.COLUMNS))

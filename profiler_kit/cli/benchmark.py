@@ -7,12 +7,12 @@ from pathlib import Path
 
 import click
 import pandas as pd
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from profiler_kit import benchmark as bench
 from profiler_kit.cli.common import format_option, non_negative_int, positive_int, workload_options
+from profiler_kit.cli.sweep import run_with_progress
 from profiler_kit.render import console_err, emit_tables, records
-from profiler_kit.results_io import RowWriter, pending, read_rows, rows_of, run_sweep
+from profiler_kit.results_io import RowWriter
 from profiler_kit.workload import WorkloadConfig, resolve_device
 
 DISPLAY_COLUMNS = [
@@ -21,14 +21,20 @@ DISPLAY_COLUMNS = [
     "mode",
     "mixed_precision",
     "compile",
+    "attention",
+    "optimizer",
+    "repeat",
     "status",
+    "warmup",
     "forward_ms",
     "backward_ms",
     "optimizer_ms",
     "total_ms",
     "total_ms_std",
+    "total_ms_median",
+    "total_ms_p10",
+    "total_ms_p90",
     "tokens_per_s",
-    "model_tflops",
     "mfu_pct",
     "peak_allocated_mb",
 ]
@@ -37,9 +43,40 @@ DISPLAY_COLUMNS = [
 @click.command("benchmark")
 @workload_options(sweep=True)
 @click.option(
-    "--warmup", type=non_negative_int, default=5, show_default=True, help="Untimed steps per config."
+    "--warmup", type=non_negative_int, default=5, show_default=True, help="Untimed steps per config, at least."
+)
+@click.option(
+    "--max-warmup",
+    type=non_negative_int,
+    default=50,
+    show_default=True,
+    help="Untimed steps per config, at most: past --warmup, warm-up goes on until the step time settles (the median "
+    f"of the last {bench.STABLE_WINDOW} steps within --stable-pct of the {bench.STABLE_WINDOW} before). At most "
+    "--warmup: a fixed count.",
+)
+@click.option(
+    "--stable-pct",
+    type=click.FloatRange(min=0, min_open=True),
+    default=2.0,
+    show_default=True,
+    help="How close two successive warm-up windows must be for the step time to count as settled.",
 )
 @click.option("--steps", type=positive_int, default=10, show_default=True, help="Timed steps per config.")
+@click.option(
+    "--cpu-threads",
+    type=positive_int,
+    default=None,
+    help="torch's intra-op threads while a config runs [default: torch's, one per core]. On a CPU shared with "
+    "other processes, 1 keeps a preempted thread from stalling every op.",
+)
+@click.option(
+    "--repeat",
+    type=positive_int,
+    default=1,
+    show_default=True,
+    help="Run the whole sweep this many times, one pass after another (configs interleaved), one row per run; "
+    "a table shows each config's spread across the passes.",
+)
 @click.option(
     "--output",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -58,58 +95,63 @@ def benchmark_cmd(
     device,
     seed,
     nvtx,
+    optimizer,
     warmup,
+    max_warmup,
+    stable_pct,
     steps,
+    cpu_threads,
+    repeat,
     output,
     resume,
     fmt,
 ) -> None:
-    """Time forward, backward and optimizer phases over a sweep of model × ctx × mode."""
-    if resume and output is None:
-        raise click.UsageError("--resume needs --output (the file whose rows are skipped)")
+    """Time forward, backward and optimizer phases over a sweep of model × ctx × mode × attention × optimizer."""
     base = WorkloadConfig(
-        model[0], ctx[0], mode[0], batch_size, mixed_precision, compile_, attention, device, seed, nvtx
+        model[0], ctx[0], mode[0], batch_size, mixed_precision, compile_, attention[0], device, seed, nvtx,
+        optimizer[0],
     )
-    settings = {"steps": steps, "warmup": warmup, "device": bench.device_label(resolve_device(device))}
-    configs = bench.sweep_configs(base, model, ctx, mode)
-    writer = RowWriter(output, bench.COLUMNS) if output else None
-    done = read_rows(output) if resume else []
-    todo = pending(configs, done, bench.KEY_COLUMNS, settings) if resume else configs
-    if resume and len(todo) < len(configs):
-        console_err.print(f"resume: {len(configs) - len(todo)} of {len(configs)} configs already in {output}")
-    rows = rows_of(configs, done, bench.KEY_COLUMNS, settings)
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console_err,
-        transient=fmt != "table",
-    ) as progress:
-        task = progress.add_task("benchmark", total=len(todo))
+    timing = bench.TimingOptions(warmup, max(warmup, max_warmup), steps, stable_pct, cpu_threads)
+    items = bench.sweep_items(bench.sweep_configs(base, model, ctx, mode, attention, optimizer), repeat)
+    # What changes a measurement besides its config: a row measured otherwise is not resumed. The warm-up is
+    # left out: rows record how many warm-up steps ran (until the time settled), not the options.
+    settings = {"steps": steps, "device": bench.device_label(resolve_device(device))}
+    if cpu_threads is not None:
+        settings["cpu_threads"] = cpu_threads
+    writer = RowWriter(output, bench.COLUMNS, bench.KEY_COLUMNS) if output else None
 
-        def on_start(cfg: WorkloadConfig) -> None:
-            progress.update(task, description=f"{cfg.model} ctx={cfg.ctx} {cfg.mode}")
+    def describe(group: list[bench.SweepItem]) -> str:
+        cfg = group[0].cfg
+        again = f" (pass {group[0].repeat}/{repeat})" if repeat > 1 else ""
+        return f"{cfg.model} ctx={cfg.ctx} {cfg.mode} {cfg.attention} {cfg.optimizer}{again}"
 
-        def on_row(row: dict) -> None:
-            if writer:
-                writer.append(row)
-            if row["status"] != "ok":
-                progress.console.print(
-                    f"[yellow]{row['model']} ctx={row['ctx']} {row['mode']}: "
-                    f"{row['status']}: {row['message']}"
-                )
-            progress.advance(task)
-
-        rows += list(run_sweep(todo, lambda cfg: bench.run_config(cfg, warmup, steps), on_start, on_row))
+    rows = run_with_progress(
+        items,
+        lambda group, status: [bench.run_config(group[0], timing, status)],
+        key_columns=bench.KEY_COLUMNS,
+        writer=writer,
+        resume=resume,
+        fmt=fmt,
+        title="benchmark",
+        describe=describe,
+        label=lambda row: f"{row['model']} ctx={row['ctx']} {row['mode']}",
+        settings=settings,
+    )
     df = pd.DataFrame(rows, columns=list(bench.COLUMNS))
     if fmt == "json":
         emit_tables([("benchmark", df)], fmt, json_obj=records(df))
     elif fmt == "csv":
         emit_tables([("benchmark", df)], fmt)
     else:
-        caption = f"{steps} timed steps after {warmup} warm-up; times are means in ms; device {df['device'].iloc[0]}"
-        emit_tables([("benchmark", df[DISPLAY_COLUMNS])], fmt, caption=caption)
+        settle = f"-{timing.max_warmup} (until the step time settles)" if timing.max_warmup > warmup else ""
+        caption = (
+            f"{steps} timed steps after {warmup}{settle} warm-up steps; times in ms, mean unless marked; "
+            f"device {df['device'].iloc[0]}"
+        )
+        tables = [("benchmark", df[DISPLAY_COLUMNS])]
+        if repeat > 1:
+            tables.append((f"across {repeat} passes (median step times)", bench.across_repeats(df)))
+        emit_tables(tables, fmt, caption=caption)
     if writer:
         writer.check_all_written(lambda line: click.echo(line, err=True))
     failed = df[df["status"] == "error"]

@@ -90,9 +90,10 @@ def model_name(name: str) -> str:
 def workload_options(sweep: bool) -> Callable:
     """The options that describe the workload, shared by `benchmark` (comma lists, swept as a product when
     `sweep`) and the one-config commands `nsys` and `memory`. Values land in the command as `model`, `ctx`,
-    `mode` (lists when `sweep`), `batch_size`, `mixed_precision`, `compile_`, `attention`, `device`, `seed`, `nvtx`."""
+    `mode`, `attention`, `optimizer` (lists when `sweep`), `batch_size`, `mixed_precision`, `compile_`, `device`,
+    `seed`, `nvtx`."""
     from profiler_kit.model import ATTENTION_IMPLS
-    from profiler_kit.workload import MODES
+    from profiler_kit.workload import MODES, OPTIMIZERS
 
     pick = comma_list if sweep else single
     many = " (comma list: swept as a product)" if sweep else ""
@@ -121,13 +122,27 @@ def workload_options(sweep: bool) -> Callable:
         click.option("--batch-size", type=positive_int, default=4, show_default=True),
         click.option("--mixed-precision", is_flag=True, help="bf16 autocast."),
         click.option("--compile", "compile_", is_flag=True, help="torch.compile the model."),
-        click.option("--attention", type=click.Choice(ATTENTION_IMPLS), default="naive", show_default=True),
+        click.option(
+            "--attention",
+            default="naive",
+            show_default=True,
+            callback=pick(one_of(ATTENTION_IMPLS)),
+            help=f"{' | '.join(ATTENTION_IMPLS)}{many}.",
+        ),
         click.option(
             "--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True
         ),
         click.option("--seed", type=int, default=0, show_default=True),
         click.option(
             "--nvtx/--no-nvtx", default=True, show_default=True, help="NVTX ranges around phases/layers."
+        ),
+        click.option(
+            "--optimizer",
+            default=OPTIMIZERS[0],
+            show_default=True,
+            callback=pick(one_of(OPTIMIZERS)),
+            help="AdamW as one fused kernel chain, multi-tensor (foreach) kernels, or a per-parameter loop; with "
+            f"--compile the foreach and loop steps are compiled too{many}.",
         ),
     ]
 

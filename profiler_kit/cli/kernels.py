@@ -7,8 +7,10 @@ from pathlib import Path
 import click
 
 from profiler_kit.cli.common import format_option, positive_int
-from profiler_kit.kernels import DEFAULT_TOP, compare, summarize
-from profiler_kit.render import emit_report
+from profiler_kit.kernels import DEFAULT_TOP, compare, load, summarize, summarize_trace
+from profiler_kit.kernels.ranks import rank_of, rank_traces, summarize_ranks
+from profiler_kit.kernels.timeline import timeline, write_trace
+from profiler_kit.render import console_err, emit_report
 
 SOURCES_HELP = (
     "A report is an nsys .nsys-rep or its .sqlite export, `nsys stats` cuda_gpu_kern_sum output (CSV or "
@@ -32,7 +34,10 @@ _ANALYSIS_OPTIONS = (
         "phases",
         metavar="NAME",
         multiple=True,
-        help="An NVTX range to report as a phase (repeatable) [default: forward, backward, optimizer_step].",
+        help="An NVTX range to report as a phase (repeatable). Default: forward, backward, optimizer_step when "
+        "the report has them (the built-in model); else the ranges directly inside the outermost ranges of each "
+        "process's main thread (`step` holding `fwd`, `bwd`, `opt` gives fwd, bwd, opt), or those outermost "
+        "ranges when nothing is nested in them; `warmup` is never a phase.",
     ),
     format_option(),
 )
@@ -50,21 +55,65 @@ def kernels() -> None:
 
 
 @kernels.command("summarize", epilog=SOURCES_HELP)
-@click.argument("path", type=click.Path(path_type=Path))
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
 @_analysis_options
-def summarize_command(path: Path, top: int, nvtx: str | None, phases: tuple[str, ...], fmt: str) -> None:
-    """Summarize the kernels of one report."""
-    emit_report(summarize(path, top=top, phases=list(phases) or None, nvtx=nvtx), fmt)
+@click.option("--flops-per-step", type=click.FloatRange(min=0, min_open=True), default=None, metavar="FLOPS",
+              help="The model FLOPs of one step: TFLOP/s (and MFU with --peak-tflops) over the phases' GPU span.")
+@click.option("--peak-tflops", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="The GPU's peak TFLOP/s at the run's precision, for MFU.")
+def summarize_command(paths: tuple[Path, ...], top: int, nvtx: str | None, phases: tuple[str, ...], fmt: str,
+                      flops_per_step: float | None, peak_tflops: float | None) -> None:
+    """Summarize the kernels of one report: by category, per kernel, per phase, and where the GPU idles in
+    each phase (launch-bound when idle above half of the phase's GPU span).
+
+    Several reports are the ranks of one job (`<stem>.rank<R>.json.gz`, else in the order given): a table per
+    rank, the merged categories, communication per phase (overlapped by compute elsewhere, and exposed) and
+    each phase's spread across ranks with its slowest rank."""
+    ranks = rank_traces(list(paths))
+    if len(ranks) > 1:
+        if nvtx is not None or flops_per_step is not None:
+            raise click.UsageError("--nvtx and --flops-per-step take the report of one process")
+        emit_report(summarize_ranks(ranks, top=top, phases=list(phases) or None), fmt)
+        return
+    summary = summarize_trace(ranks[0][1], top=top, phases=list(phases) or None, nvtx=nvtx)
+    if flops_per_step is not None:
+        summary.add_flops(per_step=flops_per_step, peak_tflops=peak_tflops)
+    emit_report(summary, fmt)
 
 
 @kernels.command("compare", epilog=SOURCES_HELP)
 @click.argument("a", type=click.Path(path_type=Path))
 @click.argument("b", type=click.Path(path_type=Path))
 @_analysis_options
-def compare_command(a: Path, b: Path, top: int, nvtx: str | None, phases: tuple[str, ...], fmt: str) -> None:
+@click.option("--fail-above", "fail_above", type=click.FloatRange(min=0), metavar="PCT", default=None,
+              help="Exit 1 when B's kernel time (total, or any phase or category both have) is more than PCT "
+                   "percent above A's; the verdict is in the JSON's `gate`.")
+@click.pass_context
+def compare_command(ctx: click.Context, a: Path, b: Path, top: int, nvtx: str | None, phases: tuple[str, ...],
+                    fmt: str, fail_above: float | None) -> None:
     """Compare two reports: time per category, phase and kernel in A and B, delta (B − A), speedup (A / B)."""
     options = {"top": top, "phases": list(phases) or None, "nvtx": nvtx}
-    emit_report(compare(summarize(a, **options), summarize(b, **options), top=top), fmt)
+    comparison = compare(summarize(a, **options), summarize(b, **options), top=top, fail_above_pct=fail_above)
+    emit_report(comparison, fmt)
+    if comparison.failed:
+        console_err.print(f"regression: B is more than {fail_above:g}% above A", soft_wrap=True)
+        ctx.exit(1)
+
+
+@kernels.command("timeline", epilog=SOURCES_HELP)
+@click.argument("reports", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="The Chrome/Perfetto trace to write (.json, or .json.gz to compress); never replaced.")
+@click.option("--phase", "phases", metavar="NAME", multiple=True,
+              help="An NVTX range to show as a phase (repeatable) [default: as `kernels summarize`].")
+def timeline_command(reports: tuple[Path, ...], output: Path, phases: tuple[str, ...]) -> None:
+    """Write the attributed timeline for ui.perfetto.dev: one track per CUDA stream, one of phases (each
+    kernel under the phase that launched it, autograd's thread included) and the NVTX ranges; one process
+    track per report (e.g. per rank)."""
+    labels = [f"rank {rank_of(path, i)}" if len(reports) > 1 else path.name for i, path in enumerate(reports)]
+    traces = [(label, load(path)) for label, path in zip(labels, reports, strict=True)]
+    write_trace(timeline(traces, list(phases) or None), output)
+    console_err.print(f"wrote {output}: open it in ui.perfetto.dev", soft_wrap=True)
 
 
 COMMANDS = [kernels]

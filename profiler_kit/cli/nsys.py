@@ -1,8 +1,10 @@
-"""`profiler-kit nsys` (one workload config) and `profiler-kit nsys attention` (one attention shape): record
-under Nsight Systems, or with torch.profiler (`--backend torch`), then print the kernel summary."""
+"""`profiler-kit nsys` (one workload config), `profiler-kit nsys -- COMMAND` (any program) and `profiler-kit nsys
+attention` (one attention shape): record under Nsight Systems, or with torch.profiler (`--backend torch`), then
+print the kernel summary."""
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,9 +21,32 @@ from profiler_kit.cli.common import (
     single,
     workload_options,
 )
-from profiler_kit.profiling import BACKENDS, AttentionProfileConfig, ProfileResult, profile, profile_attention
+from profiler_kit.errors import ProfilerKitError
+from profiler_kit.profiling import (
+    BACKENDS,
+    AttentionProfileConfig,
+    ProfileResult,
+    profile,
+    profile_attention,
+    workload_flops,
+)
 from profiler_kit.render import console_err, emit_report
+from profiler_kit.runner import ProgramRun, run_program
 from profiler_kit.workload import WorkloadConfig
+
+# Where the command to profile starts on the command line; click would read its words as a subcommand.
+COMMAND_KEY = "profiler_kit.command"
+
+
+class _CommandGroup(click.Group):
+    """A group that also takes `-- COMMAND [ARGS]...`: everything after `--` is the program to profile."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if "--" in args:
+            at = args.index("--")
+            ctx.meta[COMMAND_KEY] = args[at + 1:]
+            args = args[:at]
+        return super().parse_args(ctx, args)
 
 
 def _recording_options(fn: Callable) -> Callable:
@@ -45,31 +70,83 @@ def _recording_options(fn: Callable) -> Callable:
     return fn
 
 
-@click.group("nsys", invoke_without_command=True)
+def _program_options(fn: Callable) -> Callable:
+    """Options that apply only with `-- COMMAND`."""
+    options = [
+        click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                     help="With -- COMMAND: the report's path without extension [default: "
+                          "profiles/<program>_<timestamp>]."),
+        click.option("--nsys-args", default="", metavar="ARGS",
+                     help="With -- COMMAND: more `nsys profile` flags, one string (e.g. '--trace=cuda,nvtx,osrt')."),
+        click.option("--capture/--no-capture", default=True, show_default=True,
+                     help="With -- COMMAND under nsys on a GPU: record only the steps profiler_kit.capture marks "
+                          "(else all from the first CUDA call); --no-capture records the whole run."),
+        click.option("--phase", "phases", metavar="NAME", multiple=True,
+                     help="With -- COMMAND: an NVTX range to report as a phase (repeatable) [default: the "
+                          "ranges the report holds, see `kernels summarize --help`]."),
+        click.option("--flops-per-step", type=click.FloatRange(min=0, min_open=True), default=None,
+                     metavar="FLOPS", help="With -- COMMAND: the model FLOPs of one step, for TFLOP/s (and MFU "
+                                           "with --peak-tflops) over the phases' GPU span."),
+        click.option("--peak-tflops", type=click.FloatRange(min=0, min_open=True), default=None,
+                     help="With -- COMMAND: the GPU's peak TFLOP/s at the program's precision, for MFU."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+PROGRAM_ONLY = ("output", "nsys_args", "capture", "phases", "flops_per_step", "peak_tflops")
+
+
+@click.group("nsys", cls=_CommandGroup, invoke_without_command=True,
+             subcommand_metavar="[-- PROGRAM [ARGS]... | attention [OPTIONS]]")
 @workload_options(sweep=False)
 @_recording_options
+@_program_options
 @click.pass_context
 def nsys(click_ctx: click.Context, model: str, ctx: int, mode: str, batch_size: int, mixed_precision: bool,
-         compile_: bool, attention: str, device: str, seed: int, nvtx: bool, warmup: int, steps: int,
-         backend: str, nsys_path: Path | None, output_dir: Path, top: int, fmt: str) -> None:
-    """Profile one training-step config: kernels per phase, under Nsight Systems or torch.profiler.
+         compile_: bool, attention: str, device: str, seed: int, nvtx: bool, optimizer: str, warmup: int, steps: int,
+         backend: str, nsys_path: Path | None, output_dir: Path, top: int, fmt: str, output: Path | None,
+         nsys_args: str, capture: bool, phases: tuple[str, ...], flops_per_step: float | None,
+         peak_tflops: float | None) -> None:
+    """Profile one training-step config, or any program given after `--`: kernels per phase, under Nsight
+    Systems or torch.profiler.
 
-    Writes <output-dir>/<model>_ctx<ctx>_<mode>[_bf16].nsys-rep and .sqlite (or .json.gz with --backend
-    torch). On a GPU only the profiled steps are recorded (cudaProfilerApi capture range); on a CPU, the
-    whole run."""
+    \b
+    Built-in workload: writes <output-dir>/<model>_ctx<ctx>_<mode>[_bf16].nsys-rep and .sqlite (or .json.gz
+    with --backend torch). On a GPU only the profiled steps are recorded (cudaProfilerApi capture range); on a
+    CPU, the whole run.
+
+    \b
+    Any program: profiler-kit nsys [--backend torch] [-o OUT] -- python train.py ARGS (or torchrun ...).
+    Records the steps the program marks with profiler_kit.capture, else the whole run; with --backend torch
+    the program runs under torch.profiler without a change to its code (one OUT.rank<R>.json.gz per torchrun
+    worker), and a trace without GPU kernels is summarized by CPU operator time. Exits with the program's
+    exit status."""
+    given = [p for p in click_ctx.command.params
+             if click_ctx.get_parameter_source(p.name) == ParameterSource.COMMANDLINE]
+    command = click_ctx.meta.get(COMMAND_KEY)
     if click_ctx.invoked_subcommand is not None:
         # The subcommand has options of its own; any given to the group would be silently ignored.
-        given = [p.opts[0] for p in click_ctx.command.params
-                 if click_ctx.get_parameter_source(p.name) == ParameterSource.COMMANDLINE]
         if given:
             sub = click_ctx.invoked_subcommand
-            raise click.UsageError(f"{', '.join(given)}: options of `nsys` itself; `nsys {sub}` takes "
-                                   "its own after its name")
+            raise click.UsageError(f"{', '.join(p.opts[0] for p in given)}: options of `nsys` itself; "
+                                   f"`nsys {sub}` takes its own after its name")
         return
+    if command is not None:
+        builtin = [p.opts[0] for p in given if p.name not in (*PROGRAM_ONLY, "backend", "nsys_path", "top", "fmt")]
+        if builtin:
+            raise click.UsageError(f"{', '.join(builtin)}: options of the built-in workload, not of -- COMMAND")
+        run = run_program(command, backend, output, nsys_path, tuple(shlex.split(nsys_args)), capture)
+        click_ctx.exit(_report_program(run, fmt, top, list(phases) or None, flops_per_step, peak_tflops))
+    misplaced = [p.opts[0] for p in given if p.name in PROGRAM_ONLY]
+    if misplaced:
+        raise click.UsageError(f"{', '.join(misplaced)}: options of -- COMMAND")
     cfg = WorkloadConfig(model, ctx, mode, batch_size, mixed_precision, compile_, attention, device, seed,
-                         nvtx)
+                         nvtx, optimizer)
     result = profile(cfg, warmup, steps, backend, output_dir, nsys_path)
-    _report(result, fmt, top)
+    per_phase, peak = workload_flops(cfg)
+    _report(result, fmt, top, lambda summary: summary.add_flops(per_phase, peak_tflops=peak))
 
 
 @nsys.command("attention")
@@ -99,17 +176,44 @@ def attention_cmd(impls: list[str] | None, batch: int, heads: int | None, seq: i
     _report(result, fmt, top)
 
 
-def _report(result: ProfileResult, fmt: str, top: int) -> None:
+def _report(result: ProfileResult, fmt: str, top: int, with_flops: Callable | None = None) -> None:
     what = {"cudaProfilerApi": "the profiled steps (cudaProfilerApi capture range)",
             "none": "the whole run, warm-up included",
             "torch.profiler": "the profiled steps (torch.profiler)"}
     console_err.print(f"recorded {what[result.capture]} on {result.device}: "
                       + ", ".join(str(p) for p in result.paths), soft_wrap=True)
-    print_summary(result, fmt, top)
+    print_summary(result, fmt, top, with_flops)
 
 
-def print_summary(result: ProfileResult, fmt: str, top: int) -> None:
-    """The kernel summary of a recording, by the kernel-summary engine (`profiler_kit.kernels`)."""
+def _report_program(run: ProgramRun, fmt: str, top: int, phases: list[str] | None, flops_per_step: float | None,
+                    peak_tflops: float | None) -> int:
+    """Summarize what a program's run recorded; the exit status to leave with: the program's."""
+    if run.files:
+        console_err.print("recorded: " + ", ".join(str(p) for p in run.files), soft_wrap=True)
+    if run.exit_code != 0:
+        kept = "the summary covers what was recorded" if run.sources else "nothing was recorded"
+        console_err.print(f"the program exited with status {run.exit_code}; {kept}", soft_wrap=True)
+    if not run.sources:
+        if run.exit_code == 0:
+            raise ProfilerKitError("the command wrote no trace: it started no Python program that imports torch")
+        return run.exit_code
+    from profiler_kit.kernels import summarize_trace
+    from profiler_kit.kernels.ranks import rank_traces, summarize_ranks
+
+    ranks = rank_traces(list(run.sources))
+    if len(ranks) > 1 or ".rank" in run.sources[0].name:
+        emit_report(summarize_ranks(ranks, top=top, phases=phases), fmt)
+        return run.exit_code
+    summary = summarize_trace(ranks[0][1], top=top, phases=phases)
+    if flops_per_step is not None:
+        summary.add_flops(per_step=flops_per_step, peak_tflops=peak_tflops)
+    emit_report(summary, fmt)
+    return run.exit_code
+
+
+def print_summary(result: ProfileResult, fmt: str, top: int, with_flops: Callable | None = None) -> None:
+    """The kernel summary of a recording, by the kernel-summary engine (`profiler_kit.kernels`); `with_flops`
+    adds the FLOP rates to it."""
     try:
         from profiler_kit.kernels import summarize
     except ModuleNotFoundError as exc:
@@ -118,7 +222,10 @@ def print_summary(result: ProfileResult, fmt: str, top: int) -> None:
         console_err.print("[yellow]no kernel summary: profiler_kit.kernels is not part of this checkout yet",
                           soft_wrap=True)
         return
-    emit_report(summarize(result.summary_source, top=top, phases=list(result.phases)), fmt)
+    summary = summarize(result.summary_source, top=top, phases=list(result.phases))
+    if with_flops is not None:
+        with_flops(summary)
+    emit_report(summary, fmt)
 
 
 COMMANDS = [nsys]

@@ -1,4 +1,5 @@
-"""What kind of work a GPU kernel does, from its name alone: one ordered rule table, first match wins.
+"""What kind of work a GPU kernel (or, in a trace without kernels, a CPU operator) does, from its name alone:
+one ordered rule table per kind, first match wins.
 
 Order matters because names overlap: NCCL kernels say `Reduce`, cuDNN's fused attention kernels say `wgmma`
 (a matmul instruction), `elementwise_kernel`s that only copy or cast name `direct_copy_kernel_cuda`, and
@@ -48,17 +49,46 @@ RULES: tuple[tuple[str, str], ...] = (
     # ATen elementwise/vectorized kernels, Inductor pointwise kernels, fills and masks.
     ("elementwise", r"elementwise|pointwise|triton_poi_|fill|triu_tril|where_kernel|dropout"),
 )
-_COMPILED = tuple((category, re.compile(pattern, re.IGNORECASE)) for category, pattern in RULES)
+# PyTorch operators (`aten::mm`, `c10d::allreduce_`) as a torch.profiler trace of a CPU run names them. Their
+# self time is what is categorized, so wrappers (`aten::linear`, autograd's `evaluate_function`) keep only the
+# little time they spend themselves.
+CPU_RULES: tuple[tuple[str, str], ...] = (
+    ("communication", r"c10d|gloo|nccl|all_?reduce|all_?gather|reduce_?scatter|broadcast|all_?to_?all|barrier"
+                      r"|record_param_comms"),
+    ("attention", r"scaled_dot_product|flash|attention"),
+    ("optimizer", r"_foreach_|fused_adam|adamw?_|_fused_sgd|optimizer"),
+    ("normalization", r"layer_norm|rms_norm|batch_norm|group_norm|instance_norm"),
+    ("softmax", r"softmax"),
+    ("matmul", r"::(?:mm|addmm|bmm|baddbmm|addbmm|matmul|linear|einsum|dot|mv|addmv|_addmm_activation"
+               r"|convolution|_convolution|conv\dd|mkldnn_\w+)$"),
+    ("reduction", r"::(?:sum|mean|max|min|amax|amin|argmax|argmin|norm|linalg_vector_norm|var|std|logsumexp"
+                  r"|cumsum|prod|nll_loss\w*|cross_entropy\w*)$"),
+    ("copy", r"::(?:copy_|_to_copy|to|clone|contiguous|cat|stack|index\w*|gather|scatter\w*|embedding\w*"
+             r"|transpose|permute|_unsafe_view|view|reshape|t|expand|slice|select|narrow|split|chunk|unbind"
+             r"|flatten|squeeze|unsqueeze|as_strided|detach|empty\w*|resize_|new_\w+)$"),
+    ("elementwise", r"_backward$|::(?:add|sub|mul|div|neg|pow|sqrt|rsqrt|exp|log|tanh|sigmoid|relu|gelu|silu"
+                    r"|where|fill|zero|ones|masked_fill|dropout|lerp|addcmul|addcdiv|clamp|abs|sign|rand"
+                    r"|bernoulli|threshold|eq|ne|lt|gt|le|ge|maximum|minimum|reciprocal|square|sin|cos|triu"
+                    r"|tril)"),
+)
 
 
-def category_of(name: str) -> str:
-    """The category of one kernel name."""
-    return next((category for category, rx in _COMPILED if rx.search(name)), OTHER)
+def _compile(rules: tuple[tuple[str, str], ...]) -> tuple[tuple[str, re.Pattern], ...]:
+    return tuple((category, re.compile(pattern, re.IGNORECASE)) for category, pattern in rules)
 
 
-def categorize(names: pd.Series) -> pd.Categorical:
-    """Categories of many kernel names, a Categorical over CATEGORIES; each distinct name is matched once."""
+_COMPILED = {"kernel": _compile(RULES), "cpu_op": _compile(CPU_RULES)}
+KINDS = tuple(_COMPILED)
+
+
+def category_of(name: str, kind: str = "kernel") -> str:
+    """The category of one kernel name (`kind` kernel) or CPU operator name (`kind` cpu_op)."""
+    return next((category for category, rx in _COMPILED[kind] if rx.search(name)), OTHER)
+
+
+def categorize(names: pd.Series, kind: str = "kernel") -> pd.Categorical:
+    """Categories of many names, a Categorical over CATEGORIES; each distinct name is matched once."""
     as_categorical = names.astype("category")
-    per_name = [CATEGORIES.index(category_of(str(name))) for name in as_categorical.cat.categories]
+    per_name = [CATEGORIES.index(category_of(str(name), kind)) for name in as_categorical.cat.categories]
     codes = np.asarray(per_name, dtype=np.int64)[as_categorical.cat.codes.to_numpy()]
     return pd.Categorical.from_codes(codes, categories=list(CATEGORIES))

@@ -1,6 +1,8 @@
 """Two kernel summaries side by side: per category, per phase and per kernel, time in each, delta, speedup.
 
-`speedup` is A's time over B's: above 1 means B is faster. Kernels are matched by name, so compare reports
+`speedup` is A's time over B's: above 1 means B is faster. With a threshold, the comparison is also a regression
+gate: it fails when B's total, or any phase or category that both reports have, takes more than that many
+percent longer than A's. Kernels are matched by name, so compare reports
 of the same kind (an nsys export with an nsys export): torch.profiler and nsys demangle templates differently.
 """
 
@@ -27,6 +29,29 @@ class Comparison:
     phases: pd.DataFrame  # phase, a_ns, b_ns (phases present in either)
     kernels: pd.DataFrame  # name, category, a_instances, b_instances, a_ns, b_ns (largest first)
     top: int = DEFAULT_TOP
+    fail_above_pct: float | None = None
+
+    def gate(self) -> pd.DataFrame:
+        """check (`total`, `phase <name>`, `category <name>`), a_ns, b_ns, change_pct, regressed: every figure
+        both reports have; `regressed` only with a threshold."""
+        both_c = self.categories[(self.categories["a_ns"] > 0) & (self.categories["b_ns"] > 0)]
+        both_p = self.phases[(self.phases["a_ns"] > 0) & (self.phases["b_ns"] > 0)]
+        checks = pd.DataFrame(
+            {
+                "check": [TOTAL if c == TOTAL else f"category {c}" for c in both_c["category"]]
+                + [f"phase {p}" for p in both_p["phase"]],
+                "a_ns": np.concatenate([both_c["a_ns"].to_numpy(), both_p["a_ns"].to_numpy()]).astype(np.int64),
+                "b_ns": np.concatenate([both_c["b_ns"].to_numpy(), both_p["b_ns"].to_numpy()]).astype(np.int64),
+            }
+        )
+        checks["change_pct"] = (checks["b_ns"] - checks["a_ns"]) * 100.0 / checks["a_ns"]
+        limit = np.inf if self.fail_above_pct is None else self.fail_above_pct
+        checks["regressed"] = checks["change_pct"] > limit
+        return checks
+
+    @property
+    def failed(self) -> bool:
+        return self.fail_above_pct is not None and bool(self.gate()["regressed"].any())
 
     def category_table(self) -> pd.DataFrame:
         used = self.categories[(self.categories[["a_ns", "b_ns"]] > 0).any(axis=1)]
@@ -47,6 +72,12 @@ class Comparison:
         if len(self.phases):
             tables.append(("Per phase: A vs B", self.phase_table()))
         tables.append((f"Top {self.top} kernels (by the larger of A and B)", self.kernel_table(display)))
+        if self.fail_above_pct is not None:
+            gate = self.gate()
+            shown = gate.assign(a_ms=gate["a_ns"] / NS_PER_MS, b_ms=gate["b_ns"] / NS_PER_MS)
+            verdict = "FAIL" if self.failed else "pass"
+            tables.append((f"Regression gate: B more than {self.fail_above_pct:g}% above A fails: {verdict}",
+                           shown[["check", "a_ms", "b_ms", "change_pct", "regressed"]]))
         return tables
 
     def to_json(self) -> dict[str, Any]:
@@ -56,6 +87,11 @@ class Comparison:
             "categories": records(_deltas(self.categories, keep_ns=True)),
             "phases": records(_deltas(self.phases, keep_ns=True)),
             "top_kernels": records(_deltas(self.kernels.head(self.top), keep_ns=True)),
+            "gate": None if self.fail_above_pct is None else {
+                "fail_above_pct": self.fail_above_pct,
+                "verdict": "fail" if self.failed else "pass",
+                "checks": records(self.gate()),
+            },
         }
 
     @property
@@ -68,7 +104,9 @@ class Comparison:
         return "\n".join([line] + [f"note: {n}" for n in self.notes])
 
 
-def compare(a: KernelSummary, b: KernelSummary, top: int = DEFAULT_TOP) -> Comparison:
+def compare(a: KernelSummary, b: KernelSummary, top: int = DEFAULT_TOP,
+            fail_above_pct: float | None = None) -> Comparison:
+    """A and B side by side; with `fail_above_pct`, also the regression gate."""
     cat_a, cat_b = a.category_ns(), b.category_ns()
     categories = pd.DataFrame(
         {
@@ -98,7 +136,7 @@ def compare(a: KernelSummary, b: KernelSummary, top: int = DEFAULT_TOP) -> Compa
         }
     )
     order = np.lexsort((kernels["name"].to_numpy(), -np.maximum(kernels["a_ns"], kernels["b_ns"]).to_numpy()))
-    return Comparison(a, b, categories, phases, kernels.iloc[order].reset_index(drop=True), top)
+    return Comparison(a, b, categories, phases, kernels.iloc[order].reset_index(drop=True), top, fail_above_pct)
 
 
 def _deltas(frame: pd.DataFrame, keep_ns: bool = False) -> pd.DataFrame:

@@ -117,15 +117,16 @@ def _kernels(con: sqlite3.Connection, schema: dict[str, set[str]], notes: list[s
     name_col = kernel_name_column(columns)
     process = "globalPid" if "globalPid" in columns else "0"
     correlation = "correlationId" if "correlationId" in columns else "NULL"
+    stream = "coalesce(streamId, 0)" if "streamId" in columns else "0"
     _skipped(con, KERNEL_TABLE, _timed(KERNEL_TABLE), "kernels", notes)
     rows = con.execute(
-        f"SELECT coalesce({correlation}, {NO_LAUNCH}), coalesce({process}, 0), end - start, {name_col} "
-        f"FROM {KERNEL_TABLE} WHERE {_timed(KERNEL_TABLE)}"
+        f"SELECT coalesce({correlation}, {NO_LAUNCH}), coalesce({process}, 0), end - start, {name_col}, start, "
+        f"{stream} FROM {KERNEL_TABLE} WHERE {_timed(KERNEL_TABLE)}"
     ).fetchall()
     if not rows:
         return kernel_frame([], [], [], [])
     table = np.array(rows, dtype=object if isinstance(rows[0][3], str) else np.int64)
-    corr, processes, durations, name_ids = (table[:, i] for i in range(4))
+    corr, processes, durations, name_ids, starts, streams = (table[:, i] for i in range(6))
     names = _strings(con, name_ids.astype(np.int64)) if table.dtype != object else name_ids
     if RUNTIME_TABLE in schema:
         kernel_process = processes.astype(np.int64) if process != "0" else None
@@ -134,7 +135,8 @@ def _kernels(con: sqlite3.Connection, schema: dict[str, set[str]], notes: list[s
         )
     else:
         launch_ns, launch_process = np.full(len(rows), NO_LAUNCH), np.zeros(len(rows), dtype=np.int64)
-    return kernel_frame(names, durations.astype(np.int64), launch_ns, launch_process)
+    return kernel_frame(names, durations.astype(np.int64), launch_ns, launch_process,
+                        start_ns=starts.astype(np.int64), stream=streams.astype(np.int64))
 
 
 def _launches(

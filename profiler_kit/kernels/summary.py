@@ -3,12 +3,16 @@
 `summarize(path)` loads any supported source and returns a `KernelSummary`: DataFrames for people and
 `to_json()`, the machine contract:
 
-    {"source", "kernel_count", "total_ns", "categories": {category: ns}, "memory_ops_ns",
-     "phases": {phase: {"total_ns", "categories"}}, "top_kernels": [{"name", "category", "instances",
-     "total_ns"}]}
+    {"schema_version", "environment", "source", "time_basis", "kernel_count", "total_ns", "mfu",
+     "categories": {category: ns}, "memory_ops_ns", "phases": {phase: {"total_ns", "categories"}},
+     "idle": {phase: {"ranges", "wall_ns", "gpu_span_ns", "busy_ns", "idle_ns", "idle_pct", "largest_gaps_ns",
+     "verdict"}}, "top_kernels": [{"name", "category", "instances", "total_ns"}]}
 
 All times are integer nanoseconds, `categories` lists every category and sums exactly to `total_ns` (kernel
-time only; memory operations are apart), and `phases` is empty when the source has no NVTX ranges. With
+time only; memory operations are apart), and `phases` is empty when the source has no NVTX ranges.
+`time_basis` is `gpu_kernels`, or `cpu_ops` for a trace without kernels (a CPU run), whose tables then hold
+CPU operator self time. `idle` (GPU span, busy and idle time of each phase's kernels) is empty without kernel
+timestamps; `mfu` is null unless FLOPs per step were given. With
 `nvtx=RANGE`, everything covers only the kernels launched inside that range, and the object gains an `nvtx`
 entry with the split by the range's direct sub-ranges.
 """
@@ -26,10 +30,15 @@ import pandas as pd
 from profiler_kit.errors import ProfilerKitError
 from profiler_kit.kernels.attribution import RangeIndex
 from profiler_kit.kernels.categories import CATEGORIES, categorize
+from profiler_kit.kernels.idle import phase_idle
 from profiler_kit.kernels.sources import load
 from profiler_kit.kernels.trace import NO_LAUNCH, KernelTrace
 
 DEFAULT_PHASES = ("forward", "backward", "optimizer_step")
+# Top-level ranges that hold no step of the program, left out when phases are found in a report.
+NOT_PHASES = ("warmup",)
+# What the times are: GPU kernel durations, or (a trace without kernels) CPU operator self times.
+GPU_KERNELS, CPU_OPS = "gpu_kernels", "cpu_ops"
 DEFAULT_TOP = 10
 NS_PER_MS = 1_000_000
 NS_PER_US = 1_000
@@ -57,6 +66,34 @@ class KernelSummary:
     nvtx: str | None = None
     sub_ranges: pd.DataFrame | None = None  # sub_range, category, instances, total_ns
     notes: list[str] = field(default_factory=list)
+    basis: str = GPU_KERNELS
+    idle: pd.DataFrame | None = None  # per phase: where the GPU idles (kernels.idle.phase_idle)
+    step_mfu: dict[str, float | None] | None = None  # over all phases, from FLOPs per step (`add_flops`)
+    attributed: pd.DataFrame | None = None  # one row per execution, with its category (what `kernels` sums)
+    index: RangeIndex | None = None  # the report's NVTX ranges, nested
+
+    def add_flops(self, per_phase: dict[str, float] | None = None, per_step: float | None = None,
+                  peak_tflops: float | None = None) -> None:
+        """Achieved TFLOP/s and MFU over the GPU span of each phase whose FLOPs (per range) are in
+        `per_phase`, and over all phases together from `per_step`; MFU needs the GPU's `peak_tflops`."""
+        if self.idle is None:
+            self.notes.append("no FLOP rate: it needs kernel timestamps and phases")
+            return
+        flops = self.idle["phase"].map(per_phase or {}).astype(float) * self.idle["ranges"]
+        tflops = flops / self.idle["gpu_span_ns"].replace(0, np.nan) / 1e3
+        self.idle["tflops"] = tflops
+        self.idle["mfu_pct"] = tflops * 100.0 / peak_tflops if peak_tflops else np.nan
+        if per_step is not None:
+            span = int(self.idle["gpu_span_ns"].sum())
+            achieved = per_step * int(self.idle["ranges"].max()) / span / 1e3 if span else None
+            mfu = achieved * 100.0 / peak_tflops if achieved is not None and peak_tflops else None
+            self.step_mfu = {"flops_per_step": per_step, "tflops": achieved, "mfu_pct": mfu,
+                             "peak_tflops": peak_tflops}
+
+    @property
+    def timed(self) -> str:
+        """What the tables time, for titles."""
+        return "Kernel time" if self.basis == GPU_KERNELS else "CPU operator self time"
 
     @property
     def kernel_count(self) -> int:
@@ -86,11 +123,16 @@ class KernelSummary:
     def to_json(self) -> dict[str, Any]:
         obj: dict[str, Any] = {
             "source": self.source,
+            "time_basis": self.basis,
             "kernel_count": self.kernel_count,
             "total_ns": self.total_ns,
             "categories": self.category_ns(),
             "memory_ops_ns": self.memory_ops_ns,
             "phases": self.phase_ns(),
+            "mfu": self.step_mfu,
+            "idle": {} if self.idle is None else {
+                r["phase"]: {k: v for k, v in r.items() if k != "phase"} for r in self.idle.to_dict("records")
+            },
             "top_kernels": [
                 {
                     "name": r.name,
@@ -136,6 +178,16 @@ class KernelSummary:
         outside = [OUTSIDE_PHASES] if (self.phases["phase"] == OUTSIDE_PHASES).any() else []
         return _split_table(self.phases, "phase", self.total_ns, [*self.phase_names, *outside])
 
+    def idle_table(self) -> pd.DataFrame:
+        table = self.idle.copy()
+        for column in ("wall", "gpu_span", "busy", "idle"):
+            table[f"{column}_ms"] = table.pop(f"{column}_ns") / NS_PER_MS
+        gaps = table.pop("largest_gaps_ns").map(lambda g: ", ".join(f"{x / NS_PER_US:.1f}" for x in g))
+        table["largest_gaps_us"] = gaps
+        flops = [c for c in ("tflops", "mfu_pct") if c in table.columns]
+        return table[["phase", "ranges", "wall_ms", "gpu_span_ms", "busy_ms", "idle_ms", "idle_pct",
+                      "largest_gaps_us", "verdict", *flops]]
+
     def sub_range_table(self) -> pd.DataFrame:
         order = list(dict.fromkeys(self.sub_ranges["sub_range"]))
         return _split_table(self.sub_ranges, "sub_range", self.total_ns, order)
@@ -143,7 +195,7 @@ class KernelSummary:
     def tables(self, display: bool = False) -> list[tuple[str, pd.DataFrame]]:
         where = f" inside `{self.nvtx}`" if self.nvtx else ""
         by_category = (
-            f"Kernel time by category{where} ({self.source}: {self.path.name})",
+            f"{self.timed} by category{where} ({self.source}: {self.path.name})",
             self.category_table(),
         )
         if self.kernel_count == 0:
@@ -152,9 +204,14 @@ class KernelSummary:
                 return [by_category]
             ranges = self.ranges.assign(total_ms=self.ranges["total_ns"] / NS_PER_MS).drop(columns="total_ns")
             return [("NVTX ranges (no kernels in this report)", ranges)]
-        tables = [by_category, (f"Top {self.top} kernels{where}", self.top_table(display))]
+        items = "kernels" if self.basis == GPU_KERNELS else "CPU operators"
+        tables = [by_category, (f"Top {self.top} {items}{where}", self.top_table(display))]
         if self.phase_names:
-            tables.append((f"Per phase{where}: share of each phase's kernel time", self.phase_table()))
+            tables.append((f"Per phase{where}: share of each phase's {self.timed[0].lower()}{self.timed[1:]}",
+                           self.phase_table()))
+        if self.idle is not None:
+            tables.append((f"Where the GPU idles, per phase{where} (launch-bound: idle above half the GPU span)",
+                           self.idle_table()))
         if self.sub_ranges is not None:
             tables.append((f"`{self.nvtx}` split by its sub-ranges: kernel time", self.sub_range_table()))
         if self.memory_ops is not None and len(self.memory_ops):
@@ -165,11 +222,18 @@ class KernelSummary:
 
     def caption(self) -> str:
         memory = "unknown" if self.memory_ops_ns is None else f"{self.memory_ops_ns / NS_PER_MS:.3f} ms"
+        if self.step_mfu is not None and self.step_mfu["tflops"] is not None:
+            mfu = self.step_mfu["mfu_pct"]
+            lines_mfu = [f"{self.step_mfu['tflops']:.1f} TFLOP/s over the phases' GPU span"
+                         + (f", MFU {mfu:.1f}%" if mfu is not None else "")]
+        else:
+            lines_mfu = []
         lines = [
-            f"{self.kernel_count} kernels, {self.total_ns / NS_PER_MS:.3f} ms of kernel time; "
+            f"{self.kernel_count} {'kernels' if self.basis == GPU_KERNELS else 'CPU operator calls'}, "
+            f"{self.total_ns / NS_PER_MS:.3f} ms of {self.timed[0].lower()}{self.timed[1:]}; "
             f"memory operations: {memory}"
         ]
-        return "\n".join(lines + [f"note: {n}" for n in self.notes])
+        return "\n".join(lines + lines_mfu + [f"note: {n}" for n in self.notes])
 
 
 def display_name(name: str) -> str:
@@ -196,16 +260,22 @@ def summarize_trace(
 ) -> KernelSummary:
     if top < 1:
         raise ProfilerKitError(f"--top must be at least 1, got {top}")
-    kernels = trace.kernels.assign(category=categorize(trace.kernels["name"]))
     notes = list(trace.notes)
+    timed, kind, basis = trace.kernels, "kernel", GPU_KERNELS
+    if not len(trace.kernels) and trace.cpu_ops is not None and len(trace.cpu_ops):
+        timed, kind, basis = trace.cpu_ops, "cpu_op", CPU_OPS
+        notes.append("no GPU kernels in this trace: the tables show CPU operator self time instead")
+    kernels = timed.assign(category=categorize(timed["name"], kind))
     has_ranges = trace.ranges is not None and len(trace.ranges) > 0
-    index = RangeIndex(trace.ranges) if has_ranges and trace.has_launches else None
+    index = RangeIndex(trace.ranges) if has_ranges and "launch_ns" in kernels.columns else None
     if index is not None and index.overlapping:
         notes.append("some NVTX ranges of one thread overlap without nesting; kernels in them may be missed")
     sub_ranges = None
     if nvtx is not None:
         kernels, sub_ranges = _inside(kernels, index, trace, nvtx)
     phase_rows, phase_names = _phases(kernels, index, phases, notes) if index is not None else (None, [])
+    timestamped = basis == GPU_KERNELS and "start_ns" in kernels.columns
+    idle = phase_idle(kernels, index, phase_names) if timestamped and phase_names else None
     if nvtx is not None and phase_rows is not None:
         empty = [p for p in phase_names if p not in set(phase_rows.loc[phase_rows["total_ns"] > 0, "phase"])]
         if empty:
@@ -226,6 +296,10 @@ def summarize_trace(
         nvtx=nvtx,
         sub_ranges=sub_ranges,
         notes=notes,
+        basis=basis,
+        idle=idle,
+        attributed=kernels,
+        index=index,
     )
 
 
@@ -293,10 +367,10 @@ def _phases(
     kernels: pd.DataFrame, index: RangeIndex, phases: list[str] | tuple[str, ...] | None, notes: list[str]
 ) -> tuple[pd.DataFrame, list[str]]:
     """Kernel totals per phase and category (kernels in no phase under OUTSIDE_PHASES), and the phases:
-    those asked for, or the default ones the report has."""
+    those asked for, else those `found_phases` finds."""
     present = set(index.names())
     if phases is None:
-        wanted = [p for p in DEFAULT_PHASES if p in present]
+        wanted = found_phases(index)
     else:
         wanted = list(dict.fromkeys(phases))
         missing = [p for p in wanted if p not in present]
@@ -312,6 +386,27 @@ def _phases(
         rows = np.concatenate([rows, outside])
         codes = np.concatenate([codes, np.full(len(outside), len(wanted))])
     return _totals(kernels, rows, codes, labels, "phase"), wanted
+
+
+def found_phases(index: RangeIndex) -> list[str]:
+    """The phases of a report that names none: the built-in DEFAULT_PHASES when it has any of them; else, on
+    each process's main thread (the one whose outermost ranges last longest), the ranges directly inside the
+    outermost ones (`step` ⊃ `fwd`, `bwd`, `opt` gives fwd, bwd, opt), or the outermost ones when nothing is
+    inside them; `warmup` is never a phase. Names in the order they first start."""
+    present = set(index.names())
+    builtin = [p for p in DEFAULT_PHASES if p in present]
+    if builtin:
+        return builtin
+    ranges = index.ranges
+    top = index.depth == 0
+    span = (ranges["end_ns"] - ranges["start_ns"]).where(top, 0)
+    per_thread = span.groupby([ranges["process"], ranges["thread"]]).sum()
+    main = per_thread.groupby(level=0).idxmax().to_list()
+    on_main = pd.MultiIndex.from_frame(ranges[["process", "thread"]]).isin(main)
+    outer = top & on_main & ~ranges["name"].isin(NOT_PHASES).to_numpy()
+    inner = on_main & np.isin(index.parent, np.flatnonzero(outer))
+    chosen = inner if inner.any() else outer
+    return list(dict.fromkeys(ranges.loc[chosen].sort_values("start_ns", kind="stable")["name"]))
 
 
 def _inside(

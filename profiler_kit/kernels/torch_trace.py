@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from profiler_kit.errors import ProfilerKitError
+from profiler_kit.kernels.cpu_ops import CPU_OP_CATEGORY, cpu_operators
 from profiler_kit.kernels.trace import NO_LAUNCH, KernelTrace, kernel_frame, match_launches, memory_frame, range_frame
 
 LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
@@ -69,7 +70,7 @@ def _correlation(args: pd.Series) -> np.ndarray:
 
 def _load(events: pd.DataFrame, path: Path) -> KernelTrace:
     notes: list[str] = []
-    kernels = _usable(events[events["cat"] == "kernel"], "kernel", ("dur",), notes)
+    kernels = _usable(events[events["cat"] == "kernel"], "kernel", ("ts", "dur"), notes)
     launches = _usable(events[events["cat"].isin(LAUNCH_CATEGORIES)], "launch", ("ts",), notes)
     # GPU events carry the device as their pid: the launch's pid is the process.
     launch_ns, process = match_launches(
@@ -78,8 +79,10 @@ def _load(events: pd.DataFrame, path: Path) -> KernelTrace:
         _ns(launches["ts"]),
         pd.to_numeric(launches["pid"], errors="coerce").fillna(0).to_numpy(dtype=np.int64),
     )
+    stream = kernels["args"].map(lambda a: a.get("stream", 0) if isinstance(a, dict) else 0)
     kernel_rows = kernel_frame(
-        kernels["name"].astype(str).to_numpy(), _ns(kernels["dur"]), launch_ns, process
+        kernels["name"].astype(str).to_numpy(), _ns(kernels["dur"]), launch_ns, process,
+        start_ns=_ns(kernels["ts"]), stream=pd.to_numeric(stream, errors="coerce").fillna(0).to_numpy(),
     )
     annotations = _usable(events[events["cat"] == RANGE_CATEGORY], "range", ("ts", "dur"), notes)
     starts = _ns(annotations["ts"])
@@ -96,4 +99,6 @@ def _load(events: pd.DataFrame, path: Path) -> KernelTrace:
     memory_ops = (
         memory_frame(memory["name"].astype(str).to_numpy(), _ns(memory["dur"])) if cuda_traced else None
     )
-    return KernelTrace(SOURCE, path, kernel_rows, ranges, memory_ops, notes)
+    operators = _usable(events[events["cat"] == CPU_OP_CATEGORY], "CPU operator", ("ts", "dur"), notes)
+    cpu_ops = cpu_operators(pd.concat([operators, annotations]))
+    return KernelTrace(SOURCE, path, kernel_rows, ranges, memory_ops, notes, cpu_ops)

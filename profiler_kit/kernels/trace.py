@@ -25,11 +25,13 @@ class KernelTrace:
     """Kernels, NVTX ranges and memory operations of one source file.
 
     kernels: one row per kernel execution (`instances` 1) with `launch_ns`/`process` when the source has
-        launch times, else one row per kernel name with totals. Durations are integer nanoseconds.
+        launch times (and `start_ns`, `stream` when it has GPU timestamps), else one row per kernel name with
+        totals. Durations are integer nanoseconds.
     ranges: NVTX push/pop (or record_function) ranges with the process and thread that pushed them; None when
         the source cannot hold ranges, empty when it could but has none.
     memory_ops: memcpy/memset totals by operation; None when the source does not say.
     notes: caveats about the source to show beside the summary (rounded times, truncated names).
+    cpu_ops: CPU operator calls as a `kernels` frame of self times (torch.profiler traces); None elsewhere.
     """
 
     source: str
@@ -38,6 +40,7 @@ class KernelTrace:
     ranges: pd.DataFrame | None = None
     memory_ops: pd.DataFrame | None = None
     notes: list[str] = field(default_factory=list)
+    cpu_ops: pd.DataFrame | None = None
 
     @property
     def has_launches(self) -> bool:
@@ -50,8 +53,11 @@ def kernel_frame(
     launch_ns: np.ndarray | None = None,
     process: np.ndarray | None = None,
     instances: np.ndarray | None = None,
+    start_ns: np.ndarray | None = None,
+    stream: np.ndarray | None = None,
 ) -> pd.DataFrame:
-    """A `kernels` frame with the right dtypes; per-execution when launch times are given."""
+    """A `kernels` frame with the right dtypes; per-execution when launch times are given, with the GPU start
+    and stream of each execution when those are given."""
     durations = np.asarray(durations_ns, dtype=np.int64)
     frame = pd.DataFrame(
         {
@@ -67,6 +73,9 @@ def kernel_frame(
     if launch_ns is not None:
         frame["launch_ns"] = np.asarray(launch_ns, dtype=np.int64)
         frame["process"] = np.asarray(process, dtype=np.int64)
+    if start_ns is not None:
+        frame["start_ns"] = np.asarray(start_ns, dtype=np.int64)
+        frame["stream"] = np.asarray(stream, dtype=np.int64)
     return frame
 
 

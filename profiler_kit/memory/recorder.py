@@ -6,6 +6,12 @@ reads and resets the allocator's peak counters at every phase boundary, and the 
 pickle protocol 4, which pytorch.org/memory_viz reads. An out-of-memory error inside a recorded step is the
 moment a snapshot matters most: it is caught, the snapshot is dumped anyway and the sidecar says where it hit.
 
+The snapshot describes itself: each phase is a `record_function` range (so it lands in the snapshot's
+`external_annotations`, and memory_viz shows it), allocations carry the phase as user metadata where torch can
+attach it, and the sidecar's content (config, per-phase counter peaks, the storages of parameters, gradients and
+optimizer moments, the Linear weights' sizes) is also stored in the snapshot dict under `profiler_kit`, so the
+pickle alone analyses the same as pickle + sidecar.
+
 Stacks are Python frames only (`stacks="python"`): they name the model code that allocated, which is what the
 analysis reports. C++ frames (`"all"`) make every event slower to record, the dump slow to symbolise and the
 file several times larger, for frames inside torch that the analysis skips anyway.
@@ -27,7 +33,7 @@ from pathlib import Path
 import torch
 
 from profiler_kit.errors import ProfilerKitError
-from profiler_kit.memory.snapshot import SIDECAR_FORMAT, SIDECAR_VERSION, sidecar_path
+from profiler_kit.memory.snapshot import EMBEDDED_KEY, SIDECAR_FORMAT, SIDECAR_VERSION, sidecar_path
 from profiler_kit.workload import Workload, WorkloadConfig, release, synchronize
 
 # One train step of xl at ctx 512 logs a few tens of thousands of events; this keeps a couple of steps.
@@ -65,19 +71,42 @@ def oom_summary(exc: BaseException) -> str:
     return match.group(0) if match else text[:160]
 
 
-class _PhaseMeter:
-    """The `on_phase_end` callback: per-phase peaks from the allocator's counters, reset at every boundary."""
+def _tag_allocations(text: str) -> None:
+    """Attach `text` to the allocations made from now on (their `user_metadata`), where this torch can."""
+    if hasattr(torch._C, "_cuda_setMemoryMetadata"):
+        torch.cuda.memory._set_memory_metadata(text)
 
-    def __init__(self, device: torch.device) -> None:
+
+class _PhaseMeter:
+    """The `on_phase_end` callback: per-phase peaks from the allocator's counters, reset at every boundary; each
+    phase also runs inside a `record_function` range of its name, which the snapshot keeps as annotations."""
+
+    def __init__(self, device: torch.device, phases: tuple[str, ...]) -> None:
         self.device = device
+        self.phases = phases
         self.rows: list[dict] = []
         self.step = 0
+        self._range: torch.profiler.record_function | None = None
+
+    def _open(self, phase: str) -> None:
+        self._range = torch.profiler.record_function(phase)
+        self._range.__enter__()
+        _tag_allocations(phase)
+
+    def close(self) -> None:
+        """End the open phase range, if any (after the last phase, or when a step fails)."""
+        if self._range is not None:
+            self._range.__exit__(None, None, None)
+            self._range = None
+            _tag_allocations("")
 
     def start_step(self, step: int) -> None:
         self.step = step
         torch.cuda.reset_peak_memory_stats(self.device)
+        self._open(self.phases[0])
 
     def __call__(self, phase: str, completed: bool = True) -> None:
+        self.close()
         self.rows.append({
             "step": self.step,
             "phase": phase,
@@ -89,19 +118,24 @@ class _PhaseMeter:
             "completed": completed,
         })
         torch.cuda.reset_peak_memory_stats(self.device)
+        following = self.phases.index(phase) + 1 if phase in self.phases else len(self.phases)
+        if completed and following < len(self.phases):
+            self._open(self.phases[following])
 
-    def failed_phase(self, phases: tuple[str, ...]) -> str:
+    def failed_phase(self) -> str:
         """The phase after the last one this step completed."""
         done = [r["phase"] for r in self.rows if r["step"] == self.step]
-        return phases[len(done)] if len(done) < len(phases) else phases[-1]
+        return self.phases[len(done)] if len(done) < len(self.phases) else self.phases[-1]
 
 
 def _start_history(max_entries: int) -> None:
     kwargs = {"context": "all", "stacks": STACKS, "max_entries": max_entries}
-    # Without clearing, a second recording in the same process keeps the first one's events; the flag is
-    # missing from older torch releases.
-    if "clear_history" in inspect.signature(torch.cuda.memory._record_memory_history_impl).parameters:
-        kwargs["clear_history"] = True
+    # Without clearing, a second recording in the same process keeps the first one's events; without global
+    # annotations, only ranges opened on this thread are kept. Older torch releases lack one or both flags.
+    accepted = inspect.signature(torch.cuda.memory._record_memory_history_impl).parameters
+    for flag in ("clear_history", "global_record_annotations"):
+        if flag in accepted:
+            kwargs[flag] = True
     torch.cuda.memory._record_memory_history(enabled="all", **kwargs)
 
 
@@ -124,6 +158,11 @@ def tensor_roles(workload: Workload) -> dict[str, list[int]]:
             if torch.is_tensor(value) and value.shape == param.shape
         ],
     }
+
+
+def linear_weight_numels(workload: Workload) -> list[int]:
+    """Element counts of the Linear weights: autocast casts these to bf16 copies in a mixed-precision forward."""
+    return [m.weight.numel() for m in workload.model.modules() if isinstance(m, torch.nn.Linear)]
 
 
 def _write_atomically(path: Path, data: bytes) -> None:
@@ -169,7 +208,7 @@ def record(
                 progress(f"warm-up ran out of memory ({warmup_oom}); recording the failing step")
                 break
         synchronize(workload.device)
-        meter = _PhaseMeter(workload.device)
+        meter = _PhaseMeter(workload.device, workload.phases)
         oom = None
         _start_history(max_entries)
         try:
@@ -179,7 +218,7 @@ def record(
                 try:
                     workload.step(on_phase_end=meter)
                 except torch.cuda.OutOfMemoryError as exc:
-                    phase = meter.failed_phase(workload.phases)
+                    phase = meter.failed_phase()
                     meter(phase, completed=False)
                     oom = {"step": step, "phase": phase, "summary": oom_summary(exc), "message": str(exc)}
                     break
@@ -190,9 +229,8 @@ def record(
             progress("taking the snapshot")
             snapshot = torch.cuda.memory._snapshot()
         finally:
+            meter.close()
             torch.cuda.memory._record_memory_history(enabled=None)
-        _write_atomically(snapshot_file, pickle.dumps(snapshot, protocol=SNAPSHOT_PICKLE_PROTOCOL))
-        del snapshot
         sidecar = {
             "format": SIDECAR_FORMAT,
             "version": SIDECAR_VERSION,
@@ -211,9 +249,16 @@ def record(
             "warmup_oom": warmup_oom,
             "oom": oom,
             "tensor_roles": tensor_roles(workload),
+            "linear_weight_numels": linear_weight_numels(workload),
         }
+        side_text = json.dumps(sidecar, indent=1) + "\n"
+        # The JSON round trip stores plain containers only (torch's version string is a str subclass, which the
+        # restricted unpickler refuses), i.e. exactly what the sidecar file holds.
+        snapshot[EMBEDDED_KEY] = json.loads(side_text)
+        _write_atomically(snapshot_file, pickle.dumps(snapshot, protocol=SNAPSHOT_PICKLE_PROTOCOL))
+        del snapshot
     finally:
         release(workload)
     side_file = sidecar_path(snapshot_file)
-    _write_atomically(side_file, (json.dumps(sidecar, indent=1) + "\n").encode())
+    _write_atomically(side_file, side_text.encode())
     return RecordResult(snapshot_file, side_file, sidecar)

@@ -25,6 +25,8 @@ ADDRESS_ACTIONS = frozenset({
 })
 SIDECAR_FORMAT = "profiler-kit memory sidecar"
 SIDECAR_VERSION = 1
+# The key under which the recorder stores the same metadata inside the snapshot dict it pickles.
+EMBEDDED_KEY = "profiler_kit"
 # Builtin containers are the only globals a snapshot pickle may name (protocols below 4 spell sets this way;
 # protocol 2 names their module `__builtin__`, as Python 2 did).
 # Sizes and addresses are summed as int64 by the analysis.
@@ -164,6 +166,14 @@ def sidecar_path(snapshot_path: str | Path) -> Path:
     return Path(snapshot_path).with_suffix(".json")
 
 
+def _check_metadata(data: object, where: str, remedy: str) -> dict:
+    if not isinstance(data, dict) or data.get("format") != SIDECAR_FORMAT:
+        raise ProfilerKitError(f"{where} is not profiler-kit memory metadata; {remedy}")
+    if data.get("version") != SIDECAR_VERSION:
+        raise ProfilerKitError(f"{where}: version {data.get('version')!r}; this tool reads {SIDECAR_VERSION}")
+    return data
+
+
 def load_sidecar(snapshot_path: str | Path) -> dict | None:
     """The recorder's JSON sidecar beside a snapshot, or None when there is none (a foreign snapshot)."""
     path = sidecar_path(snapshot_path)
@@ -173,12 +183,24 @@ def load_sidecar(snapshot_path: str | Path) -> dict | None:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise ProfilerKitError(f"sidecar {path}: not readable JSON ({exc})") from None
-    if not isinstance(data, dict) or data.get("format") != SIDECAR_FORMAT:
-        raise ProfilerKitError(
-            f"{path} sits beside the snapshot but is not a profiler-kit memory sidecar; move it to summarize "
-            f"{Path(snapshot_path).name} alone"
-        )
-    if data.get("version") != SIDECAR_VERSION:
-        raise ProfilerKitError(f"sidecar {path}: version {data.get('version')!r}; this tool reads "
-                               f"{SIDECAR_VERSION}")
-    return data
+    return _check_metadata(data, f"{path} (beside the snapshot)",
+                           f"move it to summarize {Path(snapshot_path).name} alone")
+
+
+def embedded_metadata(snapshot: dict) -> dict | None:
+    """The metadata the recorder stores inside its snapshots (the sidecar's content), or None."""
+    if EMBEDDED_KEY not in snapshot:
+        return None
+    return _check_metadata(snapshot[EMBEDDED_KEY], f"the snapshot's {EMBEDDED_KEY!r} entry",
+                           "it was not written by profiler-kit")
+
+
+def load_metadata(snapshot_path: str | Path, snapshot: dict, use_sidecar: bool = True
+                  ) -> tuple[dict | None, str | None]:
+    """The recorder's metadata and where it came from: the sidecar when present (and used), else the snapshot
+    itself."""
+    sidecar = load_sidecar(snapshot_path) if use_sidecar else None
+    if sidecar is not None:
+        return sidecar, "sidecar"
+    embedded = embedded_metadata(snapshot)
+    return embedded, None if embedded is None else "snapshot"

@@ -36,7 +36,7 @@ def row(i: int) -> dict:
 def no_runs(monkeypatch) -> list:
     """Configs the benchmark would have run (none, when the output is refused up front)."""
     ran: list = []
-    monkeypatch.setattr(bench, "run_config", lambda cfg, warmup, steps: ran.append(cfg))
+    monkeypatch.setattr(bench, "run_config", lambda item, *args: ran.append(item))
     return ran
 
 
@@ -179,3 +179,23 @@ def test_a_failed_nsys_run_keeps_the_previous_report_and_export(tmp_path):
         profile(cfg, 0, 1, "nsys", out, failing)
     assert report.read_bytes() == b"previous report" and sqlite.read_bytes() == b"previous export"
     assert sorted(os.listdir(out)) == sorted([report.name, sqlite.name])
+
+
+def test_a_results_file_without_the_key_columns_is_refused(tmp_path, no_runs):
+    old = tmp_path / "r.csv"
+    old.write_text("model,ctx,mode,status,total_ms\ntiny,8,train,ok,1.5\n")
+    result = CliRunner().invoke(main, ["benchmark", *FAST, "--output", str(old)])
+    assert result.exit_code == 1 and no_runs == []
+    assert "lacks the key column(s)" in result.stderr and "optimizer, repeat" in result.stderr
+    assert old.read_text() == "model,ctx,mode,status,total_ms\ntiny,8,train,ok,1.5\n"
+
+
+def test_resume_with_repeat_runs_only_the_passes_not_in_the_file(tmp_path):
+    out = tmp_path / "r.jsonl"
+    once = [*FAST, "--max-warmup", "0", "--output", str(out)]
+    assert CliRunner().invoke(main, ["benchmark", *once]).exit_code == 0
+    twice = CliRunner().invoke(main, ["benchmark", *once, "--repeat", "2", "--resume"])
+    assert twice.exit_code == 0 and "resume: 1 of 2 configs" in twice.stderr
+    rows = read_rows(out)
+    assert [r["repeat"] for r in rows] == [1, 2] and rows[0]["optimizer"] == rows[1]["optimizer"] is not None
+

@@ -151,3 +151,18 @@ def test_a_trace_whose_kernels_all_lack_a_duration_is_an_error(tmp_path):
 
     with pytest.raises(ProfilerKitError, match="none of the 346 kernel events"):
         load(edited_trace(tmp_path, edit))
+
+
+def test_cpu_operators_without_usable_times_are_skipped_and_counted(tmp_path):
+    obj = json.loads(gzip.decompress((KERNELS / "cpu_example_mlp_torch.json.gz").read_bytes()))
+    ops = [e for e in obj["traceEvents"] if e.get("cat") == "cpu_op"]
+    for e in ops[:3]:
+        e["dur"] = -1
+    for e in ops[3:6]:
+        e["ts"] = "later"
+    path = tmp_path / "cpu.json"
+    path.write_text(json.dumps(obj))
+    trace = load(path)
+    assert len(trace.cpu_ops) == len(load(KERNELS / "cpu_example_mlp_torch.json.gz").cpu_ops) - 6
+    assert (trace.cpu_ops["total_ns"] >= 0).all()
+    assert any(note.startswith(f"skipped 6 of {len(ops):,} CPU operator events") for note in trace.notes)

@@ -1,4 +1,4 @@
-"""The benchmark harness: warm-up excluded, exact step count, failures isolated, output + resume, CLI contract."""
+"""The benchmark on the tiny model: row fields, failures isolated, output + resume, the CLI contract."""
 
 import json
 
@@ -8,64 +8,32 @@ from click.testing import CliRunner
 
 from profiler_kit import benchmark as bench
 from profiler_kit.cli import main
+from profiler_kit.profile_target import build_target
 from profiler_kit.results_io import read_rows, run_sweep
 from profiler_kit.workload import Workload, WorkloadConfig
 
 TINY = WorkloadConfig("tiny", 16, "train", batch_size=2, device="cpu")
 
 
-class FakeWorkload:
-    """Advances a fake clock: 100 s per warm-up step, 1 s per phase of a timed step."""
-
-    device = torch.device("cpu")
-    phases = ("forward", "backward", "optimizer_step")
-
-    def __init__(self, clock):
-        self.clock = clock
-        self.calls = []
-
-    def step(self, on_phase_end=None):
-        self.calls.append(on_phase_end is not None)
-        for phase in self.phases:
-            self.clock[0] += 1.0 if on_phase_end else 100.0
-            if on_phase_end:
-                on_phase_end(phase)
-
-
-def test_warmup_is_excluded_and_exactly_steps_are_timed(monkeypatch):
-    clock = [0.0]
-    monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
-    workload = FakeWorkload(clock)
-    samples = bench.time_steps(workload, warmup=3, steps=4)
-    assert workload.calls == [False] * 3 + [True] * 4
-    assert samples == {
-        "forward": [1.0] * 4,
-        "backward": [1.0] * 4,
-        "optimizer_step": [1.0] * 4,
-        "total": [3.0] * 4,
-    }
-
-
-def test_every_clock_read_follows_a_synchronize(monkeypatch):
-    events = []
-    monkeypatch.setattr(bench, "synchronize", lambda device: events.append("sync"))
-    monkeypatch.setattr(bench.time, "perf_counter", lambda: events.append("clock") or 0.0)
-    bench.time_steps(FakeWorkload([0.0]), warmup=1, steps=2)
-    clocks = [i for i, e in enumerate(events) if e == "clock"]
-    assert len(clocks) == 2 * 4 and all(events[i - 1] == "sync" for i in clocks)
+def timing(warmup, steps):
+    """A fixed warm-up of `warmup` steps, then `steps` timed ones."""
+    return bench.TimingOptions(warmup=warmup, max_warmup=0, steps=steps)
 
 
 def test_row_fields_and_units():
-    row = bench.run_config(TINY, warmup=1, steps=3)
-    assert row["status"] == "ok" and row["steps"] == 3 and row["warmup"] == 1
+    row = bench.run_config(TINY, timing(1, 3))
+    assert row["status"] == "ok" and row["steps"] == 3 and row["warmup"] == 1 and row["optimizer"] == "adamw-fused"
     assert row["total_ms"] >= row["forward_ms"] > 0 and row["total_ms_std"] >= 0
+    assert row["total_ms_p10"] <= row["total_ms_median"] <= row["total_ms_p90"]
+    parts = row["forward_ms"] + row["backward_ms"] + row["optimizer_ms"]
+    assert parts <= row["total_ms"] < parts * 1.5  # the phases tile the step: the total is their sum plus marks
     assert row["tokens_per_s"] == pytest.approx(2 * 16 / (row["total_ms"] / 1e3))
     assert row["peak_allocated_mb"] is None and row["mfu_pct"] is None  # CPU: no CUDA memory, no peak table
     assert row["params"] == 1_411_392
 
 
 def test_forward_mode_has_no_backward_or_optimizer_time():
-    row = bench.run_config(WorkloadConfig("tiny", 16, "forward", batch_size=2, device="cpu"), 0, 2)
+    row = bench.run_config(WorkloadConfig("tiny", 16, "forward", batch_size=2, device="cpu"), timing(0, 2))
     assert row["forward_ms"] > 0 and row["backward_ms"] is None and row["optimizer_ms"] is None
 
 
@@ -81,14 +49,15 @@ def test_oom_and_errors_are_rows_and_the_sweep_goes_on(monkeypatch):
 
     monkeypatch.setattr(Workload, "step", failing)
     configs = bench.sweep_configs(TINY, ["tiny"], [16, 24, 32], ["forward"])
-    rows = list(run_sweep(configs, lambda cfg: bench.run_config(cfg, warmup=0, steps=1)))
+    rows = list(run_sweep(configs, lambda cfg: [bench.run_config(cfg, timing(0, 1))]))
     assert [r["status"] for r in rows] == ["oom", "error", "ok"]
     assert "out of memory" in rows[0]["message"] and "something else broke" in rows[1]["message"]
 
 
 # No warm-up, one timed step, forward only of the tiny model on the CPU: the cheapest real sweep row.
 QUICK_FORWARD = [
-    "benchmark", "--model", "tiny", "--mode", "forward", "--device", "cpu", "--warmup", "0", "--steps", "1",
+    "benchmark", "--model", "tiny", "--mode", "forward", "--device", "cpu", "--warmup", "0", "--max-warmup", "0",
+    "--steps", "1",
 ]  # fmt: skip
 
 
@@ -105,7 +74,7 @@ def test_output_and_resume_extend_a_sweep_without_redoing_rows(tmp_path, monkeyp
 
     ran = []
     real = bench.run_config
-    monkeypatch.setattr(bench, "run_config", lambda cfg, w, s: ran.append(cfg.ctx) or real(cfg, w, s))
+    monkeypatch.setattr(bench, "run_config", lambda item, *a: ran.append(item.cfg.ctx) or real(item, *a))
     second = _cli(*base, "--ctx", "8,16,24", "--output", str(out), "--resume", "--format", "json")
     assert second.exit_code == 0, second.output
     assert ran == [24]
@@ -174,6 +143,7 @@ def test_json_output_contract():
         (["--steps", "0"], "--steps"),
         (["--batch-size", "0"], "--batch-size"),
         (["--mode", "inference"], "choose from"),
+        (["--attention", "sdpa,flashy"], "choose from"),
         (["--resume"], "--resume needs --output"),
         (["--output", "x.txt"], "unsupported extension"),
     ],
@@ -189,7 +159,14 @@ def test_bad_options_are_usage_errors_not_tracebacks(args, fragment):
     )
 
 
-def test_models_command_lists_exact_counts():
-    result = _cli("models", "--format", "json")
-    rows = {r["model"]: r for r in json.loads(result.stdout)}
-    assert rows["xl"]["params"] == 1_998_235_200 and rows["tiny"]["layers"] == 2
+def test_the_optimizer_reaches_the_profiled_workload():
+    """`nsys` and `memory` hand the config to the profiled process as a spec of WorkloadConfig fields."""
+    cfg = WorkloadConfig("tiny", 8, "train", batch_size=1, device="cpu", optimizer="adamw-foreach")
+    target = build_target({"workload": cfg.as_dict()}, note=print)
+    assert target.step.__self__.optimizer.defaults["foreach"] is True
+
+
+@pytest.mark.parametrize("command", ["nsys", "memory", "benchmark"])
+def test_an_unknown_optimizer_is_a_usage_error(command):
+    result = _cli(command, "--optimizer", "sgd")
+    assert result.exit_code == 2 and "adamw-fused" in result.output

@@ -1,5 +1,6 @@
 """Loading snapshots safely: valid ones load; missing, empty, truncated, random and non-snapshot pickles, and
-pickles that name a global, give one-line errors (nothing they name is imported or run); sidecars."""
+pickles that name a global, give one-line errors (nothing they name is imported or run); the recorder's metadata,
+from its sidecar or from inside the snapshot."""
 
 import json
 import os
@@ -12,7 +13,7 @@ from click.testing import CliRunner
 from profiler_kit.cli import main
 from profiler_kit.errors import ProfilerKitError
 from profiler_kit.memory import load_sidecar, load_snapshot
-from profiler_kit.memory.snapshot import SIDECAR_FORMAT, SIDECAR_VERSION
+from profiler_kit.memory.snapshot import EMBEDDED_KEY, SIDECAR_FORMAT, SIDECAR_VERSION, load_metadata
 
 FRAME = {"filename": "/work/main/profiler_kit/model.py", "line": 33, "name": "naive_causal_attention"}
 SNAPSHOT = {
@@ -118,8 +119,21 @@ def test_sidecar_is_optional_and_checked(tmp_path):
     with pytest.raises(ProfilerKitError, match="version"):
         load_sidecar(path)
     side.write_text('{"something": "else"}')
-    with pytest.raises(ProfilerKitError, match="not a profiler-kit memory sidecar"):
+    with pytest.raises(ProfilerKitError, match="is not profiler-kit memory metadata; move it"):
         load_sidecar(path)
     side.write_text("{broken")
     with pytest.raises(ProfilerKitError, match="not readable JSON"):
         load_sidecar(path)
+
+
+def test_metadata_comes_from_the_sidecar_else_from_the_snapshot(tmp_path):
+    meta = {"format": SIDECAR_FORMAT, "version": SIDECAR_VERSION, "phases": [], "where": "inside"}
+    path = write(tmp_path, pickle.dumps(dict(SNAPSHOT, **{EMBEDDED_KEY: meta})))
+    snapshot = load_snapshot(path)
+    assert load_metadata(path, snapshot) == (meta, "snapshot")
+    (tmp_path / "snap.json").write_text(json.dumps(dict(meta, where="beside")))
+    assert load_metadata(path, snapshot)[0]["where"] == "beside"
+    assert load_metadata(path, snapshot, use_sidecar=False) == (meta, "snapshot")
+    assert load_metadata(path, SNAPSHOT, use_sidecar=False) == (None, None)
+    with pytest.raises(ProfilerKitError, match="not profiler-kit memory metadata; it was not written by"):
+        load_metadata(path, dict(SNAPSHOT, **{EMBEDDED_KEY: {"x": 1}}), use_sidecar=False)

@@ -12,12 +12,13 @@ from click.testing import CliRunner
 from profiler_kit.cli import main
 from profiler_kit.cli import memory as memory_cli
 from profiler_kit.errors import ProfilerKitError
-from profiler_kit.memory import analyze_file, record, recorder
+from profiler_kit.memory import analyze_file, load_snapshot, record, recorder
 from profiler_kit.memory.analyze import first_user_frame
 from profiler_kit.memory.recorder import oom_summary
+from profiler_kit.presets import count_parameters, from_name
 from profiler_kit.workload import PHASES, Workload, WorkloadConfig, phases_for
 
-FIXTURE = Path(__file__).parent / "fixtures" / "memory" / "tiny_ctx128_train.pickle"
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "memory" / "tiny_ctx128_train.pickle"
 # The allocator counts whole blocks (rounded up, and unsplit remainders below 1 MiB); the trace counts
 # requested bytes. On a small model the two differ by well under this fraction.
 ROUNDING_SLACK = 0.2
@@ -61,6 +62,23 @@ class FakeCudaAllocator:
             monkeypatch.setattr(torch.cuda, name, fn)
         monkeypatch.setattr(mem, "_record_memory_history", self.history)
         monkeypatch.setattr(mem, "_snapshot", self.snapshot)
+        self.ranges: list[str] = []
+        self.history_kwargs: dict = {}
+        fake = self
+
+        class Range:
+            """Stands in for torch.profiler.record_function: logs when each range opens and closes."""
+
+            def __init__(self, name):
+                self.name = name
+
+            def __enter__(self):
+                fake.ranges.append(f"open {self.name}")
+
+            def __exit__(self, *exc):
+                fake.ranges.append(f"close {self.name}")
+
+        monkeypatch.setattr(torch.profiler, "record_function", Range)
         monkeypatch.setattr(recorder, "require_cuda", lambda cfg: None)
         monkeypatch.setattr(memory_cli, "require_cuda", lambda cfg: None)
         original = Workload.step
@@ -87,6 +105,7 @@ class FakeCudaAllocator:
 
     def history(self, enabled="all", **kwargs):
         self.history_on = enabled is not None
+        self.history_kwargs = self.history_kwargs or kwargs
         self.calls.append(f"history {enabled} {kwargs.get('stacks')}")
 
     def snapshot(self):
@@ -114,6 +133,12 @@ def test_recorder_flow(monkeypatch, tmp_path):
     roles = side["tensor_roles"]
     assert len(roles["parameter"]) == len(roles["gradient"]) == 7 * 2 + 3  # tiny has 2 layers
     assert len(roles["adamw_state"]) == 2 * len(roles["parameter"])
+    # The snapshot carries the same metadata, and each recorded phase ran inside a record_function range of its
+    # name, collected from every thread.
+    assert load_snapshot(result.snapshot_path)["profiler_kit"] == side
+    assert fake.ranges == [f"{action} {p}" for _ in range(2) for p in PHASES for action in ("open", "close")]
+    assert fake.history_kwargs["global_record_annotations"] is True
+    assert len(side["linear_weight_numels"]) == 5 * 2 + 1
 
 
 def test_oom_in_the_recorded_step_dumps_then_exits_nonzero(monkeypatch, tmp_path):
@@ -132,6 +157,7 @@ def test_oom_in_the_recorded_step_dumps_then_exits_nonzero(monkeypatch, tmp_path
     side = json.loads((tmp_path / "tiny_ctx16_train.json").read_text())
     assert side["warmup_oom"] == "Tried to allocate 9.00 GiB"
     assert [(p["phase"], p["completed"]) for p in side["phases"]] == [("forward", True), ("backward", False)]
+    assert fake.ranges == ["open forward", "close forward", "open backward", "close backward"]
     assert (tmp_path / "tiny_ctx16_train.png").exists()
 
 
@@ -145,7 +171,7 @@ def _user_frame_share(report, span) -> float:
 def check_recording(path: Path) -> None:
     assert path.read_bytes()[:2] == b"\x80\x04"  # pickle protocol 4, what memory_viz reads
     report = analyze_file(path)
-    side, recon = report.sidecar, report.recon
+    side, recon = report.meta, report.recon
     assert side is not None and side["oom"] is None
     cfg = side["config"]
     assert [p["phase"] for p in side["phases"]] == list(phases_for(cfg["mode"])) * side["steps"]
@@ -173,6 +199,19 @@ def check_recording(path: Path) -> None:
         assert adamw["count_at_peak"] == adamw["expected_count"]  # allocated in warm-up, alive throughout
         assert rows.loc["gradients", "allocs_in_trace"] == rows.loc["gradients", "expected_count"]
     assert report.top["where"].fillna("").str.startswith("profiler_kit/").any()
+    by_role = report.roles_at_peak.set_index("role")
+    assert by_role.loc["parameter", "size_bytes"] == 4 * count_parameters(from_name(cfg["model"], cfg["ctx"]))
+
+
+def check_self_describing(path: Path) -> None:
+    """A new recording analyses the same from the pickle alone, and its phases are annotated ranges in it."""
+    with_sidecar = analyze_file(path).to_json()
+    alone = analyze_file(path, use_sidecar=False).to_json()
+    assert (with_sidecar.pop("metadata_source"), alone.pop("metadata_source")) == ("sidecar", "snapshot")
+    assert with_sidecar == alone
+    snapshot = load_snapshot(path)
+    names = {a["name"] for a in snapshot["external_annotations"] if a["stage"] == "START"}
+    assert set(phases_for(snapshot["profiler_kit"]["config"]["mode"])) <= names
 
 
 @pytest.mark.skipif(not FIXTURE.exists(), reason="the H100 recording is committed by the lead")
@@ -187,6 +226,7 @@ def test_record_tiny_train_step(tmp_path):
     assert result.snapshot_path == tmp_path / "tiny_ctx128_train.pickle"
     assert result.sidecar_path == tmp_path / "tiny_ctx128_train.json" and result.oom is None
     check_recording(result.snapshot_path)
+    check_self_describing(result.snapshot_path)
 
 
 @pytest.mark.gpu
@@ -198,7 +238,7 @@ def test_cli_writes_pickle_sidecar_plot_and_json(tmp_path):
     data = json.loads(result.stdout)
     assert data["config"]["mixed_precision"] and len(data["top_allocations"]) == 4
     stem = tmp_path / "tiny_ctx64_forward_bf16"
-    assert all(stem.with_suffix(s).exists() for s in (".pickle", ".json", ".png"))
+    assert all(stem.with_suffix(s).exists() for s in (".pickle", ".json", ".png", ".html"))
 
 
 @pytest.mark.gpu

@@ -15,16 +15,11 @@ from click.testing import CliRunner
 from profiler_kit.cli import main
 from profiler_kit.errors import ProfilerKitError
 from profiler_kit.memory import analyze, plot_timeline, reconstruct
-from profiler_kit.memory.analyze import (
-    BEFORE_TRACE,
-    assign_roles,
-    expected_vs_measured,
-    first_user_frame,
-    parameter_tensor_count,
-    phase_spans,
-    short_path,
-)
+from profiler_kit.memory.analyze import BEFORE_TRACE, first_user_frame, short_path
+from profiler_kit.memory.phases import phase_spans
+from profiler_kit.memory.roles import assign_roles
 from profiler_kit.memory.snapshot import SIDECAR_FORMAT, SIDECAR_VERSION
+from profiler_kit.memory.tables import expected_vs_measured, parameter_tensor_count
 from profiler_kit.model import TransformerLM
 from profiler_kit.presets import from_name
 
@@ -208,7 +203,7 @@ def test_no_trace_means_the_snapshot_state_is_the_peak():
     assert report.recon.peak_reserved_bytes == 2 * SEGMENT_BYTES
     assert any("no trace" in note for note in report.notes)
     with pytest.raises(ProfilerKitError, match="no trace"):
-        plot_timeline(report.recon, report.spans, "unused.png", "t")
+        plot_timeline(report.recon, report.roles, report.spans, "unused.png", "t")
 
 
 def test_first_frame_outside_torch_skips_cpp_and_torch_frames():
@@ -278,14 +273,14 @@ def simulated_train_step() -> tuple[dict, dict, dict]:
 def test_phases_roles_and_expected_vs_measured():
     snapshot, sidecar, counts = simulated_train_step()
     report = analyze(snapshot, sidecar, top=5)
-    spans = phase_spans(report.recon, sidecar)
+    spans = phase_spans(report.recon, snapshot, sidecar)
     assert [s.label for s in spans] == ["forward", "backward", "optimizer_step"]
     assert spans[0].start == 0 and spans[-1].end == report.recon.n_entries
     assert report.summary.loc[0, "peak_phase"] == "forward"  # activations all alive, no gradients yet
     assert set(report.top["allocated_in"]) <= {"forward", "before trace"}
     n_tensors = len(sidecar["tensor_roles"]["parameter"])
     assert parameter_tensor_count(from_name("tiny").num_layers) == n_tensors  # the formula matches the model
-    rows = expected_vs_measured(report.recon, assign_roles(report.recon, sidecar), CONFIG).set_index("tensor")
+    rows = expected_vs_measured(report.recon, assign_roles(report.recon, spans, sidecar), CONFIG).set_index("tensor")
     assert rows.loc["parameters", "count_at_peak"] == rows.loc["parameters", "expected_count"] == n_tensors
     assert rows.loc["AdamW state (exp_avg, exp_avg_sq)", "count_at_peak"] == 2 * n_tensors
     assert rows.loc["gradients", "count_at_peak"] == 0
@@ -300,10 +295,30 @@ def test_phases_roles_and_expected_vs_measured():
     assert rows.loc["attention scores B·h·T²", "bytes_each"] == b * mc.num_heads * t * t * 4
 
 
+def test_roles_without_the_recorders_list_come_from_phase_and_lifetime():
+    snapshot, sidecar, counts = simulated_train_step()
+    del sidecar["tensor_roles"]
+    report = analyze(snapshot, sidecar)
+    a, roles = report.recon.allocations, report.roles
+    made_in = {span.label: (a["start"] >= span.start) & (a["start"] < span.end) for span in report.spans}
+    # Kept past forward: activations; made in backward and kept: gradients; the optimizer's scratch: temporary.
+    assert set(roles[made_in["forward"]]) == {"activation"}
+    n_tensors = parameter_tensor_count(from_name("tiny").num_layers)
+    assert (roles[made_in["backward"]] == "gradient").sum() == n_tensors
+    assert set(roles[made_in["optimizer_step"]]) == {"temporary"}
+    # Parameters and moments were made before the trace with no stack that names them: unknown, not guessed.
+    assert set(roles[a["start"] == BEFORE_TRACE]) == {"unknown"}
+    by_role = report.roles_at_peak.set_index("role")
+    assert by_role.loc["activation", "count"] == counts["residual"] + counts["scores"]
+    assert by_role.loc["unknown", "count"] == 3 * n_tensors
+    assert any("role 'unknown'" in note for note in report.notes)
+
+
 def test_mixed_precision_adds_bf16_rows():
     recon = reconstruct(simulated_train_step()[0])
     no_roles = pd.Series([None] * len(recon.allocations), dtype=object)
     rows = expected_vs_measured(recon, no_roles, dict(CONFIG, mixed_precision=True))
+    assert (rows["count_at_peak"] == 0).all()  # nothing is matched by its size alone
     assert set(rows["dtype"]) == {"fp32", "bf16"}
     weights = rows[rows["tensor"].str.startswith("bf16 copies")].iloc[0]
     assert weights["expected_count"] == 5 * from_name("tiny").num_layers + 1
@@ -338,10 +353,67 @@ def test_summarize_cli_formats_and_plot(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size < 300_000
 
 
-def test_summarize_without_sidecar_has_no_phase_or_expected_tables(tmp_path):
+def test_summarize_without_metadata_or_ranges_has_no_phase_or_expected_tables(tmp_path):
     fake = random_workload(seed=3, events=200, record_from=50)
     path = write_snapshot(tmp_path, fake.snapshot())
     result = CliRunner().invoke(main, ["memory", "summarize", str(path)])
     assert result.exit_code == 0, result.output
     assert "largest" in result.stdout and "expected vs measured" not in result.stdout
-    assert "no sidecar" in result.stderr
+    assert "peaks per phase" not in result.stdout
+    assert "no phases" in result.stdout  # the table's caption holds the notes
+
+
+def test_outermost_annotated_ranges_are_the_phases():
+    fake = FakeAllocator()
+    fake.recording = True
+    notes = []
+
+    def mark(stage, name, device=0):
+        notes.append({"stage": stage, "name": name, "device": device, "time_us": fake.tick()})
+
+    blocks = []
+    for step in range(2):
+        mark("START", "train_step")
+        blocks.append(fake.alloc(1000 * (step + 1), [user_frame("forward", 1)]))
+        mark("START", "inner")  # nested: part of train_step
+        mark("START", "other device", device=1)
+        scratch = fake.alloc(5000, [user_frame("forward", 2)])
+        fake.free(scratch)
+        mark("END", "inner")
+        mark("END", "train_step")
+        mark("START", "never closed")
+    outside = fake.alloc(9000, [user_frame("step", 3)])
+    fake.free(outside)
+    snapshot = dict(fake.snapshot(), external_annotations=notes)
+    report = analyze(snapshot)
+    assert [s.label for s in report.spans] == ["train_step #1", "train_step #2"]
+    phases = report.to_json()["phases"]
+    # Each range's peak holds what it inherited plus its own scratch; the larger allocation outside is not in it.
+    assert [p["peak_allocated_bytes"] for p in phases] == [1000 + 5000, 1000 + 2000 + 5000]
+    assert report.recon.peak_allocated_bytes == 1000 + 2000 + 9000
+    assert report.summary.loc[0, "peak_phase"] == "outside phases"
+    assert set(report.roles[report.recon.allocations["size_bytes"] == 5000]) == {"temporary"}
+
+
+def test_autocast_weight_copies_are_told_from_a_linear_output_of_the_same_size():
+    weight_numel = 1600 * 6400
+    copy_bytes = 2 * weight_numel  # a bf16 copy of the weight; the bf16 logits below have exactly this size
+    fake = FakeAllocator()
+    fake.recording = True
+    phases = []
+    copies = [fake.alloc(copy_bytes, [TORCH_LINEAR, user_frame("forward", 112)]) for _ in range(2)]
+    logits = fake.alloc(copy_bytes, [TORCH_LINEAR, user_frame("forward", 159)])
+    phases.append({"step": 0, "phase": "forward", "end_time_us": fake.tick()})
+    for addr in copies:  # released with the saved tensors of the backward
+        fake.free(addr)
+    phases.append({"step": 0, "phase": "backward", "end_time_us": fake.tick()})
+    phases.append({"step": 0, "phase": "optimizer_step", "end_time_us": fake.tick()})
+    fake.free(logits)  # the step's local variable goes when the step returns
+    meta = {"config": {"mixed_precision": True}, "linear_weight_numels": [weight_numel], "phases": phases}
+    recon = reconstruct(fake.snapshot())
+    spans = phase_spans(recon, fake.snapshot(), meta)
+    roles = dict(zip(recon.allocations["addr"], assign_roles(recon, spans, meta), strict=True))
+    assert [roles[a] for a in copies] == ["autocast weight copy"] * 2
+    assert roles[logits] == "activation"
+    fp32_meta = dict(meta, config={"mixed_precision": False})  # no autocast, no copies
+    assert "autocast weight copy" not in set(assign_roles(recon, spans, fp32_meta))

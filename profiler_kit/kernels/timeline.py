@@ -1,0 +1,124 @@
+"""The attributed timeline as a Chrome/Perfetto trace (`kernels timeline`): what ui.perfetto.dev opens.
+
+One process track per report (per rank when several reports are given; per process of a report that holds
+several), holding one thread track per CUDA stream with each kernel as a complete (`X`) event, one `phases`
+track whose events span the GPU time of the kernels launched inside each phase range, and the CPU threads'
+NVTX ranges. A kernel's `args.phase` names the phase it was launched in, so kernels that PyTorch's autograd
+thread launched sit under `backward`. Times are microseconds on each report's own clock.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from profiler_kit.errors import ProfilerKitError
+from profiler_kit.kernels.attribution import RangeIndex
+from profiler_kit.kernels.categories import categorize
+from profiler_kit.kernels.idle import launches_in
+from profiler_kit.kernels.summary import found_phases
+from profiler_kit.kernels.trace import KernelTrace
+
+NS_PER_US = 1_000
+PHASES_TID = 0
+# Track ids: streams from 1, CPU threads from here (nsys's global thread ids are too large for a trace viewer).
+STREAM_TID_BASE = 1
+THREAD_TID_BASE = 1_000
+# nsys packs the OS thread id in the low 24 bits of its global thread id.
+OS_TID_MASK = 0xFFFFFF
+
+
+def _meta(pid: int, tid: int | None, what: str, name: str) -> dict[str, Any]:
+    event: dict[str, Any] = {"ph": "M", "pid": pid, "name": what, "args": {"name": name}}
+    if tid is not None:
+        event["tid"] = tid
+    return event
+
+
+def _complete(pid: int, tid: int, name: str, start_ns: int, dur_ns: int, cat: str,
+              args: dict[str, Any] | None = None) -> dict[str, Any]:
+    event = {"ph": "X", "pid": pid, "tid": tid, "name": name, "cat": cat, "ts": start_ns / NS_PER_US,
+             "dur": dur_ns / NS_PER_US}
+    if args:
+        event["args"] = args
+    return event
+
+
+def _one(trace: KernelTrace, label: str, first_pid: int, phases: list[str] | None) -> list[dict[str, Any]]:
+    kernels = trace.kernels
+    if "start_ns" not in kernels.columns:
+        raise ProfilerKitError(f"{trace.path}: {trace.source} has no kernel timestamps; a timeline needs an nsys "
+                               "report/.sqlite export or a torch.profiler trace")
+    ranges = trace.ranges if trace.ranges is not None else pd.DataFrame(columns=["name", "start_ns", "end_ns",
+                                                                                  "process", "thread"])
+    processes = sorted(set(kernels["process"]) | set(ranges["process"]))
+    pid_of = {proc: first_pid + i for i, proc in enumerate(processes)}
+    events: list[dict[str, Any]] = []
+    for proc, pid in pid_of.items():
+        events.append(_meta(pid, None, "process_name", label if len(processes) == 1 else f"{label} pid {proc}"))
+        events.append(_meta(pid, PHASES_TID, "thread_name", "phases"))
+    phase_of = np.full(len(kernels), "", dtype=object)
+    index = RangeIndex(ranges) if len(ranges) else None
+    if index is not None and len(kernels):
+        names = index.names().to_numpy()
+        for phase in phases if phases is not None else found_phases(index):
+            members, owners = launches_in(kernels, index, np.flatnonzero(names == phase))
+            phase_of[members] = phase
+            starts = kernels["start_ns"].to_numpy()[members]
+            ends = starts + kernels["total_ns"].to_numpy()[members]
+            for owner in np.unique(owners):
+                mine = owners == owner
+                pid = pid_of[int(index.ranges["process"].iloc[owner])]
+                first = int(starts[mine].min())
+                events.append(_complete(pid, PHASES_TID, phase, first, int(ends[mine].max()) - first, "phase"))
+    streams = sorted(set(kernels["stream"]))
+    tid_of = {stream: STREAM_TID_BASE + i for i, stream in enumerate(streams)}
+    threads = sorted(set(zip(ranges["process"], ranges["thread"], strict=True)))
+    thread_tid = {key: THREAD_TID_BASE + i for i, key in enumerate(threads)}
+    for pid in pid_of.values():
+        for stream, tid in tid_of.items():
+            events.append(_meta(pid, tid, "thread_name", f"stream {stream}"))
+    for (proc, thread), tid in thread_tid.items():
+        events.append(_meta(pid_of[proc], tid, "thread_name", f"thread {int(thread) & OS_TID_MASK}"))
+    category = categorize(kernels["name"].astype(str))
+    for row, (name, start, dur, proc, stream) in enumerate(
+        kernels[["name", "start_ns", "total_ns", "process", "stream"]].itertuples(index=False)
+    ):
+        events.append(_complete(pid_of[proc], tid_of[stream], str(name), int(start), int(dur), str(category[row]),
+                                {"phase": phase_of[row]} if phase_of[row] else None))
+    for name, start, end, proc, thread in ranges[["name", "start_ns", "end_ns", "process", "thread"]].itertuples(
+            index=False):
+        events.append(_complete(pid_of[proc], thread_tid[(proc, thread)], str(name), int(start), int(end - start),
+                                "nvtx"))
+    return events
+
+
+def timeline(traces: list[tuple[str, KernelTrace]], phases: list[str] | None = None) -> dict[str, Any]:
+    """A Chrome trace object of `(label, trace)` pairs: one process track per trace (per process of it)."""
+    events: list[dict[str, Any]] = []
+    for label, trace in traces:
+        pids = [e["pid"] for e in events]
+        events += _one(trace, label, max(pids, default=-1) + 1, phases)
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def write_trace(trace: dict[str, Any], path: Path) -> None:
+    """Write under a temporary name, then rename; gzipped when `path` ends in .gz; an existing file is an
+    error."""
+    if path.exists():
+        raise ProfilerKitError(f"{path} already exists; pass another --output (traces are never replaced)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.partial-{os.getpid()}")
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(partial, "wt", encoding="utf-8") as fh:
+            json.dump(trace, fh)
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)

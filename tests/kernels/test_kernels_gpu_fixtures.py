@@ -1,0 +1,73 @@
+"""Summaries of the example programs recorded on an H100 (tests/fixtures/kernels/README.md says how): the
+example's own phases against a direct query of its export, per-block backward ranges, and NCCL kernels as
+communication. Each test runs once its recording is among the fixtures."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from profiler_kit.kernels import summarize
+from profiler_kit.kernels.ranks import rank_traces, summarize_ranks
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "kernels"
+EXAMPLE = FIXTURES / "h100_example_mlp.sqlite"
+DDP_NSYS = FIXTURES / "h100_ddp1_nsys.sqlite"
+DDP_TORCH = FIXTURES / "h100_ddp1_torch.rank0.json.gz"
+
+
+def needs(path: Path):
+    return pytest.mark.skipif(not path.is_file(), reason=f"{path.name} is not among the fixtures")
+
+
+# Kernels whose launching call started inside a range of the phase, in the same process, on any thread.
+PHASE_TOTALS = """
+WITH r AS (SELECT n.start, n.end, coalesce(n.text, s.value) AS name, n.globalTid >> 24 AS pid
+           FROM NVTX_EVENTS n LEFT JOIN StringIds s ON s.id = n.textId
+           WHERE n.eventType = (SELECT id FROM ENUM_NSYS_EVENT_TYPE WHERE name = 'NvtxPushPopRange')),
+     l AS (SELECT correlationId AS corr, start AS t, globalTid >> 24 AS pid FROM CUPTI_ACTIVITY_KIND_RUNTIME),
+     k AS (SELECT correlationId AS corr, globalPid >> 24 AS pid, end - start AS d FROM CUPTI_ACTIVITY_KIND_KERNEL)
+SELECT r.name, SUM(k.d) FROM k JOIN l ON l.corr = k.corr AND l.pid = k.pid
+JOIN r ON r.pid = l.pid AND l.t BETWEEN r.start AND r.end WHERE r.name = ? GROUP BY r.name
+"""
+
+
+@needs(EXAMPLE)
+def test_example_phases_match_a_direct_query():
+    summary = summarize(EXAMPLE)
+    assert summary.phase_names == ["fwd", "bwd", "opt"]
+    con = sqlite3.connect(EXAMPLE)
+    for phase, totals in summary.phase_ns().items():
+        ((_, expected),) = con.execute(PHASE_TOTALS, (phase,)).fetchall()
+        assert totals["total_ns"] == expected
+
+
+@needs(EXAMPLE)
+def test_example_blocks_have_backward_kernels():
+    summary = summarize(EXAMPLE, phases=["blocks.0.forward", "blocks.0.backward", "blocks.3.backward"])
+    phases = summary.phase_ns()
+    assert all(phases[p]["total_ns"] > 0 and phases[p]["categories"]["matmul"] > 0 for p in phases)
+    assert summary.idle is not None and set(summary.idle["verdict"]) <= {"launch-bound", "gpu-bound"}
+
+
+@needs(DDP_NSYS)
+def test_nccl_kernels_are_communication():
+    """NCCL runs a one-rank collective as a copy, or not at all when it is in place: kernels named nccl are
+    communication, and nothing else is."""
+    summary = summarize(DDP_NSYS)
+    nccl = summary.kernels[summary.kernels["name"].str.contains("nccl", case=False)]
+    assert set(nccl["category"]) <= {"communication"}
+    assert summary.category_ns()["communication"] == nccl["total_ns"].sum()
+    assert summary.phase_names == ["fwd", "bwd", "opt"]
+
+
+@needs(DDP_TORCH)
+def test_one_gpu_rank_reports_its_communication():
+    ranked = summarize_ranks(rank_traces([DDP_TORCH]))
+    assert ranked.ranks == [0] and ranked.summaries[0].phase_names == ["fwd", "bwd", "opt"]
+    doc = ranked.to_json()
+    comm = doc["merged"]["communication"]["bwd"]
+    assert comm["comm_ns"] == comm["overlapped_ns"] + comm["exposed_ns"]
+    assert doc["ranks"][0]["collective_calls"]["bwd"] > 0  # DDP's all-reduce, kernel or not

@@ -1,0 +1,186 @@
+"""The analysis on real snapshots recorded on an H100: the recorder's (with its sidecar) and one dumped by a plain
+script (no sidecar, C++ and Python stacks, PyTorch's own `Optimizer.step#AdamW.step` range). Phases from
+annotations against an independent replay of the trace, roles from stacks, the pickle alone against pickle +
+sidecar, the offline HTML report, the role-stacked PNG and `memory compare`."""
+
+import html
+import json
+import pickle
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from profiler_kit.cli import main
+from profiler_kit.memory import analyze_file, load_snapshot, report_html
+from profiler_kit.memory.phases import annotation_ranges
+from profiler_kit.memory.plot import ROLE_COLORS
+from profiler_kit.memory.snapshot import EMBEDDED_KEY
+from profiler_kit.memory.tables import parameter_tensor_count
+from profiler_kit.presets import count_parameters, from_name
+from profiler_kit.render import format_cell
+
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "memory"
+RECORDER = FIXTURES / "tiny_ctx128_train.pickle"
+PLAIN = FIXTURES / "h100_tiny_train_snapshot.pickle"
+# A plain script's snapshot with record_function ranges around its phases, and the allocator's peak counter read
+# in each range (reset at its start); both recorded on the H100 by /lab/gpu/memory.sh.
+PLAIN_PHASES = FIXTURES / "h100_plain_phases.pickle"
+PLAIN_COUNTERS = FIXTURES / "h100_plain_phases_counters.json"
+# A recording by this recorder in mixed precision: metadata and phase ranges inside the snapshot.
+RECORDER_BF16 = FIXTURES / "tiny_ctx128_train_bf16.pickle"
+TINY_PARAMS = count_parameters(from_name("tiny", 128))
+# The allocator counts whole blocks (512 B rounding); the trace counts requested bytes. For the tiny model's many
+# small tensors this reads up to about 2% higher.
+COUNTER_SLACK = 0.03
+
+
+def replay_levels(snapshot: dict) -> tuple[np.ndarray, np.ndarray]:
+    """Allocated bytes after each trace entry, rebuilt backwards from the final allocated blocks (a different
+    route from the analysis, which walks forwards), with each entry's time (made monotone: the trace's clock may
+    step back by a few µs)."""
+    trace = snapshot["device_traces"][0]
+    final = sum(b["requested_size"] for s in snapshot["segments"] for b in s["blocks"]
+                if b["state"] in ("active_allocated", "active_pending_free"))
+    delta = np.array([e["size"] if e["action"] == "alloc" else -e["size"] if e["action"] == "free_completed"
+                      else 0 for e in trace], dtype=np.int64)
+    after = final - delta.sum() + np.cumsum(delta)
+    return after, np.maximum.accumulate(np.array([e["time_us"] for e in trace]))
+
+
+def replay_range_peak(levels: np.ndarray, times: np.ndarray, start_us: int, end_us: int) -> int:
+    before = levels[times < start_us]
+    inside = levels[(times >= start_us) & (times <= end_us)]
+    return int(max(before[-1] if len(before) else levels[0], inside.max(initial=0)))
+
+
+def test_phases_of_a_plain_snapshot_come_from_its_annotations_and_match_a_replay():
+    report = analyze_file(PLAIN)
+    assert report.meta is None
+    phases = report.to_json()["phases"]
+    assert [p["name"] for p in phases] == ["Optimizer.step#AdamW.step"]
+    snapshot = load_snapshot(PLAIN)
+    (name, start_us, end_us, _), = annotation_ranges(snapshot, 0)
+    levels, times = replay_levels(snapshot)
+    assert phases[0]["peak_allocated_bytes"] == replay_range_peak(levels, times, start_us, end_us)
+    assert report.recon.peak_allocated_bytes == levels.max()
+
+
+def test_roles_of_a_plain_snapshot_come_from_its_stacks():
+    report = analyze_file(PLAIN)
+    a, roles = report.recon.allocations, report.roles
+    # Made by the autograd engine and never freed: one gradient per parameter, 4 B per parameter in all.
+    grads = a[roles == "gradient"]
+    assert len(grads) == parameter_tensor_count(from_name("tiny").num_layers)
+    assert grads["size_bytes"].sum() == 4 * TINY_PARAMS and grads["alive_at_end"].all()
+    # Made in Python and freed by the engine: saved for backward. Nothing says which old tensors are parameters.
+    assert (roles == "activation").sum() > 0 and (roles == "parameter").sum() == 0
+    assert set(roles[a["start"] == -1]) == {"unknown"}
+
+
+def test_the_pickle_alone_analyses_like_pickle_and_sidecar(tmp_path):
+    snapshot = load_snapshot(RECORDER)
+    sidecar = json.loads(RECORDER.with_suffix(".json").read_text())
+    alone = tmp_path / RECORDER.name
+    alone.write_bytes(pickle.dumps(dict(snapshot, **{EMBEDDED_KEY: sidecar}), protocol=4))
+    a, b = analyze_file(RECORDER).to_json(), analyze_file(alone).to_json()
+    assert (a.pop("metadata_source"), b.pop("metadata_source")) == ("sidecar", "snapshot")
+    a.pop("snapshot"), b.pop("snapshot")
+    assert a == b
+    assert [p["name"] for p in a["phases"]] == ["forward", "backward", "optimizer_step"]
+
+
+def test_recorder_phases_replayed_against_its_counters():
+    report = analyze_file(RECORDER)
+    for phase in report.to_json()["phases"]:
+        counter = phase["counter_peak_allocated_mib"]
+        assert phase["peak_allocated_mib"] <= counter <= (1 + COUNTER_SLACK) * phase["peak_allocated_mib"]
+    rows = report.expected.set_index("tensor")
+    assert rows.loc["parameters", "bytes_per_param_at_peak"] == 4
+    assert rows.loc["AdamW state (exp_avg, exp_avg_sq)", "bytes_per_param_at_peak"] == 8
+
+
+def test_html_report_is_self_contained_and_holds_the_tables(tmp_path):
+    out = tmp_path / "report.html"
+    result = CliRunner().invoke(main, ["memory", "summarize", str(RECORDER), "--html", str(out)])
+    assert result.exit_code == 0, result.output
+    text = out.read_text()
+    report = analyze_file(RECORDER)
+    assert text == report_html(report)
+    assert f"{report.recon.peak_allocated_bytes:,}" in text and "<svg" in text and "<polygon" in text
+    for _, df in report.tables():
+        for row in df.itertuples(index=False):
+            for value, column in zip(row, df.columns, strict=True):
+                assert html.escape(format_cell(value, column), quote=True) in text
+    # One stack per listed allocation, and nothing that would load from anywhere.
+    assert text.count("<details>") == len(report.top)
+    assert not re.search(r"<script|<link|<img|<iframe|<object|@import|url\(|\b(src|href)\s*=", text, re.I)
+    assert re.findall(r"https?://[^\s<\"']+", text) == ["https://pytorch.org/memory_viz"]
+
+
+def test_plot_is_stacked_by_role(tmp_path):
+    png = tmp_path / "timeline.png"
+    result = CliRunner().invoke(main, ["memory", "summarize", str(RECORDER), "--plot", str(png), "--format",
+                                       "json"])
+    assert result.exit_code == 0, result.output
+    json.loads(result.stdout)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size < 300_000
+    from matplotlib.image import imread
+
+    pixels = (imread(png)[..., :3] * 255).round().astype(int).reshape(-1, 3)
+    colors = {tuple(p) for p in np.unique(pixels, axis=0)}
+    drawn = {role for role, hex_color in ROLE_COLORS.items()
+             if tuple(int(hex_color[i:i + 2], 16) for i in (1, 3, 5)) in colors}
+    # The roles this recording holds are drawn (the legend alone would show all roles present in the trace).
+    assert {"parameter", "optimizer state", "activation", "gradient", "temporary"} <= drawn
+    assert "autocast weight copy" not in drawn  # an fp32 run has none
+
+
+def test_compare_side_by_side(tmp_path):
+    runner = CliRunner()
+    result = runner.invoke(main, ["memory", "compare", str(RECORDER), str(PLAIN), "--format", "json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    a, b = analyze_file(RECORDER), analyze_file(PLAIN)
+    peak = data["peaks"][0]
+    assert peak["metric"] == "peak allocated"
+    assert peak["a_mib"] * 2**20 == a.recon.peak_allocated_bytes and peak["b_mib"] * 2**20 == \
+        b.recon.peak_allocated_bytes
+    assert peak["delta_mib"] == pytest.approx(peak["b_mib"] - peak["a_mib"])
+    phases = {p["phase"]: p for p in data["phases"]}
+    assert set(phases) == {"forward", "backward", "optimizer_step", "Optimizer.step#AdamW.step"}
+    assert phases["forward"]["b_mib"] is None and phases["Optimizer.step#AdamW.step"]["a_mib"] is None
+    roles = {r["role"]: r for r in data["roles_at_peak"]}
+    assert roles["parameter"]["a_mib"] * 2**20 == 4 * TINY_PARAMS and roles["parameter"]["b_mib"] == 0
+    same = runner.invoke(main, ["memory", "compare", str(RECORDER), str(RECORDER), "--format", "markdown"])
+    assert same.exit_code == 0 and same.stdout.startswith("### peaks")
+    assert "| peak allocated |" in same.stdout and "| optimizer state |" in same.stdout
+
+
+@pytest.mark.skipif(not PLAIN_PHASES.exists(), reason="recorded on the H100 by the GPU script")
+def test_plain_script_phases_match_replay_and_counters():
+    report = analyze_file(PLAIN_PHASES)
+    counters = json.loads(PLAIN_COUNTERS.read_text())
+    snapshot = load_snapshot(PLAIN_PHASES)
+    levels, times = replay_levels(snapshot)
+    outer = [r for r in annotation_ranges(snapshot, 0) if r[3] == 0]
+    phases = report.to_json()["phases"]
+    assert [p["name"] for p in phases] == [c["name"] for c in counters]
+    for phase, counter, (_, start_us, end_us, _) in zip(phases, counters, outer, strict=True):
+        assert phase["peak_allocated_bytes"] == replay_range_peak(levels, times, start_us, end_us)
+        assert phase["peak_allocated_bytes"] <= counter["peak_allocated_bytes"]
+        assert counter["peak_allocated_bytes"] <= (1 + COUNTER_SLACK) * phase["peak_allocated_bytes"]
+
+
+@pytest.mark.skipif(not RECORDER_BF16.exists(), reason="recorded on the H100 by the GPU script")
+def test_mixed_precision_recording_describes_itself():
+    with_sidecar = analyze_file(RECORDER_BF16).to_json()
+    alone = analyze_file(RECORDER_BF16, use_sidecar=False).to_json()
+    assert (with_sidecar.pop("metadata_source"), alone.pop("metadata_source")) == ("sidecar", "snapshot")
+    assert with_sidecar == alone
+    rows = {r["tensor"]: r for r in alone["expected_vs_measured"]}
+    copies = rows["bf16 copies of Linear weights (autocast)"]
+    assert copies["allocs_in_trace"] == copies["expected_count"] == 5 * from_name("tiny").num_layers + 1
+    assert rows["gradients"]["allocs_in_trace"] == parameter_tensor_count(from_name("tiny").num_layers)

@@ -1,0 +1,227 @@
+"""`profiler-kit nsys -- COMMAND`: any program under torch.profiler (CPU) and under a real nsys, its exit status,
+the one-line errors, and the API it uses (`phase`, `capture`, `instrument`)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+import profiler_kit
+from profiler_kit import api
+from profiler_kit.cli import main
+from profiler_kit.errors import ProfilerKitError
+from profiler_kit.kernels import summarize
+from profiler_kit.runner import merge_flags, program_name
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "train_mlp.py"
+SMALL = ["--width", "32", "--depth", "2", "--vocab", "64", "--batch", "2", "--seq", "16", "--warmup", "1",
+         "--steps", "2"]
+
+
+def nsys_cli(*args: object):
+    return CliRunner().invoke(main, ["nsys", *map(str, args)])
+
+
+def annotations(trace: Path) -> Counter:
+    with gzip.open(trace, "rt") as fh:
+        return Counter(e["name"] for e in json.load(fh)["traceEvents"] if e.get("cat") == "user_annotation")
+
+
+def one_line_error(result) -> str:
+    assert result.exit_code != 0
+    lines = result.stderr.strip().splitlines()
+    assert lines and lines[-1].startswith("Error: ") and "Traceback" not in result.stderr, result.stderr
+    return lines[-1]
+
+
+def test_torch_backend_profiles_the_example_unchanged(tmp_path):
+    out = tmp_path / "example"
+    result = nsys_cli("--backend", "torch", "--output", out, "--format", "json", "--",
+                      sys.executable, EXAMPLE, *SMALL)
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)  # stdout is the summary alone: the program's own output went to stderr
+    assert "loss" in result.stderr
+    assert doc["time_basis"] == "cpu_ops"
+    assert list(doc["phases"]) == ["fwd", "bwd", "opt"]
+    assert doc["categories"]["matmul"] > 0 and doc["categories"]["normalization"] > 0
+    assert all(doc["phases"][p]["total_ns"] > 0 for p in ("fwd", "bwd", "opt"))
+    names = annotations(tmp_path / "example.json.gz")
+    # capture(warmup=1, steps=2): the two marked steps only, each with every block's forward and backward.
+    assert names["step"] == 2 and names["fwd"] == 2
+    assert names["blocks.0.forward"] == 2 and names["blocks.1.backward"] == 2
+    # The same command again would replace the trace: refused.
+    again = nsys_cli("--backend", "torch", "--output", out, "--", sys.executable, EXAMPLE, *SMALL)
+    assert "already exists" in one_line_error(again)
+
+
+def test_the_program_exit_status_comes_back(tmp_path):
+    script = tmp_path / "fails.py"
+    script.write_text("import sys\nimport profiler_kit\nimport torch\n"
+                      "with profiler_kit.phase('work'):\n    torch.ones(8, 8) @ torch.ones(8, 8)\nsys.exit(3)\n")
+    result = nsys_cli("--backend", "torch", "-o", tmp_path / "fails", "--", sys.executable, script)
+    assert result.exit_code == 3, result.stderr
+    assert "the program exited with status 3" in result.stderr
+    assert summarize(tmp_path / "fails.json.gz").phase_names == ["work"]
+
+
+@pytest.mark.parametrize("backend", ["torch", "nsys"])
+def test_a_missing_program_is_one_line(tmp_path, backend):
+    missing = one_line_error(nsys_cli("--backend", backend, "-o", tmp_path / "x", "--", "no-such-program-pk"))
+    assert "no-such-program-pk: no such program" in missing
+    script = one_line_error(nsys_cli("--backend", backend, "-o", tmp_path / "x", "--", sys.executable,
+                                     tmp_path / "absent.py"))
+    assert "absent.py: no such file" in script
+
+
+def test_a_missing_nsys_is_one_line(tmp_path, isolated_nsys_search):
+    line = one_line_error(nsys_cli("-o", tmp_path / "x", "--", sys.executable, EXAMPLE))
+    assert "nsys (Nsight Systems) not found" in line and "--backend torch" in line
+
+
+def test_options_of_the_built_in_workload_are_refused_with_a_command(tmp_path):
+    result = nsys_cli("--model", "tiny", "--", sys.executable, EXAMPLE)
+    assert result.exit_code == 2 and "--model" in result.stderr
+    assert nsys_cli("--output", tmp_path / "x", "--model", "tiny").exit_code == 2
+
+
+def test_default_output_names_and_flag_merging():
+    assert program_name(["python", "examples/train_mlp.py", "--x"]) == "train_mlp"
+    assert program_name(["torchrun", "--nproc-per-node", "2", "ddp.py"]) == "ddp"
+    assert program_name(["./run.sh"]) == "run"
+    assert merge_flags(["--trace=cuda,nvtx", "--sample=none"], ("--trace=nvtx,osrt",)) == [
+        "--sample=none", "--trace=nvtx,osrt"]
+
+
+def test_nsys_backend_records_a_real_cpu_run(tmp_path, nsys):
+    """Debian's nsys 2022.4 on a CPU: the whole run, with the program's ranges. That nsys drops the `nvtx`
+    package's ranges, so a two-function C shim pushes them while it records (see the fixtures' README)."""
+    gcc = shutil.which("gcc")
+    include = nsys.path.resolve().parent / "nvtx"  # target-linux-x64/nvtx/include/nvtx3
+    if gcc is None or not (include / "include" / "nvtx3").is_dir():
+        pytest.skip("needs gcc and the nvtx3 headers of the Debian nsys package")
+    shim = tmp_path / "shim.c"
+    shim.write_text("#include <nvtx3/nvToolsExt.h>\nint pk_push(const char* s) { return nvtxRangePushA(s); }\n"
+                    "int pk_pop(void) { return nvtxRangePop(); }\n")
+    lib = tmp_path / "libshim.so"
+    subprocess.run([gcc, "-shared", "-fPIC", "-I", str(include / "include"), "-o", str(lib), str(shim), "-ldl"],
+                   check=True)
+    wrapper = tmp_path / "with_shim.py"
+    wrapper.write_text(
+        "import ctypes, runpy, sys\nfrom profiler_kit import nvtx_ranges\nshim = ctypes.CDLL(sys.argv[1])\n"
+        "nvtx_ranges._push = lambda name: shim.pk_push(name.encode())\nnvtx_ranges._pop = shim.pk_pop\n"
+        "sys.argv = sys.argv[2:]\nrunpy.run_path(sys.argv[0], run_name='__main__')\n")
+    out = tmp_path / "cpu_run"
+    # This nsys records NVTX data only while it also traces OS runtime calls.
+    result = nsys_cli("--nsys", nsys.path, "--nsys-args", "--trace=nvtx,osrt --osrt-threshold=100000000", "-o", out,
+                      "--format", "json", "--", sys.executable, wrapper, lib, EXAMPLE, *SMALL)
+    assert result.exit_code == 0, result.stderr
+    assert (tmp_path / "cpu_run.nsys-rep").is_file() and (tmp_path / "cpu_run.sqlite").is_file()
+    assert not list(tmp_path.glob(".cpu_run.partial*"))
+    doc = json.loads(result.stdout)
+    assert doc["environment"]["nsys"] == nsys.version_str
+    summary = summarize(tmp_path / "cpu_run.sqlite")
+    ranges = summary.ranges.set_index("name")["instances"]
+    # No CUDA here, so no capture range: all three steps, warm-up included.
+    assert ranges["step"] == 3 and ranges["fwd"] == 3 and ranges["blocks.1.backward"] == 3
+
+
+# The API
+
+
+def test_phase_is_a_context_manager_and_a_decorator():
+    @profiler_kit.phase("decorated")
+    def work() -> torch.Tensor:
+        return torch.ones(4, 4) @ torch.ones(4, 4)
+
+    with torch.profiler.profile() as prof:
+        with profiler_kit.phase("outer"):
+            work()
+            work()
+    names = Counter(e.name for e in prof.events())
+    assert names["outer"] == 1 and names["decorated"] == 2
+
+
+class Calls:
+    """A recorder that writes down what `capture` asks of it."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def declare(self) -> None:
+        self.calls.append("declare")
+
+    def start(self) -> None:
+        self.calls.append("start")
+
+    def stop(self) -> None:
+        self.calls.append("stop")
+
+
+@pytest.fixture
+def calls(monkeypatch) -> Calls:
+    recorder = Calls()
+    monkeypatch.setattr(api, "_recorder", [recorder])
+    return recorder
+
+
+def test_capture_starts_and_stops_around_the_marked_steps(calls):
+    cap = profiler_kit.capture(warmup=2, steps=2)
+    seen = []
+    for i in range(6):
+        with cap.step():
+            seen.append((i, cap.recording))
+    assert calls.calls == ["declare", "start", "stop"]
+    assert [i for i, recording in seen if recording] == [2, 3]
+
+
+def test_capture_stops_when_the_loop_ends_early(calls):
+    with profiler_kit.capture(warmup=0, steps=5) as cap:
+        with cap.step():
+            pass
+    assert calls.calls == ["declare", "start", "stop"]
+
+
+def test_capture_rejects_bad_counts():
+    with pytest.raises(ProfilerKitError, match="steps ≥ 1"):
+        profiler_kit.capture(warmup=0, steps=0)
+
+
+def test_instrument_ranges_forward_and_backward_of_each_block():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Linear(8, 2)))
+    handles = profiler_kit.instrument(model, depth=1)
+    assert handles.names == ["0", "1"]
+    x = torch.randn(3, 4, requires_grad=True)
+    with torch.profiler.profile() as prof:
+        model(x).sum().backward()
+    names = Counter(e.name for e in prof.events())
+    for name in ("0.forward", "1.forward", "0.backward", "1.backward"):
+        assert names[name] == 1, name
+    assert names["1.1.forward"] == 0  # deeper than depth 1
+    handles.remove()
+    with torch.profiler.profile() as prof:
+        model(x).sum().backward()
+    assert "0.forward" not in {e.name for e in prof.events()}
+
+
+def test_phase_and_forward_instrumentation_compile_without_graph_breaks():
+    @torch.compile(backend="eager", fullgraph=True)
+    def step(x: torch.Tensor) -> torch.Tensor:
+        with profiler_kit.phase("inside"):
+            return x.sin() + 1
+
+    assert torch.equal(step(torch.zeros(3)), torch.ones(3))
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    profiler_kit.instrument(model, depth=1, backward=False)
+    compiled = torch.compile(model, backend="eager", fullgraph=True)
+    x = torch.randn(2, 4)
+    assert torch.equal(compiled(x), model(x))
