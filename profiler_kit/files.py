@@ -148,14 +148,17 @@ def parse_json(data: bytes, path: Path) -> object:
 
 
 @contextlib.contextmanager
-def replaced_when_complete(path: str | os.PathLike) -> Iterator[Path]:
-    """A temporary path beside `path` to write to; renamed onto `path` when the block ends without an error,
-    removed when it fails. An existing file at `path` stays untouched until the new one is complete.
+def replaced_when_complete(path: str | os.PathLike, overwrite: bool = True) -> Iterator[Path]:
+    """A temporary path beside `path` to write to; put at `path` (see `publish`) when the block ends without an
+    error, removed when it fails. An existing file at `path` stays untouched until the new one is complete, and
+    with `overwrite` False it is never replaced: that is an error, before the block runs and after.
 
     Use it for every report, trace and plot a command writes: `with replaced_when_complete(out) as tmp: ...`.
     The temporary name keeps the suffixes, so tools that pick a format by extension still work.
     """
     path = Path(path)
+    if not overwrite and (path.exists() or path.is_symlink()):
+        raise _exists(path)
     check_output(path)
     tmp = path.with_name(f".{path.name}.partial-{os.getpid()}{''.join(path.suffixes)}")
     kept = "; the file there before is unchanged" if path.exists() else ""
@@ -163,11 +166,33 @@ def replaced_when_complete(path: str | os.PathLike) -> Iterator[Path]:
         yield tmp
         if not tmp.is_file():
             raise ProfilerKitError(f"{path}: nothing was written{kept}")
-        os.replace(tmp, path)
+        publish(tmp, path, overwrite)
     except OSError as exc:
         raise ProfilerKitError(f"{path}: could not be written ({exc.strerror or exc}){kept}") from None
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _exists(path: Path) -> ProfilerKitError:
+    return ProfilerKitError(f"{path} already exists; pass another --output (it is never replaced)")
+
+
+def publish(tmp: str | os.PathLike, path: str | os.PathLike, overwrite: bool = True) -> None:
+    """Move the complete file `tmp` to `path`, replacing what is there; with `overwrite` False only where
+    nothing is, atomically (a hard link, which fails on an existing name), so a file that appeared meanwhile is
+    kept and `tmp` stays for the caller to remove."""
+    tmp, path = Path(tmp), Path(path)
+    if overwrite:
+        os.replace(tmp, path)
+        return
+    try:
+        os.link(tmp, path)
+    except OSError as exc:
+        if isinstance(exc, FileExistsError) or path.exists() or path.is_symlink():
+            raise _exists(path) from None
+        os.replace(tmp, path)  # a file system without hard links: checked just before, then renamed
+    else:
+        tmp.unlink()
 
 
 def check_output(path: str | os.PathLike) -> Path:

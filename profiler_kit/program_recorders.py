@@ -18,12 +18,15 @@ from __future__ import annotations
 
 import atexit
 import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 
 from profiler_kit import api
+from profiler_kit.errors import ProfilerKitError
+from profiler_kit.files import replaced_when_complete
 
 RECORD = "PROFILER_KIT_RECORD"
 TRACE = "PROFILER_KIT_TRACE"
@@ -80,10 +83,11 @@ class TorchRecorder:
         _synchronize()
         self.profiler.stop()
         self.done = True
-        self.trace.parent.mkdir(parents=True, exist_ok=True)
-        partial = self.trace.with_name(f".{os.getpid()}.partial.{self.trace.name}")
-        self.profiler.export_chrome_trace(str(partial))
-        os.replace(partial, self.trace)
+        try:
+            with replaced_when_complete(self.trace, overwrite=False) as partial:
+                self.profiler.export_chrome_trace(str(partial))
+        except ProfilerKitError as exc:  # at the program's exit: one line on its stderr, no traceback
+            print(f"profiler-kit: {exc}", file=sys.stderr)
 
 
 class NsysRecorder(api.CudaProfilerRecorder):

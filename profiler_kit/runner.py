@@ -25,6 +25,7 @@ import torch
 
 from profiler_kit.environment import note
 from profiler_kit.errors import ProfilerKitError
+from profiler_kit.files import check_output, publish
 from profiler_kit.nsys_tool import NsysError, export_sqlite, find_nsys
 from profiler_kit.program_recorders import RANKS_ONLY, RECORD, TRACE, TRACE_SUFFIX, trace_path
 from profiler_kit.render import console_err
@@ -127,7 +128,6 @@ def run_program(command: list[str], backend: str, output: Path | None = None,
         raise ProfilerKitError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
     cmd = resolve_command(command)
     output = Path(output) if output is not None else default_output(command)
-    output.parent.mkdir(parents=True, exist_ok=True)
     if backend == "torch":
         return _run_torch(cmd, output)
     nsys = find_nsys(nsys_path)
@@ -137,6 +137,7 @@ def run_program(command: list[str], backend: str, output: Path | None = None,
 
 def _run_torch(cmd: list[str], output: Path) -> ProgramRun:
     _refuse_existing([trace_path(output, None), *output.parent.glob(f"{output.name}.rank*{TRACE_SUFFIX}")])
+    check_output(trace_path(output, None))
     extra = {RECORD: "torch", TRACE: str(output.absolute())}
     if _is_launcher(cmd):
         extra[RANKS_ONLY] = "1"
@@ -163,6 +164,7 @@ def merge_flags(defaults: list[str], extra: tuple[str, ...]) -> list[str]:
 def _run_nsys(cmd: list[str], output: Path, nsys, nsys_args: tuple[str, ...], capture: bool) -> ProgramRun:
     report, sqlite = output.with_name(output.name + REPORT_SUFFIX), output.with_name(output.name + ".sqlite")
     _refuse_existing([report, sqlite])
+    check_output(report)
     ranged = capture and torch.cuda.is_available()
     partial = output.with_name(f".{output.name}.partial-{os.getpid()}")
     defaults = [*NSYS_PROGRAM_ARGS[1:], *(CAPTURE_ARGS if ranged else ())]
@@ -178,7 +180,10 @@ def _run_nsys(cmd: list[str], output: Path, nsys, nsys_args: tuple[str, ...], ca
         if code != 0:
             return ProgramRun(tuple(cmd), "nsys", code, "none", (), ())
         raise NsysError(f"nsys made no report{why}; see its output above")
-    os.replace(written, report)
+    try:
+        publish(written, report, overwrite=False)
+    finally:
+        written.unlink(missing_ok=True)
     sqlite = export_sqlite(report, nsys)
     capture_kind = "cudaProfilerApi" if ranged else "none"
     return ProgramRun(tuple(cmd), "nsys", code, capture_kind, (report, sqlite), (sqlite,))

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from profiler_kit.errors import ProfilerKitError
+from profiler_kit.files import replaced_when_complete
 from profiler_kit.kernels.attribution import RangeIndex
 from profiler_kit.kernels.categories import categorize
 from profiler_kit.kernels.idle import launches_in
@@ -109,16 +109,8 @@ def timeline(traces: list[tuple[str, KernelTrace]], phases: list[str] | None = N
 
 
 def write_trace(trace: dict[str, Any], path: Path) -> None:
-    """Write under a temporary name, then rename; gzipped when `path` ends in .gz; an existing file is an
-    error."""
-    if path.exists():
-        raise ProfilerKitError(f"{path} already exists; pass another --output (traces are never replaced)")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.partial-{os.getpid()}")
+    """Write under a temporary name, then put in place; gzipped when `path` ends in .gz; an existing file is an
+    error (traces are never replaced)."""
     opener = gzip.open if path.suffix == ".gz" else open
-    try:
-        with opener(partial, "wt", encoding="utf-8") as fh:
-            json.dump(trace, fh)
-        os.replace(partial, path)
-    finally:
-        partial.unlink(missing_ok=True)
+    with replaced_when_complete(path, overwrite=False) as partial, opener(partial, "wt", encoding="utf-8") as fh:
+        json.dump(trace, fh)

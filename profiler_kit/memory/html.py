@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from profiler_kit.files import replaced_when_complete
 from profiler_kit.memory.plot import ROLE_COLORS, unit_for
 from profiler_kit.memory.report import MemoryReport
 from profiler_kit.memory.roles import ROLES, timeline
@@ -179,6 +180,6 @@ def report_html(report: MemoryReport) -> str:
 
 def write_html(report: MemoryReport, path: str | Path) -> Path:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(report_html(report), encoding="utf-8")
+    with replaced_when_complete(path) as partial:
+        partial.write_text(report_html(report), encoding="utf-8")
     return path

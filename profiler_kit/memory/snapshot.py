@@ -10,13 +10,12 @@ containers and refuses every other global, and the structure is checked before a
 from __future__ import annotations
 
 import io
-import json
 import pickle
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from profiler_kit.errors import ProfilerKitError
-from profiler_kit.files import read_bytes
+from profiler_kit.files import parse_json, read_bytes
 
 # Trace actions whose entries carry an address and a size the analysis reads.
 ADDRESS_ACTIONS = frozenset({
@@ -27,10 +26,10 @@ SIDECAR_FORMAT = "profiler-kit memory sidecar"
 SIDECAR_VERSION = 1
 # The key under which the recorder stores the same metadata inside the snapshot dict it pickles.
 EMBEDDED_KEY = "profiler_kit"
-# Builtin containers are the only globals a snapshot pickle may name (protocols below 4 spell sets this way;
-# protocol 2 names their module `__builtin__`, as Python 2 did).
 # Sizes and addresses are summed as int64 by the analysis.
 MAX_INT = 2**63
+# Builtin containers are the only globals a snapshot pickle may name (protocols below 4 spell sets this way;
+# protocol 2 names their module `__builtin__`, as Python 2 did).
 _BUILTIN_MODULES = frozenset({"builtins", "__builtin__"})
 _ALLOWED_GLOBALS = frozenset({"dict", "list", "tuple", "set", "frozenset"})
 
@@ -179,10 +178,7 @@ def load_sidecar(snapshot_path: str | Path) -> dict | None:
     path = sidecar_path(snapshot_path)
     if not path.is_file():
         return None
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise ProfilerKitError(f"sidecar {path}: not readable JSON ({exc})") from None
+    data = parse_json(read_bytes(path), path)
     return _check_metadata(data, f"{path} (beside the snapshot)",
                            f"move it to summarize {Path(snapshot_path).name} alone")
 

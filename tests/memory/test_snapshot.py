@@ -122,7 +122,7 @@ def test_sidecar_is_optional_and_checked(tmp_path):
     with pytest.raises(ProfilerKitError, match="is not profiler-kit memory metadata; move it"):
         load_sidecar(path)
     side.write_text("{broken")
-    with pytest.raises(ProfilerKitError, match="not readable JSON"):
+    with pytest.raises(ProfilerKitError, match=r"snap.json: not valid JSON"):
         load_sidecar(path)
 
 

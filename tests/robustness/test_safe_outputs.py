@@ -3,6 +3,7 @@ written are kept and printed, and a failed run leaves the previous report, plot 
 
 from __future__ import annotations
 
+import gzip
 import json
 import multiprocessing
 import os
@@ -17,9 +18,10 @@ from click.testing import CliRunner
 from profiler_kit import benchmark as bench
 from profiler_kit.cli import main
 from profiler_kit.errors import ProfilerKitError
-from profiler_kit.files import replaced_when_complete
+from profiler_kit.files import publish, replaced_when_complete
 from profiler_kit.nsys_tool import NsysError
 from profiler_kit.profiling import profile
+from profiler_kit.program_recorders import TorchRecorder
 from profiler_kit.results_io import RowWriter, read_rows
 from profiler_kit.workload import WorkloadConfig
 
@@ -199,3 +201,28 @@ def test_resume_with_repeat_runs_only_the_passes_not_in_the_file(tmp_path):
     rows = read_rows(out)
     assert [r["repeat"] for r in rows] == [1, 2] and rows[0]["optimizer"] == rows[1]["optimizer"] is not None
 
+
+def test_publish_without_overwrite_keeps_a_file_that_appeared(tmp_path):
+    path, tmp = tmp_path / "trace.json.gz", tmp_path / ".partial.json.gz"
+    tmp.write_bytes(b"new")
+    path.write_bytes(b"appeared meanwhile")
+    with pytest.raises(ProfilerKitError, match="already exists"):
+        publish(tmp, path, overwrite=False)
+    assert path.read_bytes() == b"appeared meanwhile" and tmp.read_bytes() == b"new"
+    path.unlink()
+    publish(tmp, path, overwrite=False)
+    assert path.read_bytes() == b"new" and os.listdir(tmp_path) == ["trace.json.gz"]
+
+
+def test_the_torch_recorder_never_overwrites_a_trace(tmp_path, capsys):
+    trace = tmp_path / "run.json.gz"
+    recorder = TorchRecorder(trace)
+    recorder.start()
+    recorder.stop()
+    assert "traceEvents" in json.loads(gzip.decompress(trace.read_bytes()))
+    trace.write_bytes(b"another run's trace")
+    again = TorchRecorder(trace)
+    again.start()
+    again.stop()
+    assert trace.read_bytes() == b"another run's trace" and os.listdir(tmp_path) == ["run.json.gz"]
+    assert f"profiler-kit: {trace} already exists; pass another --output" in capsys.readouterr().err
