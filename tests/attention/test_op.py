@@ -138,20 +138,32 @@ def test_operator_checks_its_inputs():
 
 _TRACE_ON_FAKE_CUDA = """
 import torch
+import triton
 from torch._functorch.aot_autograd import aot_function
 from torch._subclasses.fake_tensor import FakeTensorMode
+from triton.backends.compiler import GPUTarget
+
 from profiler_kit.attention import op
+
+
+class Sm90:  # the one driver query of a trace: the target that Triton lowers the kernels for
+    def get_current_target(self):
+        return GPUTarget("cuda", 90, 32)
+
 
 def fwd_bwd(q, k, v, do):
     out, lse = torch.ops.profiler_kit.flash_attention_forward(q, k, v, True)
     return torch.ops.profiler_kit.flash_attention_backward(q, k, v, out, lse, do, True)
 
+
 def show(gm, _):
     print(gm.code)
     raise SystemExit(0)
 
+
+triton.runtime.driver.set_active(Sm90())
 with FakeTensorMode():
-    q, k, v, do = (torch.empty(2, 4, 256, 64, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    q, k, v, do = (torch.empty(2, 4, 256, 80, device="cuda", dtype=torch.bfloat16) for _ in range(4))
     aot_function(fwd_bwd, fw_compiler=show)(q, k, v, do)
 """
 
@@ -159,13 +171,17 @@ with FakeTensorMode():
 @pytest.mark.skipif(DEVICE == "cuda", reason="checks the CUDA trace on fake tensors, for machines without a GPU")
 def test_cuda_trace_holds_the_triton_kernels():
     """Traced by AOTAutograd on CUDA (fake) tensors, the operators become the four Triton launches themselves,
-    with pointer loads. Runs without TRITON_INTERPRET, which would turn the kernels into interpreted ones."""
+    with pointer loads, each writing only the tensors it allocates (Triton's sm_90 lowering tells which), so
+    that the compiled graph copies no input. Runs without TRITON_INTERPRET, which would turn the kernels into
+    interpreted ones."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "TRITON_INTERPRET": "0"}
     proc = subprocess.run([sys.executable, "-c", _TRACE_ON_FAKE_CUDA], capture_output=True, text=True, env=env,
                           cwd=REPO, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     launches = [line for line in proc.stdout.splitlines() if "triton_kernel_wrapper_functional(" in line]
-    assert len(launches) == 4, proc.stdout
+    written = [line[line.index("tensors_to_clone = ["):].split("]")[0] + "]" for line in launches]
+    assert written == ["tensors_to_clone = ['Out', 'L']", "tensors_to_clone = ['Delta', 'LSE2']",
+                       "tensors_to_clone = ['DK', 'DV']", "tensors_to_clone = ['DQ']"], proc.stdout
     assert all("'TMA': False" in line for line in launches[:1] + launches[2:])
     assert "profiler_kit.flash_attention" not in proc.stdout  # decomposed, not an opaque call
 
