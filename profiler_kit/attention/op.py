@@ -10,7 +10,8 @@
 - `profiler_kit::flash_attention`, a composite of the forward (CompositeImplicitAutograd) that checks the
   inputs and returns the output alone.
 
-On CUDA the operators run the kernels `dispatch` chooses, with the options in force (`options.flash_options`).
+On CUDA the operators run the kernels `dispatch` chooses, with the options in force (`options.flash_options`)
+when the forward runs.
 Called eagerly, they go through the launch layer with all of its choices (autotuning, direct launch, Gluon
 kernels, TMA) and keep the launch record on the output's autograd node, as `FlashAttentionTriton` does.
 Traced by `torch.compile`, every launch goes through `torch.library.wrap_triton`, so that the compiled graph holds
@@ -25,7 +26,7 @@ from torch import Tensor
 from torch._library.triton import is_wrap_triton_enabled
 
 from profiler_kit.attention import dispatch
-from profiler_kit.attention.options import current_options
+from profiler_kit.attention.options import current_options, flash_options
 from profiler_kit.attention.record import LaunchRecord
 from profiler_kit.attention.reference import _flash_backward, _flash_forward, _fold, check_attention_inputs
 from profiler_kit.attention.triton_kernels.tiles import as_4d
@@ -74,12 +75,14 @@ def _setup_context(ctx, inputs: tuple, output: tuple[Tensor, Tensor]) -> None:
     ctx.save_for_backward(q, k, v, out, lse)
     ctx.is_causal = is_causal
     ctx.mark_non_differentiable(lse)
+    ctx.options = current_options()
     ctx.launch_record = getattr(_last, "record", LaunchRecord())
 
 
 def _backward(ctx, grad_out: Tensor, _grad_lse: Tensor | None) -> tuple[Tensor, Tensor, Tensor, None]:
     q, k, v, out, lse = ctx.saved_tensors
-    dq, dk, dv = flash_attention_backward(q, k, v, out, lse, grad_out, ctx.is_causal)
+    with flash_options(ctx.options):  # the forward's options, also on autograd's own thread
+        dq, dk, dv = flash_attention_backward(q, k, v, out, lse, grad_out, ctx.is_causal)
     ctx.launch_record = ctx.launch_record + getattr(_last, "record", LaunchRecord())
     return dq, dk, dv, None
 

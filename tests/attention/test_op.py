@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from profiler_kit.attention import AttentionInputError, flash_attention, launch_record
+from profiler_kit.attention import AttentionInputError, flash_attention, flash_options, launch_record
 from profiler_kit.attention.op import flash_attention_op
 from profiler_kit.model import TransformerLM
 from profiler_kit.presets import from_name
@@ -28,6 +28,14 @@ OPS = torch.ops.profiler_kit
 # Largest error relative to the largest magnitude of the float64 reference, for fp32 inputs: fp32 arithmetic
 # on the CPU; on CUDA the kernels run fp32 matmuls in TF32 (10-bit mantissa).
 TOLERANCE = {"cpu": 1e-5, "cuda": 1e-2}
+
+
+@pytest.fixture(autouse=True)
+def one_config_per_kernel():
+    """On CUDA, the first config that fits instead of autotuning, eagerly and in Inductor (autotuning compiles
+    every config of every kernel: minutes)."""
+    with flash_options(autotune=False):
+        yield
 
 
 def _qkv(lead=(2, 3), n_q=40, n_k=56, d=16, dtype=torch.float32, requires_grad=True, seed=0):
