@@ -36,10 +36,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(d_model))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in fp32 whatever the input dtype; return the input dtype.
-        x32 = x.float()
-        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (normed * self.weight).to(x.dtype)
+        # Normalise in fp32 whatever the input dtype (F.rms_norm: one kernel where PyTorch fuses it); return the
+        # input dtype.
+        return F.rms_norm(x.float(), self.weight.shape, self.weight.float(), self.eps).to(x.dtype)
 
 
 class RotaryEmbedding(nn.Module):
@@ -106,12 +105,66 @@ class TransformerBlock(nn.Module):
         return x
 
 
-class TransformerLM(nn.Module):
-    """Token embedding → pre-norm blocks → final RMSNorm → LM head (untied)."""
+class LinearCrossEntropy(torch.autograd.Function):
+    """Summed cross-entropy of the logits `hidden @ weightᵀ` against `targets`, `chunk_rows` rows at a time.
 
-    def __init__(self, cfg: ModelConfig, attention: str = "naive") -> None:
+    The gradient of a row's loss with respect to its logits, softmax − one-hot, is known as soon as its
+    log-softmax is: the forward turns each chunk of logits into that gradient (in the matmul dtype) and, when a
+    gradient is wanted, ends with the backward's two matmuls. So neither the full logits in fp32 nor their
+    log-softmax is ever kept; the backward only scales the two saved gradients.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                chunk_rows: int) -> torch.Tensor:
+        wants_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
+        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        grad_logits = hidden.new_empty((hidden.shape[0], weight.shape[0])) if wants_grad else None
+        for start in range(0, hidden.shape[0], chunk_rows):
+            rows = slice(start, start + chunk_rows)
+            log_probs = torch.log_softmax(hidden[rows] @ weight.T, dim=-1, dtype=torch.float32)
+            picked = targets[rows, None]
+            total -= log_probs.gather(1, picked).sum()
+            if wants_grad:
+                probs = log_probs.exp_().scatter_add_(1, picked, log_probs.new_full(picked.shape, -1.0))
+                grad_logits[rows] = probs
+        if wants_grad:
+            ctx.save_for_backward(grad_logits @ weight, grad_logits.T @ hidden)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_total: torch.Tensor):
+        grad_hidden, grad_weight = ctx.saved_tensors
+        scale = grad_total.to(grad_hidden.dtype)
+        return grad_hidden * scale, grad_weight * scale, None, None
+
+
+def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                         chunk_rows: int | None) -> torch.Tensor:
+    """Mean cross-entropy (fp32) of the logits `hidden @ weightᵀ` over the rows of `hidden` (..., d) against
+    `targets` (...). `chunk_rows` None: the logits as one tensor, then F.cross_entropy on their fp32 copy; else
+    `LinearCrossEntropy`. Under autocast the matmuls run in the autocast dtype either way."""
+    hidden, targets = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
+    if chunk_rows is None:
+        return F.cross_entropy((hidden @ weight.T).float(), targets)
+    if torch.is_autocast_enabled(hidden.device.type):
+        dtype = torch.get_autocast_dtype(hidden.device.type)
+        hidden, weight = hidden.to(dtype), weight.to(dtype)
+    with torch.autocast(hidden.device.type, enabled=False):
+        return LinearCrossEntropy.apply(hidden, weight, targets, chunk_rows) / targets.numel()
+
+
+class TransformerLM(nn.Module):
+    """Token embedding → pre-norm blocks → final RMSNorm → LM head (untied).
+
+    Called with targets it returns the mean cross-entropy instead of the logits, computed by
+    `linear_cross_entropy` with `loss_chunk_rows`.
+    """
+
+    def __init__(self, cfg: ModelConfig, attention: str = "naive", loss_chunk_rows: int | None = None) -> None:
         super().__init__()
         self.cfg = cfg
+        self.loss_chunk_rows = loss_chunk_rows
         attn = attention_fn(attention)
         rope = RotaryEmbedding(cfg.head_dim, cfg.context_length, cfg.rope_theta)
         self.embedding = nn.Embedding(cfg.vocab_size, cfg.d_model)
@@ -120,7 +173,7 @@ class TransformerLM(nn.Module):
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.apply(_init_weights)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         if tokens.shape[-1] > self.cfg.context_length:
             raise ProfilerKitError(
                 f"sequence of {tokens.shape[-1]} tokens exceeds the context length {self.cfg.context_length}"
@@ -128,7 +181,10 @@ class TransformerLM(nn.Module):
         x = self.embedding(tokens)
         for layer in self.layers:
             x = layer(x)
-        return self.lm_head(self.norm(x))
+        x = self.norm(x)
+        if targets is None:
+            return self.lm_head(x)
+        return linear_cross_entropy(x, self.lm_head.weight, targets, self.loss_chunk_rows)
 
 
 def _init_weights(module: nn.Module) -> None:

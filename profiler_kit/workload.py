@@ -12,7 +12,6 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
-import torch.nn.functional as F
 
 from profiler_kit.errors import ProfilerKitError
 from profiler_kit.model import ATTENTION_IMPLS, TransformerLM
@@ -68,6 +67,7 @@ class WorkloadConfig:
     seed: int = 0
     nvtx: bool = True
     optimizer: str = "adamw-fused"
+    loss_chunk_rows: int | None = None  # see `model.linear_cross_entropy`
 
     def validate(self) -> None:
         for field in ("ctx", "batch_size"):
@@ -102,7 +102,7 @@ class Workload:
         torch.manual_seed(cfg.seed)
         self.model_cfg = from_name(cfg.model, cfg.ctx)
         with self.device:  # build in place: initialising billions of weights on the host first is slow
-            model = TransformerLM(self.model_cfg, attention=cfg.attention)
+            model = TransformerLM(self.model_cfg, attention=cfg.attention, loss_chunk_rows=cfg.loss_chunk_rows)
         self.model = model
         self.forward_fn = torch.compile(model) if cfg.compile else model
         self.optimizer = None
@@ -130,8 +130,7 @@ class Workload:
         self.model.zero_grad(set_to_none=True)
         with nvtx_range("forward"):
             with self.autocast():
-                logits = self.forward_fn(self.inputs)
-                loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), self.targets.reshape(-1))
+                loss = self.forward_fn(self.inputs, self.targets)
         if on_phase_end:
             on_phase_end("forward")
         if "backward" in self.phases:

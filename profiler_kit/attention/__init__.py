@@ -3,8 +3,9 @@
 All take `(..., seq, d)` tensors; see `reference` for the shared input contract and the causal convention.
 Layout: `reference` (naive and tiled PyTorch), `triton_kernels` (Triton kernels, configs, launcher, autograd
 Function), `gluon_kernels` (Hopper forward and fused backward), `dispatch` (which kernels a call runs),
-`options` (the kernel choices a caller can make), `record` (which kernels ran), `registry` (the named
-implementations), `machine_code` (sm_90 compiles without a GPU), `bench` and `bench_tables` (the benchmark).
+`options` (the kernel choices a caller can make), `op` (the torch.library operators that torch.compile traces),
+`record` (which kernels ran), `registry` (the named implementations), `machine_code` (sm_90 compiles without a
+GPU), `bench` and `bench_tables` (the benchmark).
 
 The public names below are imported on first use, so that `registry` (which the model and the CLI read for
 the implementation names) can be imported without Triton.

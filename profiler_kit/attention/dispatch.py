@@ -8,6 +8,9 @@
   (128-row query tiles) and d = 128 on large calls, the split Triton dK/dV and dQ kernels otherwise
   (`gluon_backward_config`).
 
+Calls that torch.compile traces (through the operators of `op`) run the Triton kernels only, which the compiled
+graph can hold.
+
 "Large" is at least MIN_WORK of Z·H·N_Q·N_K·d: the Gluon kernels launch through Triton's Python dispatch,
 whose host time the GPU work must hide. `FlashOptions` can turn either Gluon kernel on wherever it can run,
 off, or pin its config. docs/results/attention-h100.md has the timings behind these defaults.
@@ -80,22 +83,24 @@ def gluon_backward_config(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, 
     return config if usable(q4, k4, v4, do4) else None
 
 
-def forward(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, causal: bool,
-            options: FlashOptions) -> tuple[torch.Tensor, torch.Tensor, LaunchRecord]:
-    """O, the fp32 L (Z·H, N_Q) and the launch record of a forward over (Z, H, seq, d) views."""
-    config = gluon_forward_config(q4, k4, v4, causal, options)
+def forward(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, causal: bool, options: FlashOptions,
+            traced: bool = False) -> tuple[torch.Tensor, torch.Tensor, LaunchRecord]:
+    """O, the fp32 L (Z·H, N_Q) and the launch record of a forward over (Z, H, seq, d) views. `traced`
+    (torch.compile is tracing the call, `op`): the Triton kernel, which the compiled graph can hold."""
+    config = None if traced else gluon_forward_config(q4, k4, v4, causal, options)
     if config is not None:
         return gluon_fwd.forward(q4, k4, v4, causal, config)
-    return triton_fwd.flash_forward(q4, k4, v4, causal, options=options)
+    return triton_fwd.flash_forward(q4, k4, v4, causal, options=options, traced=traced)
 
 
 def backward(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, o4: torch.Tensor, lse: torch.Tensor,
-             do4: torch.Tensor, causal: bool,
-             options: FlashOptions) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, LaunchRecord]:
-    """dQ, dK, dV (contiguous (Z, H, seq, d), the input dtype) and the launch record of a backward."""
-    config = gluon_backward_config(q4, k4, v4, do4, options)
+             do4: torch.Tensor, causal: bool, options: FlashOptions,
+             traced: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, LaunchRecord]:
+    """dQ, dK, dV (contiguous (Z, H, seq, d), the input dtype) and the launch record of a backward. `traced`
+    as in `forward`: the split Triton kernels."""
+    config = None if traced else gluon_backward_config(q4, k4, v4, do4, options)
     if config is None:
-        return triton_bwd.flash_backward(q4, k4, v4, o4, lse, do4, causal, options=options)
+        return triton_bwd.flash_backward(q4, k4, v4, o4, lse, do4, causal, options=options, traced=traced)
     z, h, n_q, d = q4.shape
     n_k = k4.shape[2]
     tma = not INTERPRET and tma_usable(q4, k4, v4, do4)

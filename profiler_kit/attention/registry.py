@@ -11,6 +11,7 @@
 | `flash`          | `flash_attention`: the Triton kernels where they run, the tiled PyTorch reference elsewhere |
 | `flash-torch`    | `reference.FlashAttentionPytorch`, the tiled PyTorch reference                           |
 | `flash-triton`   | `FlashAttentionTriton`: the Triton (and Gluon) kernels only, on CUDA or the interpreter   |
+| `flash-op`       | the operator `torch.ops.profiler_kit.flash_attention` (`op`), also when called eagerly     |
 
 `BENCH_IMPLS` is what `attention bench` runs without `--impl`; the model (`--attention`) takes any name, with
 the causal mask always on, and defaults to `naive`. Kernel modules are imported only when an implementation
@@ -32,7 +33,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 SDPA_BACKENDS = {"sdpa-flash": "FLASH_ATTENTION", "sdpa-cudnn": "CUDNN_ATTENTION",
                  "sdpa-efficient": "EFFICIENT_ATTENTION"}
 NAMES = ("naive", "compiled", "sdpa", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "flash", "flash-torch",
-         "flash-triton")
+         "flash-triton", "flash-op")
 BENCH_IMPLS = ("naive", "compiled", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "flash-torch", "flash-triton")
 # Implementations that keep the N×N probabilities for the backward; all others keep only O and the logsumexp.
 MATERIALIZING_IMPLS = ("naive", "compiled")
@@ -90,6 +91,10 @@ def make_impl(name: str, causal: bool, device: torch.device | None = None) -> At
         from profiler_kit.attention.reference import FlashAttentionPytorch
 
         return lambda q, k, v: FlashAttentionPytorch.apply(q, k, v, causal)
+    if name == "flash-op":
+        from profiler_kit.attention.op import flash_attention_op
+
+        return lambda q, k, v: flash_attention_op(q, k, v, causal)
     from profiler_kit.attention.triton_kernels.function import flash_attention, triton_attention
 
     if name == "flash":

@@ -274,17 +274,22 @@ DQ = Kernel(_flash_attn_bwd_dq_kernel, DQ_SHAPES,
             interpret_blocks={"BLOCK_M": 32, "BLOCK_N": 16, "WS": False, "HEAD_FIRST": False, "REGS": False})
 
 
-def statistics(o4: torch.Tensor, do4: torch.Tensor, lse: torch.Tensor, signature: tuple,
+def statistics(o4: torch.Tensor, do4: torch.Tensor, lse: torch.Tensor, signature: tuple | None,
                options: FlashOptions | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The D pre-pass over (Z, H, N_Q, d) views of O and dO and the forward's fp32 L: LSE2 and Delta, fp32
-    (Z·H, stat_rows(N_Q)) arrays that every backward kernel reads."""
+    (Z·H, stat_rows(N_Q)) arrays that every backward kernel reads. Without a `signature` (a traced call,
+    `fwd.flash_forward`) it launches through `Kernel.launch_traced`."""
     z, h, n_q, d = o4.shape
     lse = lse.reshape(z * h, n_q)
     delta = torch.empty((z * h, stat_rows(n_q)), dtype=torch.float32, device=o4.device)
     lse2 = torch.empty_like(delta)
-    PREPROCESS(lambda meta: (triton.cdiv(n_q, PREPROCESS_BLOCK_M), z * h),
-               (o4, do4, lse, delta, lse2, *strides3(o4), *strides3(do4), h, n_q),
-               {"HEAD_DIM": d, "BLOCK_D": block_d(d), "BLOCK_M": PREPROCESS_BLOCK_M}, signature, options=options)
+    launch = (lambda meta: (triton.cdiv(n_q, PREPROCESS_BLOCK_M), z * h),
+              (o4, do4, lse, delta, lse2, *strides3(o4), *strides3(do4), h, n_q),
+              {"HEAD_DIM": d, "BLOCK_D": block_d(d), "BLOCK_M": PREPROCESS_BLOCK_M})
+    if signature is None:
+        PREPROCESS.launch_traced(*launch)
+    else:
+        PREPROCESS(*launch, signature, options=options)
     return lse2, delta
 
 
@@ -304,20 +309,23 @@ def flash_backward(
     tma: bool | None = None,
     configs_by_kernel: dict[str, triton.Config] | None = None,
     options: FlashOptions | None = None,
+    traced: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, LaunchRecord]:
     """The split backward on (Z, H, seq, d) views of q, k, v, o and dO, from the forward's fp32 L: the D
     pre-pass, then the dK/dV and dQ kernels.
 
     `tma` as in `fwd.flash_forward`. `configs_by_kernel` pins a config per kernel name ("dkdv", "dq") instead of
-    autotuning, for tuning sweeps. Returns dQ, dK, dV as contiguous (Z, H, seq, d) tensors in the input dtype,
-    and the launch record.
+    autotuning, for tuning sweeps. `traced` as in `fwd.flash_forward`. Returns dQ, dK, dV as contiguous
+    (Z, H, seq, d) tensors in the input dtype, and the launch record.
     """
     z, h, n_q, d = q4.shape
     n_k = k4.shape[2]
-    if tma is None:
+    if traced:
+        tma = False
+    elif tma is None:
         tma = not INTERPRET and tma_usable(q4, k4, v4, do4)
     pinned = configs_by_kernel or {}
-    signature = backward_signature(causal, tma, q4, k4, v4, o4, do4, lse)
+    signature = None if traced else backward_signature(causal, tma, q4, k4, v4, o4, do4, lse)
     lse2, delta = statistics(o4, do4, lse, signature, options)
     dq = torch.empty((z, h, n_q, d), dtype=q4.dtype, device=q4.device)
     dk = torch.empty((z, h, n_k, d), dtype=k4.dtype, device=k4.device)
@@ -329,10 +337,14 @@ def flash_backward(
     consts = {"HEAD_DIM": d, "BLOCK_D": block_d(d), "CAUSAL": causal, "TMA": tma, "HEAD_GROUP": head_group(causal)}
     dkdv_args = (q4, k4, v4, do4, lse2, delta, dk, dv, *descs, *stat_descs, *common, *strides3(dk), *scalars)
     dq_args = (q4, k4, v4, do4, lse2, delta, dq, *descs, *common, *strides3(dq), *scalars)
-    dkdv_config = DKDV(lambda meta: grid_2d(triton.cdiv(n_k, meta["BLOCK_N"]), z * h, meta), dkdv_args, consts,
-                       signature, pinned.get("dkdv"), options)
-    dq_config = DQ(lambda meta: grid_2d(triton.cdiv(n_q, meta["BLOCK_M"]), z * h, meta), dq_args, consts, signature,
-                   pinned.get("dq"), options)
+    dkdv_grid = lambda meta: grid_2d(triton.cdiv(n_k, meta["BLOCK_N"]), z * h, meta)
+    dq_grid = lambda meta: grid_2d(triton.cdiv(n_q, meta["BLOCK_M"]), z * h, meta)
+    if traced:
+        dkdv_config = DKDV.launch_traced(dkdv_grid, dkdv_args, consts, options)
+        dq_config = DQ.launch_traced(dq_grid, dq_args, consts, options)
+    else:
+        dkdv_config = DKDV(dkdv_grid, dkdv_args, consts, signature, pinned.get("dkdv"), options)
+        dq_config = DQ(dq_grid, dq_args, consts, signature, pinned.get("dq"), options)
     return dq, dk, dv, record("dkdv", dkdv_config) + record("dq", dq_config)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from profiler_kit.attention import dispatch
+from profiler_kit.attention.op import flash_attention_op
 from profiler_kit.attention.options import INTERPRET, FlashOptions, current_options
 from profiler_kit.attention.reference import AttentionInputError, FlashAttentionPytorch, check_attention_inputs
 from profiler_kit.attention.triton_kernels.tiles import as_4d
@@ -71,7 +72,14 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
 
     On the CPU the Triton kernels run only under TRITON_INTERPRET=1 (set before import; slow, meant for tests)
     and not in bf16, which the interpreter cannot compute.
+
+    Under `torch.compile` the call is the operator `torch.ops.profiler_kit.flash_attention` (`op`), which the
+    compiler traces into the Triton kernels themselves, with the options in force when it compiles (`options`
+    applies to eager calls only). Called eagerly it is the autograd Function, whose host path is the shorter:
+    torch.library's dispatch of an operator with an autograd formula costs several times a Function's.
     """
+    if torch.compiler.is_compiling():
+        return flash_attention_op(q, k, v, causal)
     if dispatch.triton_runs(q):
         return FlashAttentionTriton.apply(q, k, v, causal, options)
     return FlashAttentionPytorch.apply(q, k, v, causal)

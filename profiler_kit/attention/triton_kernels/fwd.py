@@ -141,20 +141,23 @@ def record(kernel: str, config: triton.Config | None) -> LaunchRecord:
 
 def flash_forward(
     q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, causal: bool, config: triton.Config | None = None,
-    tma: bool | None = None, options: FlashOptions | None = None,
+    tma: bool | None = None, options: FlashOptions | None = None, traced: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, LaunchRecord]:
     """Launch the forward on (Z, H, seq, d) views: O (contiguous (Z, H, N_Q, d)), the fp32 L (Z·H, N_Q) and
     the launch record.
 
     `config` pins the block sizes, warps and stages instead of autotuning (for tuning sweeps). `tma` picks
     descriptor (True) or pointer (False) loads; by default TMA wherever `tma_usable` allows it, except in the
-    interpreter, where tests choose.
+    interpreter, where tests choose. `traced` (torch.compile is tracing the call, `attention.op`): pointer loads,
+    launched through `Kernel.launch_traced`.
     """
     z, h, n_q, d = q4.shape
     n_k = k4.shape[2]
     out = torch.empty((z, h, n_q, d), dtype=q4.dtype, device=q4.device)
     lse = torch.empty((z * h, n_q), dtype=torch.float32, device=q4.device)
-    if tma is None:
+    if traced:
+        tma = False
+    elif tma is None:
         tma = not INTERPRET and tma_usable(q4, k4, v4)
     descs = descriptors(q4, k4, v4, out) if tma else [None] * 4
     args = (
@@ -163,5 +166,8 @@ def flash_forward(
     )
     consts = {"HEAD_DIM": d, "BLOCK_D": block_d(d), "CAUSAL": causal, "TMA": tma, "HEAD_GROUP": head_group(causal)}
     grid = lambda meta: grid_2d(triton.cdiv(n_q, meta["BLOCK_M"]), z * h, meta)
-    ran = FWD(grid, args, consts, (causal, tma, *map(tensor_signature, (q4, k4, v4))), config, options)
+    if traced:
+        ran = FWD.launch_traced(grid, args, consts, options)
+    else:
+        ran = FWD(grid, args, consts, (causal, tma, *map(tensor_signature, (q4, k4, v4))), config, options)
     return out, lse, record("fwd", ran)

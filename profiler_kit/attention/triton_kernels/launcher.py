@@ -112,6 +112,7 @@ class Kernel:
             self.tuned = triton.autotune(configs=configs(shapes, fn.arg_names), key=TUNING_KEY,
                                          prune_configs_by={"early_config_prune": pruner})(fn)
         self._plans: dict[Hashable, _Plan] = {}
+        self._traceable: dict[tuple[int, ...], object] = {}  # hook-free autotuners by the configs they offer
 
     @property
     def configs(self) -> list[triton.Config]:
@@ -147,6 +148,29 @@ class Kernel:
             if plan is not None:
                 self._plans[signature] = plan
         return chosen
+
+    def launch_traced(self, grid: Callable[[dict], tuple], args: tuple, consts: dict,
+                      options: FlashOptions | None = None) -> triton.Config | None:
+        """Launch through `torch.library.wrap_triton`, for `torch.compile` tracing the attention operators
+        (`attention.op`): the graph then holds this kernel. A tuned kernel offers Inductor the configs that fit,
+        to time (only the first with `options.autotune` off), without their pre_hook, which Inductor does not
+        run: the arguments must hold no TMA descriptors. Returns the first config offered."""
+        from torch.library import wrap_triton
+
+        if not self.tuned:
+            wrap_triton(self.fn)[grid({})](*args, **consts)
+            return None
+        nargs = dict(zip(self.fn.arg_names, args, strict=False))
+        candidates = self.pruner(self.tuned.configs, nargs, **consts)
+        if not (options or FlashOptions()).autotune:
+            candidates = candidates[:1]
+        key = tuple(self.tuned.configs.index(c) for c in candidates)
+        if key not in self._traceable:
+            hookless = [triton.Config(c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages, maxnreg=c.maxnreg)
+                        for c in candidates]
+            self._traceable[key] = triton.autotune(configs=hookless, key=[])(self.fn)
+        wrap_triton(self._traceable[key])[grid](*args, **consts)
+        return candidates[0]
 
     def _plan(self, compiled, grid: Callable[[dict], tuple], args: tuple, consts: dict,
               config: triton.Config | None) -> _Plan | None:
