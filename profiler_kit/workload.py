@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from profiler_kit import distributed
 from profiler_kit.errors import ProfilerKitError
 from profiler_kit.model import ATTENTION_IMPLS, TransformerLM
 from profiler_kit.nvtx_ranges import nvtx_range, set_enabled
@@ -68,6 +69,7 @@ class WorkloadConfig:
     nvtx: bool = True
     optimizer: str = "adamw-fused"
     loss_chunk_rows: int | None = None  # see `model.linear_cross_entropy`
+    parallel: str = "none"  # none | ddp | fsdp: data-parallel under torchrun (profiler_kit.distributed)
 
     def validate(self) -> None:
         for field in ("ctx", "batch_size"):
@@ -80,11 +82,13 @@ class WorkloadConfig:
         if self.optimizer not in OPTIMIZERS:
             raise ProfilerKitError(f"unknown optimizer {self.optimizer!r}; choose from {', '.join(OPTIMIZERS)}")
         phases_for(self.mode)
+        distributed.check_mode(self.parallel)
         from_name(self.model, self.ctx)
 
     def tag(self) -> str:
-        """File-name stem: `<model>_ctx<ctx>_<mode>[_bf16]`."""
-        return f"{self.model}_ctx{self.ctx}_{self.mode}" + ("_bf16" if self.mixed_precision else "")
+        """File-name stem: `<model>_ctx<ctx>_<mode>[_bf16][_ddp|_fsdp]`."""
+        parallel = "" if self.parallel == "none" else f"_{self.parallel}"
+        return f"{self.model}_ctx{self.ctx}_{self.mode}" + ("_bf16" if self.mixed_precision else "") + parallel
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -97,12 +101,18 @@ class Workload:
         cfg.validate()
         self.cfg = cfg
         self.device = resolve_device(cfg.device)
+        self.rank = 0
+        if cfg.parallel != "none":
+            self.device, place = distributed.join(self.device)
+            self.rank = place.rank
         self.phases = phases_for(cfg.mode)
         set_enabled(cfg.nvtx)
         torch.manual_seed(cfg.seed)
         self.model_cfg = from_name(cfg.model, cfg.ctx)
         with self.device:  # build in place: initialising billions of weights on the host first is slow
             model = TransformerLM(self.model_cfg, attention=cfg.attention, loss_chunk_rows=cfg.loss_chunk_rows)
+        if cfg.parallel != "none":
+            model = distributed.wrap(model, cfg.parallel, self.device)
         self.model = model
         self.forward_fn = torch.compile(model) if cfg.compile else model
         self.optimizer = None
@@ -114,7 +124,8 @@ class Workload:
             # The compiler fuses the foreach and loop updates into a few kernels; the fused one already is.
             compile_step = cfg.compile and cfg.optimizer != "adamw-fused"
             self.optimizer_step = torch.compile(self.optimizer.step) if compile_step else self.optimizer.step
-        generator = torch.Generator(device="cpu").manual_seed(cfg.seed)
+        # Same weights on every rank (same seed above), a batch of its own on each.
+        generator = torch.Generator(device="cpu").manual_seed(cfg.seed + self.rank)
         shape = (cfg.batch_size, cfg.ctx + 1)
         data = torch.randint(0, self.model_cfg.vocab_size, shape, generator=generator)
         self.inputs = data[:, :-1].to(self.device)

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import click
 import pandas as pd
 
 from profiler_kit import benchmark as bench
+from profiler_kit import distributed
 from profiler_kit.cli.common import format_option, non_negative_int, positive_int, workload_options
+from profiler_kit.cli.parallel import baseline_option, emit_rank_rows, parallel_option, run_ranks
 from profiler_kit.cli.sweep import run_with_progress
 from profiler_kit.render import console_err, emit_tables, records
 from profiler_kit.results_io import RowWriter
@@ -83,6 +86,8 @@ DISPLAY_COLUMNS = [
     help="Append one row per config as it finishes (.jsonl, .csv or .md).",
 )
 @click.option("--resume", is_flag=True, help="Skip configs already in --output.")
+@parallel_option
+@baseline_option
 @format_option()
 def benchmark_cmd(
     model,
@@ -104,15 +109,22 @@ def benchmark_cmd(
     repeat,
     output,
     resume,
+    parallel,
+    baseline,
     fmt,
 ) -> None:
     """Time forward, backward and optimizer phases over a sweep of model × ctx × mode × attention × optimizer."""
     base = WorkloadConfig(
         model[0], ctx[0], mode[0], batch_size, mixed_precision, compile_, attention[0], device, seed, nvtx,
-        optimizer[0],
+        optimizer[0], parallel=parallel,
     )
     timing = bench.TimingOptions(warmup, max(warmup, max_warmup), steps, stable_pct, cpu_threads)
     items = bench.sweep_items(bench.sweep_configs(base, model, ctx, mode, attention, optimizer), repeat)
+    if parallel != "none":
+        _benchmark_ranks(items, replace(timing, max_warmup=warmup), baseline, output, resume, fmt)
+        return
+    if baseline is not None:
+        raise click.UsageError("--baseline goes with --parallel (it is the single-device throughput)")
     # What changes a measurement besides its config: a row measured otherwise is not resumed. The warm-up is
     # left out: rows record how many warm-up steps ran (until the time settled), not the options.
     settings = {"steps": steps, "device": bench.device_label(resolve_device(device))}
@@ -158,6 +170,21 @@ def benchmark_cmd(
     if len(failed):
         console_err.print(f"[red]{len(failed)} of {len(df)} configs failed with errors")
         sys.exit(1)
+
+
+def _benchmark_ranks(items: list[bench.SweepItem], timing: bench.TimingOptions, baseline: Path | None,
+                     output: Path | None, resume: bool, fmt: str) -> None:
+    """The sweep under torchrun, each config on every rank, with a fixed warm-up (every rank must run as many
+    steps); rank 0 renders the rows."""
+    if resume:
+        raise click.UsageError("--resume does not go with --parallel")
+    columns = distributed.columns(bench.COLUMNS)
+    rows = run_ranks([item.cfg for item in items], lambda cfg: bench.run_config(cfg, timing), baseline, output,
+                     bench.CONFIG_COLUMNS, columns)
+    if rows is not None:
+        caption = (f"{timing.steps} timed steps after {timing.warmup} warm-up on each rank; times in ms, mean unless "
+                   "marked, the slowest rank's on the aggregate row (rank all)")
+        emit_rank_rows(rows, columns, DISPLAY_COLUMNS, fmt, caption)
 
 
 COMMANDS = [benchmark_cmd]

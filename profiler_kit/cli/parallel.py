@@ -1,0 +1,88 @@
+"""`--parallel ddp|fsdp` of `benchmark` and `nsys`: the built-in workload data-parallel, one process per rank,
+started by torchrun (`torchrun --nproc-per-node N -m profiler_kit benchmark --parallel ddp ...`). Every rank
+runs the configs; rank 0 alone prints and writes."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+import pandas as pd
+
+from profiler_kit import distributed
+from profiler_kit.render import console_err, emit_tables, records
+from profiler_kit.results_io import RowWriter, read_rows
+from profiler_kit.workload import WorkloadConfig, resolve_device
+
+RANK_DISPLAY_COLUMNS = ["parallel", "world_size", "rank"]
+
+
+def parallel_option(fn: Callable) -> Callable:
+    return click.option(
+        "--parallel", type=click.Choice(distributed.PARALLEL_MODES), default="none", show_default=True,
+        help="Data-parallel under torchrun, one rank per GPU: ddp (DistributedDataParallel) or fsdp (FSDP2 "
+             "fully_shard); start it with `torchrun --nproc-per-node N -m profiler_kit ...`.",
+    )(fn)
+
+
+def baseline_option(fn: Callable) -> Callable:
+    return click.option(
+        "--baseline", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+        help="With --parallel: benchmark rows (.jsonl, .csv, .md) of the same configs on one device without "
+             "--parallel; each row's scaling efficiency is its tokens/s over theirs (× world size for the "
+             "aggregate row).",
+    )(fn)
+
+
+def run_ranks(configs: Sequence[WorkloadConfig], run_one: Callable[[WorkloadConfig], dict[str, Any]],
+              baseline: Path | None, output: Path | None, key_columns: Sequence[str],
+              columns: Sequence[str]) -> list[dict[str, Any]] | None:
+    """Each config on every rank of this torchrun job. Rank 0 gets the rows (each config's per-rank rows and its
+    aggregate row) and appends them to `output` as they come; the other ranks get None."""
+    _, place = distributed.join(resolve_device(configs[0].device))
+    try:
+        lead = place.rank == 0
+        baseline_rows = read_rows(baseline) if baseline and lead else []
+        writer = RowWriter(output, columns) if output and lead else None
+        rows: list[dict[str, Any]] = []
+        for cfg in configs:
+            if lead:
+                console_err.print(f"{cfg.model} ctx={cfg.ctx} {cfg.mode}: {cfg.parallel} on {place.world_size} "
+                                  "rank(s)")
+            base = distributed.baseline_for(cfg, baseline_rows, key_columns) if lead else None
+            new = distributed.run_config(cfg, run_one, base)
+            for row in new:
+                if writer:
+                    writer.append(row)
+                if row["status"] != "ok":
+                    console_err.print(f"[yellow]{cfg.model} ctx={cfg.ctx} {cfg.mode} rank {row['rank']}: "
+                                      f"{row['status']}: {row['message']}")
+            if lead and baseline and new and new[-1]["baseline_tokens_per_s"] is None:
+                console_err.print(f"[yellow]{cfg.model} ctx={cfg.ctx} {cfg.mode}: no ok row of this config "
+                                  f"without --parallel in {baseline}: no scaling efficiency")
+            rows += new
+    finally:
+        distributed.leave()
+    return rows if lead else None
+
+
+def emit_rank_rows(rows: list[dict[str, Any]], columns: Sequence[str], display: Sequence[str], fmt: str,
+                   caption: str) -> None:
+    """Rank 0's table (`display` columns and the rank columns) or document (every column); exit 1 on errors."""
+    df = pd.DataFrame(rows, columns=list(columns))
+    if fmt == "json":
+        emit_tables([("benchmark", df)], fmt, json_obj=records(df))
+    elif fmt == "csv":
+        emit_tables([("benchmark", df)], fmt)
+    else:
+        shown = list(display)
+        shown[shown.index("status"):shown.index("status")] = RANK_DISPLAY_COLUMNS
+        shown.append("scaling_efficiency_pct")
+        emit_tables([("benchmark", df[shown])], fmt, caption=caption)
+    failed = df[df["status"] == "error"]
+    if len(failed):
+        console_err.print(f"[red]{len(failed)} of {len(df)} rows failed with errors")
+        sys.exit(1)
