@@ -1,0 +1,126 @@
+"""`--parallel ddp|fsdp`: two gloo ranks under torchrun on the CPU (rows per rank, the aggregate row, scaling
+efficiency, gradients really synchronized), and the aggregate arithmetic on its own."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from profiler_kit import distributed
+from profiler_kit.cli import main
+from profiler_kit.workload import WorkloadConfig
+
+REPO = Path(__file__).resolve().parents[2]
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+BASELINE_TOKENS_PER_S = 1000.0
+
+
+def torchrun(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([*TORCHRUN, *args], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+
+
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_two_ranks_give_rows_per_rank_and_an_aggregate(mode, tmp_path):
+    baseline = tmp_path / "one_device.jsonl"
+    one = {"model": "tiny", "ctx": 32, "mode": "train", "batch_size": 2, "mixed_precision": False,
+           "compile": False, "attention": "naive", "status": "ok", "tokens_per_s": BASELINE_TOKENS_PER_S}
+    baseline.write_text(json.dumps(one) + "\n")
+    output = tmp_path / "rows.jsonl"
+    proc = torchrun(["-m", "profiler_kit", "benchmark", "--model", "tiny", "--ctx", "32", "--batch-size", "2",
+                     "--device", "cpu", "--no-nvtx", "--warmup", "1", "--steps", "2", "--parallel", mode,
+                     "--baseline", str(baseline), "--output", str(output), "--format", "json"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(proc.stdout)  # rank 0 alone printed: one JSON document
+    assert [r["rank"] for r in rows] == [0, 1, "all"]
+    assert all(r["status"] == "ok" and r["parallel"] == mode and r["world_size"] == 2 for r in rows)
+    ranks, total = rows[:2], rows[2]
+    assert total["total_ms"] == max(r["total_ms"] for r in ranks)
+    assert total["tokens_per_s"] == pytest.approx(2 * 2 * 32 / (total["total_ms"] / 1e3))
+    for row in rows:
+        devices = 2 if row["rank"] == "all" else 1
+        assert row["baseline_tokens_per_s"] == BASELINE_TOKENS_PER_S
+        assert row["scaling_efficiency_pct"] == pytest.approx(
+            row["tokens_per_s"] / (devices * BASELINE_TOKENS_PER_S) * 100)
+    written = [json.loads(line) for line in output.read_text().splitlines()]
+    assert [r["rank"] for r in written] == [0, 1, "all"]
+
+
+def test_gradients_are_synchronized(tmp_path):
+    out = tmp_path / "sync.json"
+    proc = torchrun([str(REPO / "tests" / "distributed" / "sync_check.py"), str(out)], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for mode, found in json.loads(out.read_text()).items():
+        assert found["batches_differ"], mode
+        # AdamW moves each weight by about its learning rate, 1e-4, in the sign of the gradient.
+        assert found["moved"] > 5e-5, mode
+        assert found["across_ranks"] == 0.0, mode
+        assert found["vs_together"] < 1e-5, mode  # the step on both ranks' batches at once
+        assert found["vs_alone"] > 5e-5, mode  # a step on this rank's batch alone is another step
+
+
+def test_parallel_outside_torchrun_is_one_line_error(monkeypatch):
+    for name in distributed.TORCHRUN_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    result = CliRunner().invoke(main, ["benchmark", "--model", "tiny", "--ctx", "16", "--device", "cpu",
+                                       "--parallel", "ddp"])
+    assert result.exit_code != 0
+    assert "torchrun" in result.output and "Traceback" not in result.output
+
+
+def test_baseline_needs_parallel(tmp_path):
+    baseline = tmp_path / "b.jsonl"
+    baseline.write_text("")
+    result = CliRunner().invoke(main, ["benchmark", "--model", "tiny", "--device", "cpu", "--baseline",
+                                       str(baseline)])
+    assert result.exit_code == 2 and "--baseline goes with --parallel" in result.output
+
+
+def rank_row(rank: int, total_ms: float, **extra) -> dict:
+    row = {"rank": rank, "world_size": 2, "status": "ok", "device": "cpu", "total_ms": total_ms,
+           "forward_ms": total_ms / 2, "peak_allocated_mb": 100.0 + rank, "tokens_per_s": 64 / (total_ms / 1e3),
+           "model_tflops": 1e-3 / total_ms, "message": ""}
+    return {**row, **extra}
+
+
+def test_aggregate_takes_the_slowest_rank():
+    rows = [rank_row(0, 100.0), rank_row(1, 125.0)]
+    total = distributed.aggregate_row(rows, tokens_per_rank_step=64, mixed_precision=False)
+    assert total["rank"] == "all" and total["status"] == "ok"
+    assert total["total_ms"] == 125.0 and total["forward_ms"] == 62.5 and total["peak_allocated_mb"] == 101.0
+    assert total["tokens_per_s"] == pytest.approx(2 * 64 / 0.125)
+    assert total["model_tflops"] == pytest.approx(2 * 1e-3 / 125.0)
+    assert total["message"] == "slowest rank 1"
+
+
+def test_aggregate_of_a_failed_rank_carries_its_status():
+    rows = [rank_row(0, 100.0), rank_row(1, 100.0, status="oom", message="CUDA out of memory")]
+    rows[1]["total_ms"] = rows[1]["tokens_per_s"] = None
+    total = distributed.aggregate_row(rows, tokens_per_rank_step=64, mixed_precision=False)
+    assert total["status"] == "oom" and total["message"] == "rank 1: CUDA out of memory"
+    assert total["tokens_per_s"] is None and total["total_ms"] is None
+
+
+def test_baseline_matches_the_config_without_parallel():
+    cfg = WorkloadConfig("tiny", 32, "train", batch_size=2, device="cpu", parallel="ddp")
+    keys = ("model", "ctx", "mode", "batch_size")
+    rows = [
+        {"model": "tiny", "ctx": 32, "mode": "train", "batch_size": 2, "status": "ok", "tokens_per_s": 900.0},
+        {"model": "tiny", "ctx": "32", "mode": "train", "batch_size": "2", "status": "ok", "tokens_per_s": 1100.0},
+        {"model": "tiny", "ctx": 64, "mode": "train", "batch_size": 2, "status": "ok", "tokens_per_s": 5.0},
+        {"model": "tiny", "ctx": 32, "mode": "train", "batch_size": 2, "status": "oom", "tokens_per_s": None},
+        {"model": "tiny", "ctx": 32, "mode": "train", "batch_size": 2, "status": "ok", "tokens_per_s": 7.0,
+         "parallel": "ddp", "rank": 0},
+    ]
+    assert distributed.baseline_for(cfg, rows, keys) == pytest.approx(1000.0)
+    assert distributed.baseline_for(cfg, rows[2:], keys) is None
+
+
+def test_columns_place_the_rank_and_scaling_columns():
+    cols = distributed.columns(["model", "device", "status", "tokens_per_s", "mfu_pct", "message"])
+    assert cols == ["model", "parallel", "world_size", "rank", "device", "status", "tokens_per_s", "mfu_pct",
+                    "baseline_tokens_per_s", "scaling_efficiency_pct", "message"]
