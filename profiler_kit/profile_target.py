@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from profiler_kit import nvtx_ranges
+from profiler_kit import distributed, nvtx_ranges
 from profiler_kit.errors import ProfilerKitError, first_line
 from profiler_kit.nvtx_ranges import nvtx_range
 from profiler_kit.workload import Workload, WorkloadConfig, resolve_device, synchronize
@@ -148,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ProfilerKitError(f"unknown capture {capture!r}; expected one of {', '.join(CAPTURES)}")
         recording = cuda_profiler_range() if capture == "cudaProfilerApi" else contextlib.nullcontext()
         drive(target, spec["warmup"], spec["steps"], recording)
+        distributed.leave()
     except ProfilerKitError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_ERROR

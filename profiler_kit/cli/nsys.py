@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 from click.core import ParameterSource
 
+from profiler_kit import distributed
 from profiler_kit.cli.attention import dtype_names, impl_names
 from profiler_kit.cli.common import (
     comma_list,
@@ -21,6 +22,7 @@ from profiler_kit.cli.common import (
     single,
     workload_options,
 )
+from profiler_kit.cli.parallel import parallel_option
 from profiler_kit.errors import ProfilerKitError
 from profiler_kit.profiling import (
     BACKENDS,
@@ -101,13 +103,14 @@ PROGRAM_ONLY = ("output", "nsys_args", "capture", "phases", "flops_per_step", "p
 @click.group("nsys", cls=_CommandGroup, invoke_without_command=True,
              subcommand_metavar="[-- PROGRAM [ARGS]... | attention [OPTIONS]]")
 @workload_options(sweep=False)
+@parallel_option
 @_recording_options
 @_program_options
 @click.pass_context
 def nsys(click_ctx: click.Context, model: str, ctx: int, mode: str, batch_size: int, mixed_precision: bool,
-         compile_: bool, attention: str, device: str, seed: int, nvtx: bool, optimizer: str, warmup: int, steps: int,
-         backend: str, nsys_path: Path | None, output_dir: Path, top: int, fmt: str, output: Path | None,
-         nsys_args: str, capture: bool, phases: tuple[str, ...], flops_per_step: float | None,
+         compile_: bool, attention: str, device: str, seed: int, nvtx: bool, optimizer: str, parallel: str,
+         warmup: int, steps: int, backend: str, nsys_path: Path | None, output_dir: Path, top: int, fmt: str,
+         output: Path | None, nsys_args: str, capture: bool, phases: tuple[str, ...], flops_per_step: float | None,
          peak_tflops: float | None) -> None:
     """Profile one training-step config, or any program given after `--`: kernels per phase, under Nsight
     Systems or torch.profiler.
@@ -143,8 +146,15 @@ def nsys(click_ctx: click.Context, model: str, ctx: int, mode: str, batch_size: 
     if misplaced:
         raise click.UsageError(f"{', '.join(misplaced)}: options of -- COMMAND")
     cfg = WorkloadConfig(model, ctx, mode, batch_size, mixed_precision, compile_, attention, device, seed,
-                         nvtx, optimizer)
-    result = profile(cfg, warmup, steps, backend, output_dir, nsys_path)
+                         nvtx, optimizer, parallel=parallel)
+    try:
+        result = profile(cfg, warmup, steps, backend, output_dir, nsys_path)
+    finally:
+        distributed.leave()
+    if parallel != "none" and distributed.torchrun_rank().rank != 0:
+        console_err.print(f"rank {distributed.torchrun_rank().rank} recorded " + ", ".join(map(str, result.paths))
+                          + "; rank 0 prints its summary", soft_wrap=True)
+        return
     per_phase, peak = workload_flops(cfg)
     _report(result, fmt, top, lambda summary: summary.add_flops(per_phase, peak_tflops=peak))
 

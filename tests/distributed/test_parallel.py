@@ -1,6 +1,7 @@
 """`--parallel ddp|fsdp`: two gloo ranks under torchrun on the CPU (rows per rank, the aggregate row, scaling
 efficiency, gradients really synchronized), and the aggregate arithmetic on its own."""
 
+import gzip
 import json
 import os
 import subprocess
@@ -24,20 +25,19 @@ def torchrun(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
     return subprocess.run([*TORCHRUN, *args], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
 
 
-@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
-def test_two_ranks_give_rows_per_rank_and_an_aggregate(mode, tmp_path):
+def test_ddp_two_ranks_give_rows_per_rank_and_an_aggregate(tmp_path):
     baseline = tmp_path / "one_device.jsonl"
     one = {"model": "tiny", "ctx": 32, "mode": "train", "batch_size": 2, "mixed_precision": False,
            "compile": False, "attention": "naive", "status": "ok", "tokens_per_s": BASELINE_TOKENS_PER_S}
     baseline.write_text(json.dumps(one) + "\n")
     output = tmp_path / "rows.jsonl"
     proc = torchrun(["-m", "profiler_kit", "benchmark", "--model", "tiny", "--ctx", "32", "--batch-size", "2",
-                     "--device", "cpu", "--no-nvtx", "--warmup", "1", "--steps", "2", "--parallel", mode,
+                     "--device", "cpu", "--no-nvtx", "--warmup", "1", "--steps", "2", "--parallel", "ddp",
                      "--baseline", str(baseline), "--output", str(output), "--format", "json"], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads(proc.stdout)  # rank 0 alone printed: one JSON document
     assert [r["rank"] for r in rows] == [0, 1, "all"]
-    assert all(r["status"] == "ok" and r["parallel"] == mode and r["world_size"] == 2 for r in rows)
+    assert all(r["status"] == "ok" and r["parallel"] == "ddp" and r["world_size"] == 2 for r in rows)
     ranks, total = rows[:2], rows[2]
     assert total["total_ms"] == max(r["total_ms"] for r in ranks)
     assert total["tokens_per_s"] == pytest.approx(2 * 2 * 32 / (total["total_ms"] / 1e3))
@@ -48,6 +48,19 @@ def test_two_ranks_give_rows_per_rank_and_an_aggregate(mode, tmp_path):
             row["tokens_per_s"] / (devices * BASELINE_TOKENS_PER_S) * 100)
     written = [json.loads(line) for line in output.read_text().splitlines()]
     assert [r["rank"] for r in written] == [0, 1, "all"]
+
+
+def test_nsys_records_one_trace_per_rank(tmp_path):
+    proc = torchrun(["-m", "profiler_kit", "nsys", "--backend", "torch", "--model", "tiny", "--ctx", "32",
+                     "--batch-size", "2", "--device", "cpu", "--parallel", "fsdp", "--warmup", "1", "--steps", "1",
+                     "--format", "json"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "phases" in json.loads(proc.stdout)  # rank 0's summary alone
+    for rank in (0, 1):
+        trace = json.loads(gzip.decompress((tmp_path / f"profiles/tiny_ctx32_train_fsdp_rank{rank}.json.gz")
+                                           .read_bytes()))
+        names = {event.get("name") for event in trace["traceEvents"]}
+        assert {"gloo:all_gather", "gloo:all_reduce"} <= names, rank  # FSDP's gathers and gradient reductions
 
 
 def test_gradients_are_synchronized(tmp_path):
