@@ -118,12 +118,12 @@ class AttentionProfileConfig:
 def profile(cfg: WorkloadConfig, warmup: int, steps: int, backend: str, output_dir: Path,
             nsys_path: str | os.PathLike | None = None) -> ProfileResult:
     """Record `steps` training steps of `cfg` after `warmup` unrecorded ones. Data-parallel configs run under
-    torchrun, one recording per rank, its name ending in `_rank<R>` (under nsys, the recorded child process
+    torchrun, one recording per rank, its name ending in `.rank<R>` (under nsys, the recorded child process
     takes this rank's place in the process group)."""
     cfg.validate()
     device = resolve_device(cfg.device)
     spec = {"workload": {**cfg.as_dict(), "device": str(device)}}
-    tag = cfg.tag() if cfg.parallel == "none" else f"{cfg.tag()}_rank{distributed.torchrun_rank().rank}"
+    tag = cfg.tag() if cfg.parallel == "none" else f"{cfg.tag()}.rank{distributed.torchrun_rank().rank}"
     return _record(spec, tag, device, phases_for(cfg.mode), warmup, steps, backend, Path(output_dir),
                    nsys_path)
 

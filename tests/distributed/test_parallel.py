@@ -57,7 +57,7 @@ def test_nsys_records_one_trace_per_rank(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "phases" in json.loads(proc.stdout)  # rank 0's summary alone
     for rank in (0, 1):
-        trace = json.loads(gzip.decompress((tmp_path / f"profiles/tiny_ctx32_train_fsdp_rank{rank}.json.gz")
+        trace = json.loads(gzip.decompress((tmp_path / f"profiles/tiny_ctx32_train_fsdp.rank{rank}.json.gz")
                                            .read_bytes()))
         names = {event.get("name") for event in trace["traceEvents"]}
         assert {"gloo:all_gather", "gloo:all_reduce"} <= names, rank  # FSDP's gathers and gradient reductions
