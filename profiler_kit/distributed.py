@@ -116,12 +116,12 @@ def gather_rows(row: dict[str, Any]) -> list[dict[str, Any]]:
     return rows or []
 
 
-def run_config(cfg: WorkloadConfig, run_one: Callable[[WorkloadConfig], dict[str, Any]],
+def run_config(cfg: WorkloadConfig, run: Callable[[], dict[str, Any]],
                baseline_tokens_per_s: float | None = None) -> list[dict[str, Any]]:
-    """`run_one(cfg)` (one benchmark row) on every rank; on rank 0 the per-rank rows and the aggregate row, each
-    with its scaling efficiency when a baseline is given; an empty list on the other ranks."""
+    """`run()` (one benchmark row of `cfg`) on every rank; on rank 0 the per-rank rows and the aggregate row,
+    each with its scaling efficiency when a baseline is given; an empty list on the other ranks."""
     info = torchrun_rank()
-    row = {**run_one(cfg), "parallel": cfg.parallel, "world_size": info.world_size, "rank": info.rank}
+    row = {**run(), "parallel": cfg.parallel, "world_size": info.world_size, "rank": info.rank}
     rows = gather_rows(row)
     if not rows:
         return []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import click
@@ -179,8 +180,8 @@ def _benchmark_ranks(items: list[bench.SweepItem], timing: bench.TimingOptions, 
     if resume:
         raise click.UsageError("--resume does not go with --parallel")
     columns = distributed.columns(bench.COLUMNS)
-    rows = run_ranks([item.cfg for item in items], lambda cfg: bench.run_config(cfg, timing), baseline, output,
-                     bench.CONFIG_COLUMNS, columns)
+    jobs = [(item.cfg, partial(bench.run_config, item, timing)) for item in items]
+    rows = run_ranks(jobs, baseline, output, bench.CONFIG_COLUMNS, columns)
     if rows is not None:
         caption = (f"{timing.steps} timed steps after {timing.warmup} warm-up on each rank; times in ms, mean unless "
                    "marked, the slowest rank's on the aggregate row (rank all)")

@@ -37,23 +37,23 @@ def baseline_option(fn: Callable) -> Callable:
     )(fn)
 
 
-def run_ranks(configs: Sequence[WorkloadConfig], run_one: Callable[[WorkloadConfig], dict[str, Any]],
-              baseline: Path | None, output: Path | None, key_columns: Sequence[str],
-              columns: Sequence[str]) -> list[dict[str, Any]] | None:
-    """Each config on every rank of this torchrun job. Rank 0 gets the rows (each config's per-rank rows and its
-    aggregate row) and appends them to `output` as they come; the other ranks get None."""
-    _, place = distributed.join(resolve_device(configs[0].device))
+def run_ranks(jobs: Sequence[tuple[WorkloadConfig, Callable[[], dict[str, Any]]]], baseline: Path | None,
+              output: Path | None, key_columns: Sequence[str], columns: Sequence[str]) -> list[dict[str, Any]] | None:
+    """Each job, a config and the call that benchmarks it, on every rank of this torchrun job. Rank 0 gets the
+    rows (each job's per-rank rows and its aggregate row) and appends them to `output` as they come; the other
+    ranks get None. `key_columns` match a config to its rows in the `baseline` file."""
+    _, place = distributed.join(resolve_device(jobs[0][0].device))
     try:
         lead = place.rank == 0
         baseline_rows = read_rows(baseline) if baseline and lead else []
         writer = RowWriter(output, columns) if output and lead else None
         rows: list[dict[str, Any]] = []
-        for cfg in configs:
+        for cfg, run in jobs:
             if lead:
                 console_err.print(f"{cfg.model} ctx={cfg.ctx} {cfg.mode}: {cfg.parallel} on {place.world_size} "
                                   "rank(s)")
             base = distributed.baseline_for(cfg, baseline_rows, key_columns) if lead else None
-            new = distributed.run_config(cfg, run_one, base)
+            new = distributed.run_config(cfg, run, base)
             for row in new:
                 if writer:
                     writer.append(row)
