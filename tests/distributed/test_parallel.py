@@ -27,8 +27,8 @@ def torchrun(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
 
 def test_ddp_two_ranks_give_rows_per_rank_and_an_aggregate(tmp_path):
     baseline = tmp_path / "one_device.jsonl"
-    one = {"model": "tiny", "ctx": 32, "mode": "train", "batch_size": 2, "mixed_precision": False,
-           "compile": False, "attention": "naive", "status": "ok", "tokens_per_s": BASELINE_TOKENS_PER_S}
+    config = WorkloadConfig("tiny", 32, "train", batch_size=2, device="cpu", nvtx=False)
+    one = {**config.as_dict(), "status": "ok", "tokens_per_s": BASELINE_TOKENS_PER_S}
     baseline.write_text(json.dumps(one) + "\n")
     output = tmp_path / "rows.jsonl"
     proc = torchrun(["-m", "profiler_kit", "benchmark", "--model", "tiny", "--ctx", "32", "--batch-size", "2",
