@@ -151,12 +151,17 @@ def nsys(click_ctx: click.Context, model: str, ctx: int, mode: str, batch_size: 
         result = profile(cfg, warmup, steps, backend, output_dir, nsys_path)
     finally:
         distributed.leave()
-    if parallel != "none" and distributed.torchrun_rank().rank != 0:
-        console_err.print(f"rank {distributed.torchrun_rank().rank} recorded " + ", ".join(map(str, result.paths))
-                          + "; rank 0 prints its summary", soft_wrap=True)
+    rank = distributed.torchrun_rank().rank if parallel != "none" else 0
+    if rank != 0:
+        console_err.print(f"rank {rank} recorded " + ", ".join(map(str, result.paths)) + "; rank 0 prints its summary",
+                          soft_wrap=True)
         return
     per_phase, peak = workload_flops(cfg)
     _report(result, fmt, top, lambda summary: summary.add_flops(per_phase, peak_tflops=peak))
+    if parallel != "none":
+        every_rank = str(result.summary_source).replace(".rank0.", ".rank*.")
+        console_err.print(f"that is rank 0's; every rank and merged: profiler-kit kernels summarize {every_rank}",
+                          soft_wrap=True)
 
 
 @nsys.command("attention")
