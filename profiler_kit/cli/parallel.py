@@ -40,13 +40,14 @@ def baseline_option(fn: Callable) -> Callable:
 def run_ranks(jobs: Sequence[tuple[WorkloadConfig, Callable[[], dict[str, Any]]]], baseline: Path | None,
               output: Path | None, key_columns: Sequence[str], columns: Sequence[str]) -> list[dict[str, Any]] | None:
     """Each job, a config and the call that benchmarks it, on every rank of this torchrun job. Rank 0 gets the
-    rows (each job's per-rank rows and its aggregate row) and appends them to `output` as they come; the other
-    ranks get None. `key_columns` match a config to its rows in the `baseline` file."""
+    rows (each job's per-rank rows and its aggregate row) and appends them to `output` as they come, failing at
+    the end if some could not be written; the other ranks get None. `key_columns` match a config to its rows in
+    the `baseline` file."""
     _, place = distributed.join(resolve_device(jobs[0][0].device))
     try:
         lead = place.rank == 0
         baseline_rows = read_rows(baseline) if baseline and lead else []
-        writer = RowWriter(output, columns) if output and lead else None
+        writer = RowWriter(output, columns, (*key_columns, *distributed.RANK_COLUMNS)) if output and lead else None
         rows: list[dict[str, Any]] = []
         for cfg, run in jobs:
             if lead:
@@ -64,6 +65,8 @@ def run_ranks(jobs: Sequence[tuple[WorkloadConfig, Callable[[], dict[str, Any]]]
                 console_err.print(f"[yellow]{cfg.model} ctx={cfg.ctx} {cfg.mode}: no ok row of this config "
                                   f"without --parallel in {baseline}: no scaling efficiency")
             rows += new
+        if writer:
+            writer.check_all_written(lambda line: click.echo(line, err=True))
     finally:
         distributed.leave()
     return rows if lead else None
