@@ -1,8 +1,9 @@
 """The attention kernels compiled for sm_90 on any machine, GPU or not, and what ptxas made of them.
 
-`compile_sm90` compiles one kernel in bf16 (the Triton kernels also with i32 integers) without loading it, so
-that tests and `tools/flash_sass.py` can read its registers, spills and SASS without a GPU; `machine_code`
-disassembles it with the tools bundled with Triton.
+`compile_sm90` compiles one kernel in bf16 (the Triton kernels also with i32 integers, and in fp32) without
+loading it, so that tests and `tools/flash_sass.py` can read its registers, spills and SASS without a GPU, either
+as the launch layer runs it or as Inductor does under torch.compile; `machine_code` disassembles it with the tools
+bundled with Triton.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from profiler_kit.attention.gluon_kernels import bwd as gluon_bwd
 from profiler_kit.attention.gluon_kernels import fwd as gluon_fwd
 from profiler_kit.attention.options import GluonBackwardConfig, GluonForwardConfig
 from profiler_kit.attention.triton_kernels.bwd import KERNELS
-from profiler_kit.attention.triton_kernels.configs import DESCRIPTOR_ROWS, configs, head_group
+from profiler_kit.attention.triton_kernels.configs import DESCRIPTOR_ROWS, block_d, configs, head_group
 
 TRITON_KERNELS = tuple(KERNELS)
 GLUON_KERNELS = ("gluon-fwd", "gluon-bwd")
@@ -27,13 +28,15 @@ _SCALARS = {"qk_scale", "sm_scale"}
 _ROW_DESCRIPTORS = {"DESC_LSE2", "DESC_DELTA"}  # (Z·H, seq), over fp32 per-row statistics
 
 
-def _compile_triton(kernel: str, shape: tuple, d: int, causal: bool, tma: bool) -> triton.compiler.CompiledKernel:
+def _compile_triton(kernel: str, shape: tuple, d: int, causal: bool, tma: bool, dtype: str,
+                    traced: bool) -> triton.compiler.CompiledKernel:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     fn = KERNELS[kernel].fn
     config = configs([shape], fn.arg_names)[0]
-    consts = {**config.kwargs, "HEAD_DIM": d, "BLOCK_D": d, "CAUSAL": causal, "TMA": tma,
+    width = block_d(d)
+    consts = {**config.kwargs, "HEAD_DIM": d, "BLOCK_D": width, "CAUSAL": causal, "TMA": tma,
               "HEAD_GROUP": head_group(causal)}
     pointers = fn.arg_names[:fn.arg_names.index("DESC_Q")]
     signature = {}
@@ -42,12 +45,13 @@ def _compile_triton(kernel: str, shape: tuple, d: int, causal: bool, tma: bool) 
             signature[name] = "constexpr"
         elif name in DESCRIPTOR_ROWS:
             rows = consts[DESCRIPTOR_ROWS[name]]
-            block = f"fp32[1,{rows}]" if name in _ROW_DESCRIPTORS else f"bf16[1,1,{rows},{d}]"
+            block = f"fp32[1,{rows}]" if name in _ROW_DESCRIPTORS else f"{dtype}[1,1,{rows},{width}]"
             signature[name] = f"tensordesc<{block}>" if tma else "constexpr"
         elif name in _SCALARS:
-            signature[name] = "fp32"
+            # Triton's launcher passes Python floats as fp32; Inductor's code passes them as fp64.
+            signature[name] = "fp64" if traced else "fp32"
         elif name in pointers:
-            signature[name] = "*fp32" if name in _FP32_ARGS else "*bf16"
+            signature[name] = "*fp32" if name in _FP32_ARGS else f"*{dtype}"
         else:
             signature[name] = "i32"
     constexprs = {(fn.arg_names.index(n),): v for n, v in consts.items()}
@@ -61,15 +65,18 @@ def _compile_triton(kernel: str, shape: tuple, d: int, causal: bool, tma: bool) 
 
 def compile_sm90(kernel: str, head_dim: int, causal: bool = True,
                  config: tuple | GluonForwardConfig | GluonBackwardConfig | None = None,
-                 tma: bool = True) -> triton.compiler.CompiledKernel:
-    """Compile `kernel` for sm_90 (bf16) and return the triton CompiledKernel, not loaded.
+                 tma: bool = True, dtype: str = "bf16", traced: bool = False) -> triton.compiler.CompiledKernel:
+    """Compile `kernel` for sm_90 and return the triton CompiledKernel, not loaded.
 
     `kernel` is one of TRITON_KERNELS ("fwd", "dkdv", "dq"), whose `config` is a (BLOCK_M, BLOCK_N, warps,
-    stages, *flags) tuple (default: the first of its list) and which move tiles by TMA when `tma`; or one of
-    GLUON_KERNELS, whose `config` is a GluonForwardConfig / GluonBackwardConfig (default: the dataclass's).
+    stages, *flags) tuple (default: the first of its list), whose tensors are `dtype` ("bf16" or "fp32") and
+    which move tiles by TMA when `tma`; `traced` compiles it as Inductor does for `Kernel.launch_traced` under
+    torch.compile (pointer loads, float scalars in fp64). Or one of GLUON_KERNELS (bf16), whose `config` is a
+    GluonForwardConfig / GluonBackwardConfig (default: the dataclass's).
     """
     if kernel in KERNELS:
-        return _compile_triton(kernel, config or KERNELS[kernel].shapes[0], head_dim, causal, tma)
+        return _compile_triton(kernel, config or KERNELS[kernel].shapes[0], head_dim, causal, tma and not traced,
+                               dtype, traced)
     if kernel == "gluon-fwd":
         return gluon_fwd.compile_kernel(head_dim, causal, config or GluonForwardConfig())
     if kernel == "gluon-bwd":

@@ -50,6 +50,7 @@ from profiler_kit.attention.triton_kernels.tiles import (
     program_head,
     query_tile_index,
     register_operand,
+    scale_fp32,
     store_tile,
     strides3,
     tile_program,
@@ -159,6 +160,7 @@ def _flash_attn_bwd_dkdv_kernel(
     matmul's result only where it is first used, so the tensor cores then compute dPᵀ while the exp2 runs,
     and dV's matmul while dSᵀ is formed; the cost is dPᵀ's registers, live across the exp2.
     """
+    qk_scale, sm_scale = scale_fp32(qk_scale), scale_fp32(sm_scale)
     pid_bh, z, h, off_z, off_h = program_head(H, HEAD_FIRST, HEAD_GROUP)
     start_n = tile_program(HEAD_FIRST, HEAD_GROUP)[0] * BLOCK_N
     cols = start_n + tl.arange(0, BLOCK_N)
@@ -237,6 +239,7 @@ def _flash_attn_bwd_dq_kernel(
     HEAD_GROUP: tl.constexpr,
 ):
     """dQ for one (query tile, batch·head), key tiles split as in the forward (BLOCK_M % BLOCK_N == 0)."""
+    qk_scale, sm_scale = scale_fp32(qk_scale), scale_fp32(sm_scale)
     pid_bh, z, h, off_z, off_h = program_head(H, HEAD_FIRST, HEAD_GROUP)
     start_m = query_tile_index(CAUSAL, HEAD_FIRST, HEAD_GROUP) * BLOCK_M
     rows = start_m + tl.arange(0, BLOCK_M)

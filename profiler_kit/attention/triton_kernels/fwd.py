@@ -43,6 +43,7 @@ from profiler_kit.attention.triton_kernels.tiles import (
     program_head,
     query_tile_index,
     register_operand,
+    scale_fp32,
     store_rows,
     strides3,
 )
@@ -99,6 +100,7 @@ def _flash_attn_fwd_kernel(
     are taken last-first when causal so that the longest programs start first. SEQ_BUCKET is never read: it
     only keys the autotuner.
     """
+    qk_scale = scale_fp32(qk_scale)
     pid_bh, z, h, off_z, off_h = program_head(H, HEAD_FIRST, HEAD_GROUP)
     start_m = query_tile_index(CAUSAL, HEAD_FIRST, HEAD_GROUP) * BLOCK_M
     rows = start_m + tl.arange(0, BLOCK_M)

@@ -49,6 +49,14 @@ def strides3(t: torch.Tensor) -> tuple[int, int, int]:
 
 
 @triton.jit
+def scale_fp32(scale):
+    """A float scalar argument as fp32: Inductor passes Python floats to the kernels it launches as fp64, which
+    would carry fp64 through the softmax (and break `tl.dot`'s fp32 accumulator); Triton's own launcher
+    already passes fp32, for which this is a no-op."""
+    return tl.cast(scale, tl.float32)
+
+
+@triton.jit
 def grid_position(HEAD_FIRST: tl.constexpr, HEAD_GROUP: tl.constexpr):
     """(tile, tiles, batch·head) of this program. The GPU starts blocks in the order of their linear index,
     axis 0 fastest, so the grid order decides which programs run together and which run last:
