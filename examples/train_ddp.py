@@ -13,22 +13,15 @@ import os
 
 import torch
 import torch.distributed as dist
-from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from train_mlp import MLPLanguageModel
+from train_mlp import MLPLanguageModel, add_training_arguments, train
 
 import profiler_kit
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--width", type=int, default=256)
-    parser.add_argument("--depth", type=int, default=4)
-    parser.add_argument("--vocab", type=int, default=1024)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--seq", type=int, default=128)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=3)
+    add_training_arguments(parser)
     args = parser.parse_args()
 
     cap = profiler_kit.capture(warmup=args.warmup, steps=args.steps)  # before the first CUDA call
@@ -41,17 +34,7 @@ def main() -> None:
     optimizer = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
     generator = torch.Generator().manual_seed(dist.get_rank())  # each rank its own batch
     tokens = torch.randint(0, args.vocab, (args.batch, args.seq + 1), generator=generator).to(device)
-    with cap:
-        for _ in range(args.warmup + args.steps):
-            with cap.step():
-                with profiler_kit.phase("fwd"):
-                    logits = ddp(tokens[:, :-1])
-                    loss = nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
-                with profiler_kit.phase("bwd"):
-                    loss.backward()
-                with profiler_kit.phase("opt"):
-                    optimizer.step()
-                    optimizer.zero_grad(set_to_none=True)
+    loss = train(cap, ddp, optimizer, tokens, args.warmup + args.steps)
     if dist.get_rank() == 0:
         print(f"loss {loss.item():.3f} after {args.warmup + args.steps} steps on {dist.get_world_size()} ranks")
     dist.destroy_process_group()

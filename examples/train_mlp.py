@@ -40,8 +40,8 @@ class MLPLanguageModel(nn.Module):
         return self.head(self.blocks(self.embed(tokens)))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_training_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the model size, batch shape and recorded-step options shared by the example programs."""
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--depth", type=int, default=4)
     parser.add_argument("--vocab", type=int, default=1024)
@@ -49,16 +49,18 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    args = parser.parse_args()
 
-    cap = profiler_kit.capture(warmup=args.warmup, steps=args.steps)  # before the first CUDA call
-    model = MLPLanguageModel(args.vocab, args.width, args.depth).to(args.device)
-    profiler_kit.instrument(model, depth=2)  # blocks.0.forward, blocks.0.backward, ...
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    tokens = torch.randint(0, args.vocab, (args.batch, args.seq + 1), device=args.device)
+
+def train(
+    cap: profiler_kit.capture,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    tokens: torch.Tensor,
+    steps: int,
+) -> torch.Tensor:
+    """Run `steps` next-token training steps on `tokens` inside `cap`, each step holding `fwd`, `bwd` and `opt`."""
     with cap:
-        for _ in range(args.warmup + args.steps):
+        for _ in range(steps):
             with cap.step():
                 with profiler_kit.phase("fwd"):
                     logits = model(tokens[:, :-1])
@@ -68,6 +70,21 @@ def main() -> None:
                 with profiler_kit.phase("opt"):
                     optimizer.step()
                     optimizer.zero_grad(set_to_none=True)
+    return loss
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_training_arguments(parser)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args()
+
+    cap = profiler_kit.capture(warmup=args.warmup, steps=args.steps)  # before the first CUDA call
+    model = MLPLanguageModel(args.vocab, args.width, args.depth).to(args.device)
+    profiler_kit.instrument(model, depth=2)  # blocks.0.forward, blocks.0.backward, ...
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    tokens = torch.randint(0, args.vocab, (args.batch, args.seq + 1), device=args.device)
+    loss = train(cap, model, optimizer, tokens, args.warmup + args.steps)
     print(f"loss {loss.item():.3f} after {args.warmup + args.steps} steps")
 
 

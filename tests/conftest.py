@@ -2,8 +2,10 @@
 
 import json
 import os
+import stat
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -68,6 +70,22 @@ def isolated_nsys_search(tmp_path, monkeypatch) -> Path:
     root = tmp_path / "root"
     monkeypatch.setattr(nsys_tool, "SEARCH_GLOBS", tuple(str(root) + g for g in nsys_tool.SEARCH_GLOBS))
     return root
+
+
+@pytest.fixture
+def fake_nsys(tmp_path) -> Callable[[str], Path]:
+    """Write an executable `nsys` in tmp_path that reports version 2025.3.1.90 for `--version` and runs the given
+    bash command for anything else; return its path."""
+
+    def make(command: str) -> Path:
+        script = tmp_path / "nsys"
+        script.write_text("#!/bin/bash\n"
+                          "if [ \"$1\" = --version ]; then echo 'NVIDIA Nsight Systems version 2025.3.1.90-0'\n"
+                          f"else {command}; fi\n")
+        script.chmod(script.stat().st_mode | stat.S_IXUSR)
+        return script
+
+    return make
 
 
 def pytest_collection_modifyitems(config, items):

@@ -13,7 +13,7 @@ backward alone replays one retained graph. `backward_thread` says where the back
 default, as training runs them) on the autograd engine's CUDA device thread, or `caller`
 (`torch.autograd.set_multithreading_enabled(False)`) on the calling thread. The engine's two thread switches
 per call, to its device thread and back, take most of a host-bound forward+backward's time, for every
-implementation alike; `caller` takes them out (docs/results/attention-h100.md has the readings).
+implementation alike; `caller` takes them out (docs/attention.md has the readings).
 In fp32, PyTorch's matmuls (naive, compiled) run in full fp32 unless TF32 is enabled, while Triton's `tl.dot`
 uses TF32: compare fp32 rows with that in mind.
 

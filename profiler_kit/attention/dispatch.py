@@ -13,7 +13,7 @@ graph can hold.
 
 "Large" is at least MIN_WORK of Z·H·N_Q·N_K·d: the Gluon kernels launch through Triton's Python dispatch,
 whose host time the GPU work must hide. `FlashOptions` can turn either Gluon kernel on wherever it can run,
-off, or pin its config. docs/results/attention-h100.md has the timings behind these defaults.
+off, or pin its config. docs/attention.md has the timings behind these defaults.
 """
 
 from __future__ import annotations

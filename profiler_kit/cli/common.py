@@ -97,38 +97,19 @@ def workload_options(sweep: bool) -> Callable:
 
     pick = comma_list if sweep else single
     many = " (comma list: swept as a product)" if sweep else ""
+
+    def listed(flag: str, default: str, callback: Callable, text: str) -> Callable:
+        """An option that takes a comma list when `sweep`, else one value."""
+        return click.option(flag, default=default, show_default=True, callback=callback, help=f"{text}{many}.")
+
     options = [
-        click.option(
-            "--model",
-            default="small",
-            show_default=True,
-            callback=pick(model_name),
-            help=f"Model preset (profiler-kit models){many}.",
-        ),
-        click.option(
-            "--ctx",
-            default="256",
-            show_default=True,
-            callback=pick(int, True),
-            help=f"Context length in tokens{many}.",
-        ),
-        click.option(
-            "--mode",
-            default="train",
-            show_default=True,
-            callback=pick(one_of(MODES)),
-            help=f"forward | forward-backward | train (forward+backward+AdamW){many}.",
-        ),
+        listed("--model", "small", pick(model_name), "Model preset (profiler-kit models)"),
+        listed("--ctx", "256", pick(int, True), "Context length in tokens"),
+        listed("--mode", "train", pick(one_of(MODES)), "forward | forward-backward | train (forward+backward+AdamW)"),
         click.option("--batch-size", type=positive_int, default=4, show_default=True),
         click.option("--mixed-precision", is_flag=True, help="bf16 autocast."),
         click.option("--compile", "compile_", is_flag=True, help="torch.compile the model."),
-        click.option(
-            "--attention",
-            default="naive",
-            show_default=True,
-            callback=pick(one_of(ATTENTION_IMPLS)),
-            help=f"{' | '.join(ATTENTION_IMPLS)}{many}.",
-        ),
+        listed("--attention", "naive", pick(one_of(ATTENTION_IMPLS)), " | ".join(ATTENTION_IMPLS)),
         click.option(
             "--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True
         ),
@@ -136,13 +117,12 @@ def workload_options(sweep: bool) -> Callable:
         click.option(
             "--nvtx/--no-nvtx", default=True, show_default=True, help="NVTX ranges around phases/layers."
         ),
-        click.option(
+        listed(
             "--optimizer",
-            default=OPTIMIZERS[0],
-            show_default=True,
-            callback=pick(one_of(OPTIMIZERS)),
-            help="AdamW as one fused kernel chain, multi-tensor (foreach) kernels, or a per-parameter loop; with "
-            f"--compile the foreach and loop steps are compiled too{many}.",
+            OPTIMIZERS[0],
+            pick(one_of(OPTIMIZERS)),
+            "AdamW as one fused kernel chain, multi-tensor (foreach) kernels, or a per-parameter loop; with "
+            "--compile the foreach and loop steps are compiled too",
         ),
     ]
 

@@ -22,8 +22,21 @@ COLLECTIVE = r"^(?:gloo|nccl):"
 NS_PER_US = 1_000
 
 
-def _ns(values: pd.Series) -> np.ndarray:
+def us_to_ns(values: pd.Series) -> np.ndarray:
+    """Trace times in microseconds as integer nanoseconds."""
     return np.rint(pd.to_numeric(values).to_numpy(dtype=float) * NS_PER_US).astype(np.int64)
+
+
+def event_ranges(events: pd.DataFrame) -> pd.DataFrame:
+    """The `range_frame` of complete (`X`) trace events with name, ts, dur (microseconds), pid and tid."""
+    starts = us_to_ns(events["ts"])
+    return range_frame(
+        events["name"].astype(str).to_numpy(),
+        starts,
+        starts + us_to_ns(events["dur"]),
+        pd.to_numeric(events["pid"], errors="coerce").fillna(0).to_numpy(),
+        pd.to_numeric(events["tid"], errors="coerce").fillna(0).to_numpy(),
+    )
 
 
 def cpu_operators(events: pd.DataFrame) -> pd.DataFrame:
@@ -33,14 +46,7 @@ def cpu_operators(events: pd.DataFrame) -> pd.DataFrame:
     trace's complete (`X`) events with cat, name, pid, tid, ts, dur."""
     collective = (events["cat"] == "user_annotation") & events["name"].astype(str).str.contains(COLLECTIVE)
     ops = events[(events["cat"] == CPU_OP_CATEGORY) | collective]
-    starts = _ns(ops["ts"])
-    calls = range_frame(
-        ops["name"].astype(str).to_numpy(),
-        starts,
-        starts + _ns(ops["dur"]),
-        pd.to_numeric(ops["pid"], errors="coerce").fillna(0).to_numpy(),
-        pd.to_numeric(ops["tid"], errors="coerce").fillna(0).to_numpy(),
-    )
+    calls = event_ranges(ops)
     index = RangeIndex(calls)
     nested = index.ranges
     duration = (nested["end_ns"] - nested["start_ns"]).to_numpy()

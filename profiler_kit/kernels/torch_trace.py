@@ -15,8 +15,8 @@ import numpy as np
 import pandas as pd
 
 from profiler_kit.errors import ProfilerKitError
-from profiler_kit.kernels.cpu_ops import CPU_OP_CATEGORY, cpu_operators
-from profiler_kit.kernels.trace import NO_LAUNCH, KernelTrace, kernel_frame, match_launches, memory_frame, range_frame
+from profiler_kit.kernels.cpu_ops import CPU_OP_CATEGORY, cpu_operators, event_ranges, us_to_ns
+from profiler_kit.kernels.trace import NO_LAUNCH, KernelTrace, kernel_frame, match_launches, memory_frame
 
 LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
 MEMORY_CATEGORIES = ("gpu_memcpy", "gpu_memset")
@@ -38,11 +38,6 @@ def load_torch_trace(obj: object, path: Path) -> KernelTrace:
         return _load(events, path)
     except (KeyError, TypeError, ValueError) as exc:
         raise ProfilerKitError(f"{path}: a Chrome trace with malformed events ({exc!r})") from None
-
-
-def _ns(values: pd.Series) -> np.ndarray:
-    """Microseconds (already checked by `_usable`) as integer nanoseconds."""
-    return np.rint(pd.to_numeric(values).to_numpy(dtype=float) * NS_PER_US).astype(np.int64)
 
 
 def _usable(events: pd.DataFrame, what: str, times: tuple[str, ...], notes: list[str]) -> pd.DataFrame:
@@ -76,28 +71,21 @@ def _load(events: pd.DataFrame, path: Path) -> KernelTrace:
     launch_ns, process = match_launches(
         _correlation(kernels["args"]),
         _correlation(launches["args"]),
-        _ns(launches["ts"]),
+        us_to_ns(launches["ts"]),
         pd.to_numeric(launches["pid"], errors="coerce").fillna(0).to_numpy(dtype=np.int64),
     )
     stream = kernels["args"].map(lambda a: a.get("stream", 0) if isinstance(a, dict) else 0)
     kernel_rows = kernel_frame(
-        kernels["name"].astype(str).to_numpy(), _ns(kernels["dur"]), launch_ns, process,
-        start_ns=_ns(kernels["ts"]), stream=pd.to_numeric(stream, errors="coerce").fillna(0).to_numpy(),
+        kernels["name"].astype(str).to_numpy(), us_to_ns(kernels["dur"]), launch_ns, process,
+        start_ns=us_to_ns(kernels["ts"]), stream=pd.to_numeric(stream, errors="coerce").fillna(0).to_numpy(),
     )
     annotations = _usable(events[events["cat"] == RANGE_CATEGORY], "range", ("ts", "dur"), notes)
-    starts = _ns(annotations["ts"])
-    ranges = range_frame(
-        annotations["name"].astype(str).to_numpy(),
-        starts,
-        starts + _ns(annotations["dur"]),
-        pd.to_numeric(annotations["pid"], errors="coerce").fillna(0).to_numpy(),
-        pd.to_numeric(annotations["tid"], errors="coerce").fillna(0).to_numpy(),
-    )
+    ranges = event_ranges(annotations)
     memory = _usable(events[events["cat"].isin(MEMORY_CATEGORIES)], "memory", ("dur",), notes)
     # A trace with no CUDA activity at all (a CPU run) cannot say whether memory was copied.
     cuda_traced = len(kernels) or len(launches) or len(memory)
     memory_ops = (
-        memory_frame(memory["name"].astype(str).to_numpy(), _ns(memory["dur"])) if cuda_traced else None
+        memory_frame(memory["name"].astype(str).to_numpy(), us_to_ns(memory["dur"])) if cuda_traced else None
     )
     operators = _usable(events[events["cat"] == CPU_OP_CATEGORY], "CPU operator", ("ts", "dur"), notes)
     cpu_ops = cpu_operators(pd.concat([operators, annotations]))

@@ -6,7 +6,6 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import json
-import stat
 from collections import Counter
 from pathlib import Path
 
@@ -131,11 +130,7 @@ def test_nsys_command_capture_range_only_with_cuda(tmp_path):
     assert not any(arg.startswith("--capture-range") for arg in cpu)
 
 
-def test_nsys_that_makes_no_report_is_an_error(tmp_path):
-    silent = tmp_path / "nsys"
-    silent.write_text("#!/bin/bash\n"
-                      "if [ \"$1\" = --version ]; then echo 'NVIDIA Nsight Systems version 2025.3.1.90-0'\n"
-                      "else echo 'Collection finished.'; fi\n")
-    silent.chmod(silent.stat().st_mode | stat.S_IXUSR)
+def test_nsys_that_makes_no_report_is_an_error(tmp_path, fake_nsys):
+    silent = fake_nsys("echo 'Collection finished.'")
     with pytest.raises(NsysError, match="made no report.*Collection finished"):
         profile(WorkloadConfig("tiny", 32, "forward", device="cpu"), 0, 1, "nsys", tmp_path / "out", silent)

@@ -7,7 +7,6 @@ import gzip
 import json
 import multiprocessing
 import os
-import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -165,12 +164,8 @@ def test_a_plot_on_a_full_disk_keeps_the_previous_one(tmp_path, cli):
     assert png.read_bytes() == b"previous plot" and os.listdir(tmp_path) == ["timeline.png"]
 
 
-def test_a_failed_nsys_run_keeps_the_previous_report_and_export(tmp_path):
-    failing = tmp_path / "nsys"
-    failing.write_text("#!/bin/bash\n"
-                       "if [ \"$1\" = --version ]; then echo 'NVIDIA Nsight Systems version 2025.3.1.90-0'\n"
-                       "else echo 'ERROR: the workload crashed' >&2; exit 1; fi\n")
-    failing.chmod(failing.stat().st_mode | stat.S_IXUSR)
+def test_a_failed_nsys_run_keeps_the_previous_report_and_export(tmp_path, fake_nsys):
+    failing = fake_nsys("echo 'ERROR: the workload crashed' >&2; exit 1")
     out = tmp_path / "out"
     out.mkdir()
     cfg = WorkloadConfig("tiny", 32, "forward", device="cpu")

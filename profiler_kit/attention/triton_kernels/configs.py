@@ -3,7 +3,7 @@
 Configs are written as (BLOCK_M, BLOCK_N, warps, stages, *flags) tuples (`configs`); the lists per kernel are
 most preferred first, so that without autotuning the first one that fits runs. The pruner keeps those that fit
 in shared memory and drops flags where they do not compile or cannot help (`ws_allowed`, `regs_allowed`,
-`head_first_wanted`). `tools/flash_tune.py` times every candidate; docs/results/attention-h100.md has the
+`head_first_wanted`). `tools/flash_tune.py` times every candidate; docs/attention.md has the
 timings that chose the lists.
 """
 
@@ -52,7 +52,7 @@ def head_first_wanted(head_dim: int, causal: bool) -> bool:
     """The grid order of the forward and dQ kernels: head-first (the longest causal tiles of all heads start
     first) causal at d ≤ 64, and tiles first elsewhere, where programs that run together share K and V in the
     L2. One order per shape, because twins in both orders time alike in a short sweep and not when sustained
-    (docs/results/attention-h100.md)."""
+    (docs/attention.md)."""
     return causal and head_dim <= 64
 
 
