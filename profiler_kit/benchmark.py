@@ -33,21 +33,29 @@ import torch
 from profiler_kit.errors import ProfilerKitError, first_line
 from profiler_kit.flops import mfu_pct, step_flops
 from profiler_kit.presets import count_parameters
-from profiler_kit.workload import Workload, WorkloadConfig, release, synchronize
+from profiler_kit.workload import Workload, WorkloadConfig, release, resolve_device, synchronize
 
 # Row columns, in display order. Times are milliseconds per step; *_ms is the mean.
 PHASE_COLUMNS = {"forward": "forward", "backward": "backward", "optimizer_step": "optimizer", "total": "total"}
 STAT_SUFFIXES = ("", "_std", "_median", "_p10", "_p90")
 CONFIG_COLUMNS = ("model", "ctx", "mode", "batch_size", "mixed_precision", "compile", "attention", "optimizer")
 KEY_COLUMNS = (*CONFIG_COLUMNS, "repeat")
+# What changes a measurement besides its config; `--resume` counts a row as done only when these match.
+# `warmup_min`/`max_warmup`/`stable_pct` are the warm-up options, `warmup` the number of warm-up steps that ran.
+SETTING_COLUMNS = ("device", "steps", "warmup_min", "max_warmup", "stable_pct", "cpu_threads", "nvtx", "seed")
 COLUMNS = (
     *KEY_COLUMNS,
     "device",
     "status",
     "steps",
+    "warmup_min",
+    "max_warmup",
+    "stable_pct",
     "warmup",
     "warmup_stable",
     "cpu_threads",
+    "nvtx",
+    "seed",
     *(f"{p}_ms{s}" for p in PHASE_COLUMNS.values() for s in STAT_SUFFIXES),
     "tokens_per_s",
     "model_tflops",
@@ -225,8 +233,21 @@ def step_stats(samples: list[float]) -> dict[str, float]:
 def _base_row(item: SweepItem, timing: TimingOptions) -> dict:
     row: dict = dict.fromkeys(COLUMNS)
     row.update({k: getattr(item.cfg, k) for k in CONFIG_COLUMNS})
-    row.update(repeat=item.repeat, device=item.cfg.device, steps=timing.steps, warmup=0, message="")
+    row.update(repeat=item.repeat, device=item.cfg.device, steps=timing.steps, warmup_min=timing.warmup,
+               max_warmup=timing.max_warmup, stable_pct=timing.stable_pct, nvtx=item.cfg.nvtx, seed=item.cfg.seed,
+               warmup=0, message="")
     return row
+
+
+def settings(base: WorkloadConfig, timing: TimingOptions) -> dict[str, Any]:
+    """The values of SETTING_COLUMNS that a row measured with `base`'s device, NVTX and seed and with `timing` has
+    (what `--resume` matches); `cpu_threads` only when `timing` sets it, since torch's default is the machine's."""
+    values = {"device": device_label(resolve_device(base.device)), "steps": timing.steps,
+              "warmup_min": timing.warmup, "max_warmup": timing.max_warmup, "stable_pct": timing.stable_pct,
+              "nvtx": base.nvtx, "seed": base.seed}
+    if timing.cpu_threads is not None:
+        values["cpu_threads"] = timing.cpu_threads
+    return values
 
 
 def run_config(

@@ -108,8 +108,14 @@ def _file_columns(path: Path, suffix: str) -> list[str]:
 
 
 def row_key(row: dict[str, Any], key_columns: Sequence[str]) -> tuple[str, ...]:
-    """A comparable key, robust to the text round trip of .csv/.md (1 vs '1', True vs 'True')."""
-    return tuple(str(_parse_text(str(row.get(c))) if row.get(c) is not None else None) for c in key_columns)
+    """A comparable key, robust to the text round trip of .csv/.md (1 vs '1', True vs 'True', 2.0 vs '2')."""
+    return tuple(_key_cell(row.get(c)) for c in key_columns)
+
+
+def _key_cell(value: Any) -> str:
+    parsed = None if value is None else _parse_text(str(value))
+    # A float as a .md cell holds it (6 significant digits), so 2.0, '2.0' and '2' compare equal.
+    return _md_cell(parsed) if isinstance(parsed, float) else str(parsed)
 
 
 class RowWriter:

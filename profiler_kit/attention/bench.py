@@ -58,6 +58,7 @@ from profiler_kit.attention.registry import (
     input_shape,
     make_impl,
 )
+from profiler_kit.benchmark import device_label
 from profiler_kit.errors import first_line
 from profiler_kit.workload import release, resolve_device, synchronize
 
@@ -80,8 +81,10 @@ TIMING_COLUMNS = tuple(f"{t}_{s}" for t in TIMINGS for s in ("ms", "p20_ms", "p8
 TFLOPS_COLUMNS = tuple(f"{t}_tflops" for t in TIMINGS)
 MEMORY_COLUMNS = ("mem_inputs_mb", "mem_before_bwd_mb", "saved_mb", "saved_analytic_mb", "fwd_peak_mb",
                   "bwd_peak_mb")
-COLUMNS = (*KEY_COLUMNS, "device", "status", "rounds", "backward_thread", *TIMING_COLUMNS, *TFLOPS_COLUMNS,
-           *MEMORY_COLUMNS, "message")
+# What changes a measurement besides its config; `--resume` counts a row as done only when these match.
+SETTING_COLUMNS = ("device", "warmup_ms", "rep_ms", "rounds", "backward_thread")
+COLUMNS = (*KEY_COLUMNS, "device", "status", "warmup_ms", "rep_ms", "rounds", "backward_thread", *TIMING_COLUMNS,
+           *TFLOPS_COLUMNS, *MEMORY_COLUMNS, "message")
 
 
 @dataclass(frozen=True)
@@ -312,11 +315,18 @@ def _fill_timings(row: dict, cfg: AttentionConfig, samples: dict[str, list[float
                     / result.median_ms / 1e9})
 
 
-def _new_row(cfg: AttentionConfig, device: torch.device, rounds: int, backward_on_caller: bool) -> dict:
+def settings(device: torch.device, warmup_ms: float, rep_ms: float, rounds: int = 1,
+             backward_on_caller: bool = False) -> dict:
+    """The values of SETTING_COLUMNS that a row measured with these arguments of `run_shape` has (what `--resume`
+    matches)."""
+    return {"device": device_label(device), "warmup_ms": warmup_ms, "rep_ms": rep_ms, "rounds": rounds,
+            "backward_thread": "caller" if backward_on_caller else "engine"}
+
+
+def _new_row(cfg: AttentionConfig, measured_with: dict) -> dict:
     row: dict = dict.fromkeys(COLUMNS)
     row.update({k: getattr(cfg, k) for k in KEY_COLUMNS})
-    row.update(device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", message="",
-               rounds=rounds, backward_thread="caller" if backward_on_caller else "engine",
+    row.update(measured_with, message="",
                saved_analytic_mb=saved_bytes(cfg.impl, cfg.batch_heads, cfg.seq, cfg.d, DTYPES[cfg.dtype],
                                              cfg.causal) / MB)
     return row
@@ -343,7 +353,8 @@ def run_shape(cfgs: list[AttentionConfig], warmup_ms: float, rep_ms: float, roun
     if len({shape_of(cfg) for cfg in cfgs}) != 1:
         raise ValueError("run_shape takes configs that differ only in their implementation")
     device = resolve_device(cfgs[0].device)
-    rows = [_new_row(cfg, device, rounds, backward_on_caller) for cfg in cfgs]
+    measured_with = settings(device, warmup_ms, rep_ms, rounds, backward_on_caller)
+    rows = [_new_row(cfg, measured_with) for cfg in cfgs]
     samples = [{timing: [] for timing in TIMINGS} for _ in cfgs]
     live: list[tuple[int, AttentionFn]] = []
     inputs: tuple[torch.Tensor, ...] = ()

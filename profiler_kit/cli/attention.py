@@ -74,11 +74,8 @@ def _measure(configs: list, warmup: int, rep: int, rounds: int, backward_on_call
     """Run the configs not yet in --output (all of them without --resume), appending each row as it comes; with
     several rounds, a shape's implementations run together and their rows come together."""
     from profiler_kit.attention import bench
-    from profiler_kit.benchmark import device_label
 
-    settings = {"device": device_label(resolve_device(configs[0].device)), "rounds": rounds,
-                "backward_thread": "caller" if backward_on_caller else "engine"}
-    writer = RowWriter(output, bench.COLUMNS, bench.KEY_COLUMNS) if output else None
+    writer = RowWriter(output, bench.COLUMNS, (*bench.KEY_COLUMNS, *bench.SETTING_COLUMNS)) if output else None
 
     def describe(group: list) -> str:
         cfg = group[0]
@@ -90,7 +87,8 @@ def _measure(configs: list, warmup: int, rep: int, rounds: int, backward_on_call
         key_columns=bench.KEY_COLUMNS, writer=writer, resume=resume, fmt=fmt,
         title="attention", describe=describe,
         label=lambda row: f"{row['impl']} {row['dtype']} seq={row['seq']} d={row['d']}",
-        groups=lambda todo: bench.shape_groups(todo, together=rounds > 1), settings=settings)
+        groups=lambda todo: bench.shape_groups(todo, together=rounds > 1),
+        settings=bench.settings(resolve_device(configs[0].device), warmup, rep, rounds, backward_on_caller))
     if writer:
         writer.check_all_written(lambda line: click.echo(line, err=True))
     return pd.DataFrame(rows, columns=list(bench.COLUMNS))

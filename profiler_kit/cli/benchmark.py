@@ -17,7 +17,7 @@ from profiler_kit.cli.parallel import baseline_option, emit_rank_rows, parallel_
 from profiler_kit.cli.sweep import run_with_progress
 from profiler_kit.render import console_err, emit_tables, records
 from profiler_kit.results_io import RowWriter
-from profiler_kit.workload import WorkloadConfig, resolve_device
+from profiler_kit.workload import WorkloadConfig
 
 DISPLAY_COLUMNS = [
     "model",
@@ -126,12 +126,7 @@ def benchmark_cmd(
         return
     if baseline is not None:
         raise click.UsageError("--baseline goes with --parallel (it is the single-device throughput)")
-    # What changes a measurement besides its config: a row measured otherwise is not resumed. The warm-up is
-    # left out: rows record how many warm-up steps ran (until the time settled), not the options.
-    settings = {"steps": steps, "device": bench.device_label(resolve_device(device))}
-    if cpu_threads is not None:
-        settings["cpu_threads"] = cpu_threads
-    writer = RowWriter(output, bench.COLUMNS, bench.KEY_COLUMNS) if output else None
+    writer = RowWriter(output, bench.COLUMNS, (*bench.KEY_COLUMNS, *bench.SETTING_COLUMNS)) if output else None
 
     def describe(group: list[bench.SweepItem]) -> str:
         cfg = group[0].cfg
@@ -148,7 +143,7 @@ def benchmark_cmd(
         title="benchmark",
         describe=describe,
         label=lambda row: f"{row['model']} ctx={row['ctx']} {row['mode']}",
-        settings=settings,
+        settings=bench.settings(base, timing),
     )
     df = pd.DataFrame(rows, columns=list(bench.COLUMNS))
     if fmt == "json":

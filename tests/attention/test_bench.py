@@ -150,6 +150,23 @@ def test_output_and_resume_skip_finished_rows(tmp_path, suffix):
     assert [(r["seq"], r["heads"], r["status"]) for r in shown] == [(32, None, "ok"), (48, None, "ok")]
 
 
+@pytest.mark.parametrize("suffix", [".jsonl", ".md"])
+def test_resume_reruns_a_config_measured_with_another_warmup_or_rep(tmp_path, suffix):
+    out = tmp_path / f"attention{suffix}"
+    args = ["bench", "--impl", "naive", "--batch", "1", "--seq", "32", "--d", "16", "--dtype", "fp32",
+            "--device", "cpu", "--output", str(out), "--resume", "--format", "csv"]
+
+    def rows_after(warmup: str, rep: str) -> list[dict]:
+        result = invoke(*args, "--warmup", warmup, "--rep", rep)
+        assert result.exit_code == 0, result.output
+        return read_rows(out)
+
+    assert len(rows_after("1", "1")) == len(rows_after("1", "1")) == 1  # the same settings again: skipped
+    assert [(r["warmup_ms"], r["rep_ms"]) for r in rows_after("2", "1")] == [(1, 1), (2, 1)]
+    assert [(r["warmup_ms"], r["rep_ms"]) for r in rows_after("1", "2")] == [(1, 1), (2, 1), (1, 2)]
+    assert len(rows_after("1", "2")) == 3
+
+
 def test_leaderboard_ranks_by_fwd_bwd_with_ratio_columns():
     result = invoke("leaderboard", "--impl", "flash-torch,sdpa-flash,sdpa-cudnn", "--heads", "2",
                     "--seq", "32", "--d", "16", "--dtype", "fp32", "--format", "json", *FAST)

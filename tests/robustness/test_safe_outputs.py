@@ -132,14 +132,51 @@ def test_a_sweep_on_a_full_disk_prints_its_rows_and_fails(tmp_path, cli):
     assert len(proc.stdout.splitlines()) == 3  # the CSV on stdout still has both rows
 
 
-def test_resume_reruns_a_config_measured_with_other_steps(tmp_path):
-    out = tmp_path / "r.csv"
+# Each option that changes a measurement, set otherwise than in the first run, and the column that records it.
+OTHER_SETTINGS = [
+    (["--steps", "2"], "steps", 2),
+    (["--warmup", "1"], "warmup_min", 1),
+    (["--max-warmup", "2"], "max_warmup", 2),
+    (["--stable-pct", "3.5"], "stable_pct", 3.5),
+    (["--seed", "7"], "seed", 7),
+    (["--no-nvtx"], "nvtx", False),
+]
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv", ".md"])
+def test_resume_reruns_a_config_measured_with_other_settings_and_skips_an_identical_one(tmp_path, suffix):
+    out = tmp_path / f"r{suffix}"
+    first = [*FAST, "--max-warmup", "0", "--stable-pct", "2.5", "--output", str(out), "--resume"]
+
+    def rows_after(*other: str) -> list[dict]:
+        result = CliRunner().invoke(main, ["benchmark", *first, *other])
+        assert result.exit_code == 0, result.output
+        return read_rows(out)
+
+    assert len(rows_after()) == len(rows_after()) == 1  # the same settings again: skipped
+    for count, (options, column, value) in enumerate(OTHER_SETTINGS, 2):
+        rows = rows_after(*options)
+        assert len(rows) == count and rows[-1][column] == value and rows[0][column] != value
+        assert len(rows_after(*options)) == count
+
+
+def test_resume_reruns_a_row_without_the_setting_columns(tmp_path):
+    out = tmp_path / "r.jsonl"
     assert CliRunner().invoke(main, ["benchmark", *FAST, "--output", str(out)]).exit_code == 0
+    (older,) = read_rows(out)
+    out.write_text(json.dumps({k: v for k, v in older.items() if k not in ("warmup_min", "seed")}) + "\n")
     again = CliRunner().invoke(main, ["benchmark", *FAST, "--output", str(out), "--resume"])
-    assert again.exit_code == 0 and len(read_rows(out)) == 1
-    other = CliRunner().invoke(main, ["benchmark", *FAST, "--steps", "2", "--output", str(out), "--resume"])
-    assert other.exit_code == 0
-    assert [r["steps"] for r in read_rows(out)] == [1, 2]
+    assert again.exit_code == 0 and "resume:" not in again.stderr and len(read_rows(out)) == 2
+
+
+def test_a_results_file_without_a_setting_column_is_refused(tmp_path, no_runs):
+    old = tmp_path / "r.csv"
+    columns = [c for c in bench.COLUMNS if c not in ("max_warmup", "stable_pct")]
+    old.write_text(",".join(columns) + "\n")
+    result = CliRunner().invoke(main, ["benchmark", *FAST, "--output", str(old), "--resume"])
+    assert result.exit_code == 1 and no_runs == []
+    assert "lacks the key column(s) max_warmup, stable_pct" in result.stderr
+    assert old.read_text() == ",".join(columns) + "\n"
 
 
 def test_replaced_when_complete_keeps_the_old_file_on_failure(tmp_path):
