@@ -40,7 +40,7 @@ _LINEAR_FILE = re.compile(r"(^|[/\\])torch[/\\]nn[/\\]modules[/\\]linear\.py$")
 
 
 def phase_kind(label: str | None) -> str | None:
-    """forward, backward or optimizer for a phase named like one (`backward (step 2)`, `Optimizer.step#…`)."""
+    """forward, backward or optimizer for a phase named like one (`backward #2`, `Optimizer.step#…`)."""
     if not label:
         return None
     name = label.lower()
