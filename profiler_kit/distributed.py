@@ -101,13 +101,6 @@ def wrap(model: nn.Module, parallel: str, device: torch.device) -> nn.Module:
     raise ProfilerKitError("parallel mode 'none' has no wrapper")
 
 
-def broadcast(value: Any) -> Any:
-    """Rank 0's `value` on every rank."""
-    box = [value]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
 def gather_rows(row: dict[str, Any]) -> list[dict[str, Any]]:
     """Every rank's row on rank 0, in rank order; an empty list elsewhere."""
     rank, world_size = dist.get_rank(), dist.get_world_size()

@@ -186,10 +186,6 @@ class RowWriter:
         lines.append("| " + " | ".join(_md_cell(row.get(k)) for k in self.columns) + " |")
         return "\n".join(lines) + "\n"
 
-    def extend(self, rows: Iterable[dict[str, Any]]) -> None:
-        for row in rows:
-            self.append(row)
-
     def check_all_written(self, echo: Callable[[str], None]) -> None:
         """Hand every row that could not be written to `echo` as a JSON line, then fail saying where they could
         not go; nothing when all rows were written."""

@@ -125,13 +125,6 @@ def phase_at(spans: list[PhaseSpan], index: int) -> str | None:
     return AFTER_STEPS_LABEL if recorder and index >= spans[-1].end else OUTSIDE_LABEL
 
 
-def span_of(spans: list[PhaseSpan], index: int) -> PhaseSpan | None:
-    for span in spans:
-        if span.start <= index < span.end:
-            return span
-    return None
-
-
 def _peak_within(series: np.ndarray, initial: int, start: int, end: int) -> int:
     """Highest value from just before `start` (what the phase inherits) through entry end-1."""
     entering = initial if start == 0 else int(series[start - 1])
