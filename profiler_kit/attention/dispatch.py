@@ -7,13 +7,16 @@
 - The backward runs the D pre-pass, then the fused two-warp-group Gluon kernel (`gluon_kernels.bwd`) at d = 64
   (128-row query tiles) and d = 128 on large calls, the split Triton dK/dV and dQ kernels otherwise
   (`gluon_backward_config`).
+- The Triton kernels move tiles by TMA descriptors on large calls and through pointers on small ones
+  (`triton_tma`): each launch converts every descriptor into a tensor map on the host, time that only a large
+  call's GPU work hides.
 
 Calls that torch.compile traces (through the operators of `op`) run the Triton kernels only, which the compiled
 graph can hold.
 
-"Large" is at least MIN_WORK of Z·H·N_Q·N_K·d: the Gluon kernels launch through Triton's Python dispatch,
-whose host time the GPU work must hide. `FlashOptions` can turn either Gluon kernel on wherever it can run,
-off, or pin its config. docs/attention.md has the timings behind these defaults.
+"Large" is at least MIN_WORK of Z·H·N_Q·N_K·d: the Gluon kernels launch through Triton's Python dispatch and
+TMA descriptors cost host time at every launch, which the GPU work must hide. `FlashOptions` can turn either
+Gluon kernel on wherever it can run, off, or pin its config. docs/attention.md has the timings behind these defaults.
 """
 
 from __future__ import annotations
@@ -54,6 +57,11 @@ def _large(q4: torch.Tensor, k4: torch.Tensor) -> bool:
     return z * h * n_q * k4.shape[2] * d >= MIN_WORK
 
 
+def triton_tma(q4: torch.Tensor, k4: torch.Tensor, *tensors: torch.Tensor) -> bool:
+    """Whether the Triton kernels of an eager call move tiles by TMA: large calls whose tensors allow it."""
+    return not INTERPRET and _large(q4, k4) and tma_usable(q4, k4, *tensors)
+
+
 def gluon_forward_config(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, causal: bool,
                          options: FlashOptions) -> GluonForwardConfig | None:
     """The Gluon forward's config for this call, or None where the Triton forward runs."""
@@ -90,7 +98,8 @@ def forward(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, causal: bool, 
     config = None if traced else gluon_forward_config(q4, k4, v4, causal, options)
     if config is not None:
         return gluon_fwd.forward(q4, k4, v4, causal, config)
-    return triton_fwd.flash_forward(q4, k4, v4, causal, options=options, traced=traced)
+    tma = not traced and triton_tma(q4, k4, v4)
+    return triton_fwd.flash_forward(q4, k4, v4, causal, tma=tma, options=options, traced=traced)
 
 
 def backward(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, o4: torch.Tensor, lse: torch.Tensor,
@@ -100,7 +109,9 @@ def backward(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, o4: torch.Ten
     as in `forward`: the split Triton kernels."""
     config = None if traced else gluon_backward_config(q4, k4, v4, do4, options)
     if config is None:
-        return triton_bwd.flash_backward(q4, k4, v4, o4, lse, do4, causal, options=options, traced=traced)
+        tma = not traced and triton_tma(q4, k4, v4, do4)
+        return triton_bwd.flash_backward(q4, k4, v4, o4, lse, do4, causal, tma=tma, options=options,
+                                         traced=traced)
     z, h, n_q, d = q4.shape
     n_k = k4.shape[2]
     tma = not INTERPRET and tma_usable(q4, k4, v4, do4)

@@ -63,6 +63,18 @@ def test_the_fused_backward_runs_where_chosen(options, shape, want):
     assert dispatch.gluon_backward_config(q, q, q, q, options) == want
 
 
+@pytest.mark.parametrize(("shape", "usable", "want"), [
+    ((4, 16, 4096, 128), True, True),  # large: tiles by TMA
+    ((4, 25, 512, 64), True, False),  # a model's call at ctx 512: pointers, no descriptors to build
+    ((4, 16, 8192, 128), False, False),  # large, but the tensors do not allow TMA
+])
+def test_triton_kernels_use_tma_on_large_calls_only(monkeypatch, shape, usable, want):
+    monkeypatch.setattr(dispatch, "INTERPRET", False)
+    monkeypatch.setattr(dispatch, "tma_usable", lambda *tensors: usable)
+    q = torch.empty(shape, device="meta")
+    assert dispatch.triton_tma(q, q, q) == want
+
+
 def test_gluon_kernels_need_a_hopper_gpu():
     """On the CPU (or the interpreter) the Gluon kernels never run, whatever the options ask."""
     q = torch.empty(4, 16, 8192, 128, dtype=torch.bfloat16)
