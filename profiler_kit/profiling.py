@@ -46,9 +46,10 @@ from profiler_kit.workload import WorkloadConfig, phases_for, resolve_device
 
 BACKENDS = ("nsys", "torch")
 # Fewer options than nsys's defaults: no CPU sampling or context switches, which would grow the report and
-# need perf_event permissions, and nothing recorded but CUDA API/kernels/memory operations and NVTX.
+# need perf_event permissions, and nothing recorded but CUDA API/kernels/memory operations and NVTX. Kernels
+# that a CUDA graph replays are recorded one by one, so a `--cuda-graphs` step breaks down like any other.
 NSYS_PROFILE_ARGS = ("profile", "--trace=cuda,nvtx", "--sample=none", "--cpuctxsw=none",
-                     "--force-overwrite=true")
+                     "--cuda-graph-trace=node", "--force-overwrite=true")
 CUDA_CAPTURE_ARGS = ("--capture-range=cudaProfilerApi", "--capture-range-end=stop")
 
 

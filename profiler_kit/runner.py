@@ -33,7 +33,8 @@ from profiler_kit.render import console_err
 BACKENDS = ("nsys", "torch")
 INJECT_DIR = Path(__file__).resolve().parent / "_inject"
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
-NSYS_PROGRAM_ARGS = ("profile", "--trace=cuda,nvtx", "--sample=none", "--cpuctxsw=none")
+# Kernels that a CUDA graph replays are recorded one by one, as the program launched them when it captured.
+NSYS_PROGRAM_ARGS = ("profile", "--trace=cuda,nvtx", "--sample=none", "--cpuctxsw=none", "--cuda-graph-trace=node")
 CAPTURE_ARGS = ("--capture-range=cudaProfilerApi", "--capture-range-end=stop")
 LAUNCHERS = ("torchrun",)
 REPORT_SUFFIX = ".nsys-rep"
