@@ -38,7 +38,8 @@ from profiler_kit.workload import Workload, WorkloadConfig, release, resolve_dev
 # Row columns, in display order. Times are milliseconds per step; *_ms is the mean.
 PHASE_COLUMNS = {"forward": "forward", "backward": "backward", "optimizer_step": "optimizer", "total": "total"}
 STAT_SUFFIXES = ("", "_std", "_median", "_p10", "_p90")
-CONFIG_COLUMNS = ("model", "ctx", "mode", "batch_size", "mixed_precision", "compile", "attention", "optimizer")
+CONFIG_COLUMNS = ("model", "ctx", "mode", "batch_size", "mixed_precision", "compile", "cuda_graphs", "attention",
+                  "optimizer")
 KEY_COLUMNS = (*CONFIG_COLUMNS, "repeat")
 # What changes a measurement besides its config; `--resume` counts a row as done only when these match.
 # `warmup_min`/`max_warmup`/`stable_pct` are the warm-up options, `warmup` the number of warm-up steps that ran.

@@ -70,6 +70,7 @@ class WorkloadConfig:
     optimizer: str = "adamw-fused"
     loss_chunk_rows: int | None = None  # see `model.linear_cross_entropy`
     parallel: str = "none"  # none | ddp | fsdp: data-parallel under torchrun (profiler_kit.distributed)
+    cuda_graphs: bool = False  # with `compile`: the compiled forward and backward replay as CUDA graphs
 
     def validate(self) -> None:
         for field in ("ctx", "batch_size"):
@@ -81,6 +82,8 @@ class WorkloadConfig:
             )
         if self.optimizer not in OPTIMIZERS:
             raise ProfilerKitError(f"unknown optimizer {self.optimizer!r}; choose from {', '.join(OPTIMIZERS)}")
+        if self.cuda_graphs and not self.compile:
+            raise ProfilerKitError("CUDA graphs come from the compiler: --cuda-graphs needs --compile")
         phases_for(self.mode)
         distributed.check_mode(self.parallel)
         from_name(self.model, self.ctx)
@@ -114,7 +117,10 @@ class Workload:
         if cfg.parallel != "none":
             model = distributed.wrap(model, cfg.parallel, self.device)
         self.model = model
-        self.forward_fn = torch.compile(model) if cfg.compile else model
+        # "reduce-overhead" records the compiled forward and backward as CUDA graphs and replays them: one launch
+        # each instead of one per kernel, for steps whose host time exceeds their GPU time.
+        mode = "reduce-overhead" if cfg.cuda_graphs else None
+        self.forward_fn = torch.compile(model, mode=mode) if cfg.compile else model
         self.optimizer = None
         self.optimizer_step: Callable[[], object] | None = None
         if "optimizer_step" in self.phases:
@@ -137,7 +143,10 @@ class Workload:
         return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
 
     def step(self, on_phase_end: Callable[[str], None] | None = None) -> torch.Tensor:
-        """Run one step; returns the detached loss tensor (no host sync: read it outside timed regions)."""
+        """Run one step; returns the detached loss tensor (no host sync: read it outside timed regions; with
+        `cuda_graphs`, before the next step, whose replay reuses its memory)."""
+        if self.cfg.cuda_graphs:
+            torch.compiler.cudagraph_mark_step_begin()
         self.model.zero_grad(set_to_none=True)
         with nvtx_range("forward"):
             with self.autocast():
@@ -162,6 +171,10 @@ def release(workload: Workload | None) -> None:
     if workload is not None:
         workload.optimizer = workload.optimizer_step = None
         workload.model = workload.forward_fn = None
+        if workload.cfg.compile:
+            # Drop the compiled code and its CUDA graphs: the next config compiles afresh (a sweep would
+            # otherwise reach dynamo's recompile limit and run eagerly) on memory the graphs no longer hold.
+            torch._dynamo.reset()
     import gc
 
     gc.collect()

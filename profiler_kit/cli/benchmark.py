@@ -25,6 +25,7 @@ DISPLAY_COLUMNS = [
     "mode",
     "mixed_precision",
     "compile",
+    "cuda_graphs",
     "attention",
     "optimizer",
     "repeat",
@@ -97,6 +98,7 @@ def benchmark_cmd(
     batch_size,
     mixed_precision,
     compile_,
+    cuda_graphs,
     attention,
     device,
     seed,
@@ -117,7 +119,7 @@ def benchmark_cmd(
     """Time forward, backward and optimizer phases over a sweep of model × ctx × mode × attention × optimizer."""
     base = WorkloadConfig(
         model[0], ctx[0], mode[0], batch_size, mixed_precision, compile_, attention[0], device, seed, nvtx,
-        optimizer[0], parallel=parallel,
+        optimizer[0], parallel=parallel, cuda_graphs=cuda_graphs,
     )
     timing = bench.TimingOptions(warmup, max(warmup, max_warmup), steps, stable_pct, cpu_threads)
     items = bench.sweep_items(bench.sweep_configs(base, model, ctx, mode, attention, optimizer), repeat)

@@ -90,8 +90,8 @@ def model_name(name: str) -> str:
 def workload_options(sweep: bool) -> Callable:
     """The options that describe the workload, shared by `benchmark` (comma lists, swept as a product when
     `sweep`) and the one-config commands `nsys` and `memory`. Values land in the command as `model`, `ctx`,
-    `mode`, `attention`, `optimizer` (lists when `sweep`), `batch_size`, `mixed_precision`, `compile_`, `device`,
-    `seed`, `nvtx`."""
+    `mode`, `attention`, `optimizer` (lists when `sweep`), `batch_size`, `mixed_precision`, `compile_`,
+    `cuda_graphs`, `device`, `seed`, `nvtx`."""
     from profiler_kit.model import ATTENTION_IMPLS
     from profiler_kit.workload import MODES, OPTIMIZERS
 
@@ -109,6 +109,9 @@ def workload_options(sweep: bool) -> Callable:
         click.option("--batch-size", type=positive_int, default=4, show_default=True),
         click.option("--mixed-precision", is_flag=True, help="bf16 autocast."),
         click.option("--compile", "compile_", is_flag=True, help="torch.compile the model."),
+        click.option("--cuda-graphs", is_flag=True,
+                     help="With --compile: replay the compiled forward and backward as CUDA graphs "
+                          "(torch.compile mode reduce-overhead)."),
         listed("--attention", "naive", pick(one_of(ATTENTION_IMPLS)), " | ".join(ATTENTION_IMPLS)),
         click.option(
             "--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True

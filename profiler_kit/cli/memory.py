@@ -51,8 +51,9 @@ def _plot(report: MemoryReport, path: Path) -> Path:
               help="Write the self-contained HTML report beside the pickle.")
 @_report_options
 @click.pass_context
-def memory_cmd(click_ctx: click.Context, model, ctx, mode, batch_size, mixed_precision, compile_, attention,
-               device, seed, nvtx, optimizer, warmup, steps, max_entries, output_dir, plot, html, top, fmt) -> None:
+def memory_cmd(click_ctx: click.Context, model, ctx, mode, batch_size, mixed_precision, compile_, cuda_graphs,
+               attention, device, seed, nvtx, optimizer, warmup, steps, max_entries, output_dir, plot, html, top,
+               fmt) -> None:
     """Record CUDA memory history around one config's steps, dump the snapshot, and explain its peak.
 
     Run `profiler-kit memory summarize FILE.pickle` to explain any snapshot, also on a machine without a GPU;
@@ -62,7 +63,7 @@ def memory_cmd(click_ctx: click.Context, model, ctx, mode, batch_size, mixed_pre
     if click_ctx.invoked_subcommand is not None:
         return
     cfg = WorkloadConfig(model, ctx, mode, batch_size, mixed_precision, compile_, attention, device, seed,
-                         nvtx, optimizer)
+                         nvtx, optimizer, cuda_graphs=cuda_graphs)
     require_cuda(cfg)
     with console_err.status("recording") as status:
         result = record(cfg, steps, warmup, max_entries, output_dir, on_progress=status.update)

@@ -99,3 +99,16 @@ def test_oom_row_then_the_sweep_goes_on():
     small = WorkloadConfig("tiny", 64, "train", device="cuda")
     rows = list(run_sweep([big, small], lambda cfg: [bench.run_config(cfg, fixed(0, 1))]))
     assert [r["status"] for r in rows] == ["oom", "ok"]
+
+
+def test_cuda_graphs_replay_the_compiled_step():
+    """With --cuda-graphs every compiled step replays CUDA graphs (no partition skipped) and trains like eager."""
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    cfg = WorkloadConfig("tiny", 128, "train", device="cuda", compile=True, cuda_graphs=True)
+    graphed, eager = Workload(cfg), Workload(WorkloadConfig("tiny", 128, "train", device="cuda"))
+    losses = [(graphed.step().item(), eager.step().item()) for _ in range(4)]
+    assert not counters["inductor"]["cudagraph_skips"]
+    for got, want in losses:
+        assert got == pytest.approx(want, rel=1e-3)

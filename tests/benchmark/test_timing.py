@@ -12,7 +12,8 @@ from click.testing import CliRunner
 
 from profiler_kit import benchmark as bench
 from profiler_kit.cli import main
-from profiler_kit.workload import OPTIMIZERS, Workload, WorkloadConfig
+from profiler_kit.errors import ProfilerKitError
+from profiler_kit.workload import OPTIMIZERS, Workload, WorkloadConfig, release
 
 FIXED = dict(max_warmup=0, stable_pct=2.0)
 
@@ -182,7 +183,7 @@ def test_repeat_interleaves_the_configs_and_resume_skips_finished_passes(monkeyp
 
 def test_across_repeats_spread_of_the_medians():
     cfg = dict(model="tiny", ctx=8, mode="forward", batch_size=1, mixed_precision=False, compile=False,
-               attention="naive", optimizer="adamw-fused", status="ok")  # fmt: skip
+               cuda_graphs=False, attention="naive", optimizer="adamw-fused", status="ok")  # fmt: skip
     rows = pd.DataFrame([{**cfg, "repeat": 1, "total_ms_median": 9.0}, {**cfg, "repeat": 2, "total_ms_median": 11.0},
                          {**cfg, "ctx": 16, "repeat": 1, "total_ms_median": 20.0}])  # fmt: skip
     summary = bench.across_repeats(rows)
@@ -208,3 +209,36 @@ def test_compile_compiles_the_optimizer_step_unless_it_is_fused():
     foreach = Workload(WorkloadConfig(**{**base.as_dict(), "optimizer": "adamw-foreach"}))
     assert fused.optimizer_step == fused.optimizer.step
     assert foreach.optimizer_step != foreach.optimizer.step and callable(foreach.optimizer_step)
+
+
+def test_cuda_graphs_need_compile():
+    with pytest.raises(ProfilerKitError, match="--cuda-graphs needs --compile"):
+        WorkloadConfig("tiny", 8, "train", device="cpu", cuda_graphs=True).validate()
+    result = CliRunner().invoke(main, ["benchmark", "--model", "tiny", "--ctx", "8", "--device", "cpu",
+                                       "--cuda-graphs", "--format", "json"])
+    assert result.exit_code != 0 and "--cuda-graphs needs --compile" in result.output
+
+
+def test_cuda_graphs_compile_in_reduce_overhead_mode_and_begin_each_step(monkeypatch):
+    """The model compiles in reduce-overhead mode, and each step tells the CUDA graph trees that a new step
+    begins, so the replay may reuse the previous step's outputs."""
+    modes, marks = [], []
+    monkeypatch.setattr(torch, "compile", lambda fn, mode=None, **kw: modes.append(mode) or fn)
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(True))
+    cfg = WorkloadConfig("tiny", 8, "train", batch_size=1, device="cpu", compile=True, cuda_graphs=True)
+    workload = Workload(cfg)
+    for _ in range(3):
+        workload.step()
+    assert modes == ["reduce-overhead"] and len(marks) == 3
+    row = bench.run_config(cfg, bench.TimingOptions(warmup=1, steps=2, max_warmup=0))
+    assert row["status"] == "ok" and row["cuda_graphs"] is True
+
+
+def test_release_resets_the_compiler_after_a_compiled_config(monkeypatch):
+    """Each compiled config of a sweep compiles afresh: dynamo's caches (and CUDA graphs) go with the config."""
+    resets = []
+    monkeypatch.setattr(torch._dynamo, "reset", lambda: resets.append(True))
+    monkeypatch.setattr(torch, "compile", lambda fn, mode=None, **kw: fn)
+    for compiled in (False, True):
+        release(Workload(WorkloadConfig("tiny", 8, "forward", batch_size=1, device="cpu", compile=compiled)))
+    assert resets == [True]
