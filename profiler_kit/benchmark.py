@@ -35,8 +35,10 @@ from profiler_kit.flops import mfu_pct, step_flops
 from profiler_kit.presets import count_parameters
 from profiler_kit.workload import Workload, WorkloadConfig, release, resolve_device, synchronize
 
-# Row columns, in display order. Times are milliseconds per step; *_ms is the mean.
-PHASE_COLUMNS = {"forward": "forward", "backward": "backward", "optimizer_step": "optimizer", "total": "total"}
+# Row columns, in display order. Times are milliseconds per step; *_ms is the mean. Per step: each phase, the
+# step's wall time (`total`), and the CPU time the process spent on the step until it returned (`host_cpu`).
+TIME_COLUMNS = {"forward": "forward", "backward": "backward", "optimizer_step": "optimizer", "total": "total",
+                "host_cpu": "host_cpu"}
 STAT_SUFFIXES = ("", "_std", "_median", "_p10", "_p90")
 CONFIG_COLUMNS = ("model", "ctx", "mode", "batch_size", "mixed_precision", "compile", "cuda_graphs", "attention",
                   "optimizer")
@@ -57,7 +59,7 @@ COLUMNS = (
     "cpu_threads",
     "nvtx",
     "seed",
-    *(f"{p}_ms{s}" for p in PHASE_COLUMNS.values() for s in STAT_SUFFIXES),
+    *(f"{p}_ms{s}" for p in TIME_COLUMNS.values() for s in STAT_SUFFIXES),
     "tokens_per_s",
     "model_tflops",
     "mfu_pct",
@@ -111,7 +113,10 @@ class Timing:
 
 class StepTimer:
     """Times one step: its wall time on the host clock, from an idle device to the synchronize after its last
-    phase, and each phase from the marks at the phase boundaries (CUDA events on a GPU, the host clock on a CPU)."""
+    phase; each phase from the marks at the phase boundaries (CUDA events on a GPU, the host clock on a CPU); and
+    the CPU time of the whole process (every thread: the autograd engine's launches too) from the step's start to
+    its return, before the synchronize, whose wait may spin. On a GPU a `host_cpu` close to `total` means the
+    host, not the GPU, sets the step's length."""
 
     def __init__(self, device: torch.device, phases: Sequence[str]) -> None:
         self.device = device
@@ -127,21 +132,23 @@ class StepTimer:
         return time.perf_counter()
 
     def run(self, step: Callable[[Callable[[str], None] | None], object], phases: bool = True) -> dict[str, float]:
-        """Run `step` once and return its seconds: `total`, and each phase when `phases` (warm-up steps are run
-        without phase marks)."""
+        """Run `step` once and return its seconds: `total`, and each phase and `host_cpu` when `phases` (warm-up
+        steps are run without phase marks)."""
         marks: list[float] = []
 
         def on_phase_end(phase: str) -> None:
             marks.append(self._mark(len(marks)))
 
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         if phases:
             marks.append(self._mark(0))
         step(on_phase_end if phases else None)
+        host_cpu = time.process_time() - cpu_start
         synchronize(self.device)
         out = {"total": time.perf_counter() - start}
         if not phases:
             return out
+        out["host_cpu"] = host_cpu
         if len(marks) != len(self.phases) + 1:
             raise RuntimeError(f"the step ended {len(marks) - 1} phases, expected {len(self.phases)}")
         for i, phase in enumerate(self.phases):
@@ -211,7 +218,7 @@ def time_steps(
         if on_status:
             on_status(f"timing {timing.steps} steps")
         gc.collect()
-        samples: dict[str, list[float]] = {p: [] for p in (*workload.phases, "total")}
+        samples: dict[str, list[float]] = {p: [] for p in (*workload.phases, "total", "host_cpu")}
         for _ in range(timing.steps):
             for phase, seconds in timer.run(workload.step).items():
                 samples[phase].append(seconds)
@@ -271,7 +278,7 @@ def run_config(
             row["cpu_threads"] = torch.get_num_threads()
             result = time_steps(workload, timing, on_status)
         row.update(warmup=result.warmup_steps, warmup_stable=result.warmup_stable)
-        for phase, column in PHASE_COLUMNS.items():
+        for phase, column in TIME_COLUMNS.items():
             if result.samples.get(phase):
                 row.update({f"{column}_ms{k}": v for k, v in step_stats(result.samples[phase]).items()})
         seconds = row["total_ms"] / 1e3

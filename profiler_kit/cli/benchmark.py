@@ -39,6 +39,7 @@ DISPLAY_COLUMNS = [
     "total_ms_median",
     "total_ms_p10",
     "total_ms_p90",
+    "host_cpu_ms",
     "tokens_per_s",
     "mfu_pct",
     "peak_allocated_mb",

@@ -3,6 +3,7 @@ collector and the progress display quiet inside timed steps, and the statistics 
 
 import gc
 import threading
+import time
 
 import pandas as pd
 import pytest
@@ -52,8 +53,10 @@ def test_warmup_is_never_timed_and_exactly_steps_are(clock):
     workload = FakeWorkload(clock)
     result = bench.time_steps(workload, bench.TimingOptions(warmup=3, steps=4, **FIXED))
     assert workload.calls == [False] * 3 + [True] * 4
+    host_cpu = result.samples.pop("host_cpu")
     assert result.samples == {"forward": [1.0] * 4, "backward": [1.0] * 4, "optimizer_step": [1.0] * 4,
                               "total": [3.0] * 4}  # fmt: skip
+    assert len(host_cpu) == 4
     assert result.warmup_steps == 3
 
 
@@ -242,3 +245,40 @@ def test_release_resets_the_compiler_after_a_compiled_config(monkeypatch):
     for compiled in (False, True):
         release(Workload(WorkloadConfig("tiny", 8, "forward", batch_size=1, device="cpu", compile=compiled)))
     assert resets == [True]
+
+
+class SpinOrSleepWorkload:
+    """One phase that keeps the CPU busy (`spin`) or waits (`sleep`) for `seconds`."""
+
+    device = torch.device("cpu")
+    phases = ("forward",)
+
+    def __init__(self, how, seconds=0.05):
+        self.how, self.seconds = how, seconds
+
+    def step(self, on_phase_end=None):
+        end = time.perf_counter() + self.seconds
+        if self.how == "sleep":
+            time.sleep(self.seconds)
+        while time.perf_counter() < end:
+            pass
+        if on_phase_end:
+            on_phase_end("forward")
+
+
+def test_host_cpu_is_the_cpu_time_of_the_step_not_of_its_final_synchronize(monkeypatch):
+    """A step that computes on the host reads host_cpu ≈ its wall time, one that waits reads ≈ 0, and a spinning
+    synchronize after the step (as CUDA's may) adds to the wall time only."""
+    def spinning_synchronize(device):
+        end = time.perf_counter() + 0.05
+        while time.perf_counter() < end:
+            pass
+
+    timing = bench.TimingOptions(warmup=0, steps=3, max_warmup=0)
+    busy = bench.time_steps(SpinOrSleepWorkload("spin"), timing).samples
+    idle = bench.time_steps(SpinOrSleepWorkload("sleep"), timing).samples
+    monkeypatch.setattr(bench, "synchronize", spinning_synchronize)
+    synced = bench.time_steps(SpinOrSleepWorkload("sleep"), timing).samples
+    assert min(busy["host_cpu"]) > 0.6 * min(busy["total"])
+    assert max(idle["host_cpu"]) < 0.3 * min(idle["total"])
+    assert max(synced["host_cpu"]) < 0.3 * 0.05 and min(synced["total"]) >= 0.1
