@@ -136,19 +136,9 @@ FWD = Kernel(_flash_attn_fwd_kernel, FWD_SHAPES,
              interpret_blocks={"BLOCK_M": 32, "BLOCK_N": 16, "WS": False, "HEAD_FIRST": False, "REGS": False})
 
 
-# Launch records by (kernel, id(config)), with the config they describe kept alive: every eager call returns
-# one, so each config is described once instead of on every call.
-_RECORDS: dict[tuple[str, int], tuple[triton.Config, LaunchRecord]] = {}
-
-
 def record(kernel: str, config: triton.Config | None) -> LaunchRecord:
     """The launch record of one tuned kernel's launch (empty when no config was tracked)."""
-    if config is None:
-        return LaunchRecord()
-    kept = _RECORDS.get((kernel, id(config)))
-    if kept is None:
-        kept = _RECORDS[(kernel, id(config))] = (config, LaunchRecord((KernelLaunch(kernel, describe(config)),)))
-    return kept[1]
+    return LaunchRecord((KernelLaunch(kernel, describe(config)),) if config is not None else ())
 
 
 def flash_forward(
