@@ -457,23 +457,25 @@ def test_direct_launches_match_dispatched_ones_gpu():
 
     def run(q, k, v):
         out = FlashAttentionTriton.apply(q, k, v, True)
-        return (out, *torch.autograd.grad(out, (q, k, v), grad_out))
+        grads = torch.autograd.grad(out, (q, k, v), grad_out)
+        return (out, *grads), launch_record(out).describe()
 
     with flash_options(direct_launch=False):
-        dispatched = run(q, k, v)
+        dispatched, dispatched_record = run(q, k, v)
     run(q, k, v)  # resolves the launches
     plans = [len(kernel._plans) for kernel in kernels]
-    direct = run(q, k, v)
+    direct, direct_record = run(q, k, v)
     assert [len(kernel._plans) for kernel in kernels] == plans and all(plans)
     for got, want in zip(direct, dispatched, strict=True):
         assert torch.equal(got, want)
+    assert direct_record == dispatched_record and direct_record.count(";") == 2  # fwd; dkdv; dq
 
     buffer = torch.randn(q.numel() + 1, dtype=q.dtype, device=q.device)
     unaligned = buffer[1:].view(q.shape).requires_grad_()
     run(unaligned, k, v)
     assert [len(kernel._plans) for kernel in kernels] == [n + 1 for n in plans]
     want = reference(unaligned, k, v, grad_out, True)
-    got = dict(zip(("o", "dq", "dk", "dv"), run(unaligned, k, v), strict=True))
+    got = dict(zip(("o", "dq", "dk", "dv"), run(unaligned, k, v)[0], strict=True))
     for name, value in got.items():
         assert rel_err(value, want[name]) <= TOLERANCE["cuda"][torch.float16], name
 

@@ -87,6 +87,21 @@ def test_no_signature_or_direct_launch_off_always_dispatches_through_triton(kern
     assert len(kernel.fn.launched) == 4 and kernel.fn.compiled.launches == []
 
 
+def test_planned_launch_takes_only_the_per_call_arguments(kernel):
+    """The launchers' short path: once a signature has a plan, a call passes its leading (tensor) arguments
+    only, and the integers and constexprs the signature fixes come from the plan."""
+    options = FlashOptions()
+    assert kernel.planned("sig-a", ("y-ptr",), options) is None, "no plan yet: nothing may launch"
+    assert kernel.fn.launched == [] and kernel.fn.compiled.launches == []
+    _call(kernel, 40, "sig-a")
+    plan = kernel.planned("sig-a", ("y-ptr",), options)
+    assert plan is not None and plan.per_call == 1 and plan.record.launches == ()
+    assert kernel.fn.compiled.launches == [((10, 3, 1), ("y-ptr", 40, 2, 4))]
+    assert kernel.planned("sig-b", ("y-ptr",), options) is None
+    assert kernel.planned("sig-a", ("y-ptr",), FlashOptions(direct_launch=False)) is None
+    assert len(kernel.fn.compiled.launches) == 1 and len(kernel.fn.launched) == 1
+
+
 def test_tensor_signature_sees_what_triton_specialises_on():
     base = torch.zeros(2 * 64 * 32 + 1, dtype=torch.float16)
     aligned = base[: 2 * 64 * 32].view(2, 64, 32)

@@ -34,10 +34,11 @@ from profiler_kit.attention.triton_kernels.configs import (
     seq_bucket,
     smem_pruner,
 )
-from profiler_kit.attention.triton_kernels.fwd import FWD, record
+from profiler_kit.attention.triton_kernels.fwd import FWD
 from profiler_kit.attention.triton_kernels.launcher import (
     Kernel,
     descriptors,
+    record,
     row_descriptors,
     tensor_signature,
     tma_usable,
@@ -271,10 +272,12 @@ PREPROCESS = Kernel(_flash_attn_bwd_preprocess_kernel)
 DKDV = Kernel(_flash_attn_bwd_dkdv_kernel, DKDV_SHAPES,
               smem_pruner(resident=("BLOCK_N", "BLOCK_N"), streamed=("BLOCK_M", "BLOCK_M")),
               interpret_blocks={"BLOCK_M": 16, "BLOCK_N": 32, "WS": False, "HEAD_FIRST": False, "OVERLAP": False,
-                               "REGS": False})
+                               "REGS": False},
+              role="dkdv")
 DQ = Kernel(_flash_attn_bwd_dq_kernel, DQ_SHAPES,
             smem_pruner(resident=("BLOCK_M", "BLOCK_M"), streamed=("BLOCK_N", "BLOCK_N"), order_by_shape=True),
-            interpret_blocks={"BLOCK_M": 32, "BLOCK_N": 16, "WS": False, "HEAD_FIRST": False, "REGS": False})
+            interpret_blocks={"BLOCK_M": 32, "BLOCK_N": 16, "WS": False, "HEAD_FIRST": False, "REGS": False},
+            role="dq")
 
 
 def statistics(o4: torch.Tensor, do4: torch.Tensor, lse: torch.Tensor, signature: tuple | None,
@@ -286,6 +289,9 @@ def statistics(o4: torch.Tensor, do4: torch.Tensor, lse: torch.Tensor, signature
     lse = lse.reshape(z * h, n_q)
     delta = torch.empty((z * h, stat_rows(n_q)), dtype=torch.float32, device=o4.device)
     lse2 = torch.empty_like(delta)
+    options = options or FlashOptions()
+    if signature is not None and PREPROCESS.planned(signature, (o4, do4, lse, delta, lse2), options):
+        return lse2, delta
     launch = (lambda meta: (triton.cdiv(n_q, PREPROCESS_BLOCK_M), z * h),
               (o4, do4, lse, delta, lse2, *strides3(o4), *strides3(do4), h, n_q),
               {"HEAD_DIM": d, "BLOCK_D": block_d(d), "BLOCK_M": PREPROCESS_BLOCK_M})
@@ -328,6 +334,7 @@ def flash_backward(
     elif tma is None:
         tma = not INTERPRET and tma_usable(q4, k4, v4, do4)
     pinned = configs_by_kernel or {}
+    options = options or FlashOptions()
     signature = None if traced else backward_signature(causal, tma, q4, k4, v4, o4, do4, lse)
     lse2, delta = statistics(o4, do4, lse, signature, options)
     dq = torch.empty((z, h, n_q, d), dtype=q4.dtype, device=q4.device)
@@ -335,6 +342,12 @@ def flash_backward(
     dv = torch.empty_like(dk)
     descs = descriptors(q4, k4, v4, do4) if tma else [None] * 4
     stat_descs = row_descriptors(lse2[:, :n_q], delta[:, :n_q]) if tma else [None] * 2
+    dkdv_plan = dq_plan = None
+    if signature is not None and not pinned:
+        dkdv_plan = DKDV.planned(signature, (q4, k4, v4, do4, lse2, delta, dk, dv, *descs, *stat_descs), options)
+        dq_plan = DQ.planned(signature, (q4, k4, v4, do4, lse2, delta, dq, *descs), options)
+        if dkdv_plan is not None and dq_plan is not None:
+            return dq, dk, dv, dkdv_plan.record + dq_plan.record
     common = (*strides3(q4), *strides3(k4), *strides3(v4), *strides3(do4))
     scalars = (h, n_q, n_k, LOG2E / math.sqrt(d), 1.0 / math.sqrt(d), seq_bucket(max(n_q, n_k)))
     consts = {"HEAD_DIM": d, "BLOCK_D": block_d(d), "CAUSAL": causal, "TMA": tma, "HEAD_GROUP": head_group(causal)}
@@ -346,8 +359,10 @@ def flash_backward(
         dkdv_config = DKDV.launch_traced(dkdv_grid, dkdv_args, consts, options)
         dq_config = DQ.launch_traced(dq_grid, dq_args, consts, options)
     else:
-        dkdv_config = DKDV(dkdv_grid, dkdv_args, consts, signature, pinned.get("dkdv"), options)
-        dq_config = DQ(dq_grid, dq_args, consts, signature, pinned.get("dq"), options)
+        # A kernel whose plan already ran above is not launched again.
+        dkdv_config = dkdv_plan.config if dkdv_plan else DKDV(dkdv_grid, dkdv_args, consts, signature,
+                                                              pinned.get("dkdv"), options)
+        dq_config = dq_plan.config if dq_plan else DQ(dq_grid, dq_args, consts, signature, pinned.get("dq"), options)
     return dq, dk, dv, record("dkdv", dkdv_config) + record("dq", dq_config)
 
 

@@ -24,18 +24,17 @@ import triton
 import triton.language as tl
 
 from profiler_kit.attention.options import INTERPRET, FlashOptions
-from profiler_kit.attention.record import KernelLaunch, LaunchRecord
+from profiler_kit.attention.record import LaunchRecord
 from profiler_kit.attention.triton_kernels.configs import (
     FWD_SHAPES,
     LOG2E,
     block_d,
-    describe,
     grid_2d,
     head_group,
     seq_bucket,
     smem_pruner,
 )
-from profiler_kit.attention.triton_kernels.launcher import Kernel, descriptors, tensor_signature, tma_usable
+from profiler_kit.attention.triton_kernels.launcher import Kernel, descriptors, record, tensor_signature, tma_usable
 from profiler_kit.attention.triton_kernels.tiles import (
     _LN2,
     key_ranges,
@@ -133,12 +132,8 @@ def _flash_attn_fwd_kernel(
 # Interpreter tiles: small (fast on CPU) yet with BLOCK_M = 2·BLOCK_N, so the causal diagonal spans two tiles.
 FWD = Kernel(_flash_attn_fwd_kernel, FWD_SHAPES,
              smem_pruner(resident=("BLOCK_M",), streamed=("BLOCK_N", "BLOCK_N"), order_by_shape=True),
-             interpret_blocks={"BLOCK_M": 32, "BLOCK_N": 16, "WS": False, "HEAD_FIRST": False, "REGS": False})
-
-
-def record(kernel: str, config: triton.Config | None) -> LaunchRecord:
-    """The launch record of one tuned kernel's launch (empty when no config was tracked)."""
-    return LaunchRecord((KernelLaunch(kernel, describe(config)),) if config is not None else ())
+             interpret_blocks={"BLOCK_M": 32, "BLOCK_N": 16, "WS": False, "HEAD_FIRST": False, "REGS": False},
+             role="fwd")
 
 
 def flash_forward(
@@ -162,6 +157,11 @@ def flash_forward(
     elif tma is None:
         tma = not INTERPRET and tma_usable(q4, k4, v4)
     descs = descriptors(q4, k4, v4, out) if tma else [None] * 4
+    options = options or FlashOptions()
+    signature = None if traced else (causal, tma, *map(tensor_signature, (q4, k4, v4)))
+    plan = None if traced or config is not None else FWD.planned(signature, (q4, k4, v4, out, lse, *descs), options)
+    if plan is not None:
+        return out, lse, plan.record
     args = (
         q4, k4, v4, out, lse, *descs, *strides3(q4), *strides3(k4), *strides3(v4), *strides3(out),
         h, n_q, n_k, LOG2E / math.sqrt(d), seq_bucket(max(n_q, n_k)),
@@ -171,5 +171,5 @@ def flash_forward(
     if traced:
         ran = FWD.launch_traced(grid, args, consts, options)
     else:
-        ran = FWD(grid, args, consts, (causal, tma, *map(tensor_signature, (q4, k4, v4))), config, options)
+        ran = FWD(grid, args, consts, signature, config, options)
     return out, lse, record("fwd", ran)

@@ -27,7 +27,8 @@ import torch
 import triton
 
 from profiler_kit.attention.options import INTERPRET, FlashOptions
-from profiler_kit.attention.triton_kernels.configs import TUNING_KEY, configs
+from profiler_kit.attention.record import KernelLaunch, LaunchRecord
+from profiler_kit.attention.triton_kernels.configs import TUNING_KEY, configs, describe
 
 try:  # Triton ≥ 3.4; without it every tile moves through pointers.
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -74,24 +75,34 @@ def tensor_signature(t: torch.Tensor) -> tuple:
     return t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0
 
 
+def record(kernel: str | None, config: triton.Config | None) -> LaunchRecord:
+    """The launch record of one tuned kernel's launch (empty for a kernel without a role or config)."""
+    return LaunchRecord((KernelLaunch(kernel, describe(config)),) if kernel and config is not None else ())
+
+
 @dataclass(frozen=True)
 class _Plan:
-    """A resolved launch: the compiled kernel, its grid and the constexprs that follow the runtime arguments.
+    """A resolved launch: the compiled kernel, its grid, the arguments that the signature fixes and the launch
+    record.
 
-    TMA descriptors need no block shape here: the compiled kernel's launcher takes it from the kernel's own
-    metadata, not from the descriptor object.
+    The kernels take their tensors (and TMA descriptors) first and integers after them; the integers are
+    functions of the signature (see the module docstring), so a plan keeps them with the constexprs that
+    follow, and a later call passes only its first `per_call` arguments. TMA descriptors need no block shape
+    here: the compiled kernel's launcher takes it from the kernel's own metadata, not from the descriptor.
     """
 
     compiled: object  # triton.compiler.CompiledKernel
     grid: tuple[int, int, int]
-    tail: tuple
+    per_call: int
+    fixed: tuple
     config: triton.Config | None
+    record: LaunchRecord
 
-    def launch(self, args: tuple) -> None:
+    def launch(self, per_call: tuple) -> None:
         """What `JITFunction.run` does once its cache has the kernel: the same launcher, arguments and hooks."""
         kernel = self.compiled
         stream = driver.active.get_current_stream(driver.active.get_current_device())
-        full = (*args, *self.tail)
+        full = (*per_call, *self.fixed)
         kernel.run(*self.grid, stream, kernel.function, kernel.packed_metadata,
                    kernel.launch_metadata(self.grid, stream, *full),
                    knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *full)
@@ -99,11 +110,13 @@ class _Plan:
 
 class Kernel:
     """A @triton.jit kernel and the ways to launch it. With `shapes` it is autotuned over `configs(shapes)`,
-    pruned by `pruner`; `interpret_blocks` are the fixed block sizes used under the interpreter."""
+    pruned by `pruner`; `interpret_blocks` are the fixed block sizes used under the interpreter. `role` names
+    the kernel in launch records ("fwd", "dkdv", "dq"; None: left out of them)."""
 
     def __init__(self, fn, shapes: list[tuple] | None = None, pruner: Callable | None = None,
-                 interpret_blocks: dict | None = None) -> None:
+                 interpret_blocks: dict | None = None, role: str | None = None) -> None:
         self.fn = fn
+        self.role = role
         self.shapes = list(shapes or [])
         self.pruner = pruner
         self.interpret_blocks = interpret_blocks or {}
@@ -139,7 +152,7 @@ class Kernel:
         direct = signature is not None and knobs is not None and options.direct_launch
         plan = self._plans.get(signature) if direct else None
         if plan is not None:
-            plan.launch(args)
+            plan.launch(args[:plan.per_call])
             return plan.config
         compiled = (self.tuned or self.fn)[grid](*args, **consts)
         chosen = self.tuned.best_config if self.tuned else None
@@ -148,6 +161,18 @@ class Kernel:
             if plan is not None:
                 self._plans[signature] = plan
         return chosen
+
+    def planned(self, signature: Hashable, per_call: tuple, options: FlashOptions) -> _Plan | None:
+        """Launch the plan an earlier call with this `signature` resolved, on this call's leading tensor (and
+        descriptor) arguments, and return it; None, launching nothing, where `__call__` would not launch
+        directly (no plan yet, or options that rule direct launches out). The short path of the launchers:
+        the integer arguments need not even be computed."""
+        if not options.direct_launch or (self.tuned and not options.autotune):
+            return None
+        plan = self._plans.get(signature)
+        if plan is not None:
+            plan.launch(per_call)
+        return plan
 
     def launch_traced(self, grid: Callable[[dict], tuple], args: tuple, consts: dict,
                       options: FlashOptions | None = None) -> triton.Config | None:
@@ -184,7 +209,9 @@ class Kernel:
             return None
         size = tuple(grid(meta))
         grid3 = (*size, *(1,) * (3 - len(size)))
-        return _Plan(compiled, grid3, tuple(values[n] for n in tail_names), config)
+        per_call = next((i for i, a in enumerate(args) if isinstance(a, (int, float))), len(args))
+        fixed = (*args[per_call:], *(values[n] for n in tail_names))
+        return _Plan(compiled, grid3, per_call, fixed, config, record(self.role, config))
 
     def _launch_pinned(self, grid: Callable[[dict], tuple], args: tuple, consts: dict,
                        config: triton.Config | None) -> triton.Config | None:
