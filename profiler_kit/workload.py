@@ -24,9 +24,11 @@ PHASES = ("forward", "backward", "optimizer_step")
 # AdamW settings of a typical LM run; they do not change the step's cost.
 ADAMW_LR = 1e-4
 ADAMW_WEIGHT_DECAY = 0.1
-# AdamW implementations: one fused kernel chain, multi-tensor (foreach) kernels, or a loop over the parameters.
+# torch's AdamW implementations: one fused kernel chain, multi-tensor (foreach) kernels, or a loop over the
+# parameters; then AdamW on fp32 master weights of a model held in bf16 (`master_weights`).
 OPTIMIZER_KWARGS = {"adamw-fused": {"fused": True}, "adamw-foreach": {"foreach": True}, "adamw": {"foreach": False}}
-OPTIMIZERS = tuple(OPTIMIZER_KWARGS)
+MASTER_WEIGHTS = "adamw-master"
+OPTIMIZERS = (*OPTIMIZER_KWARGS, MASTER_WEIGHTS)
 
 
 def resolve_device(name: str = "auto") -> torch.device:
@@ -84,6 +86,10 @@ class WorkloadConfig:
             raise ProfilerKitError(f"unknown optimizer {self.optimizer!r}; choose from {', '.join(OPTIMIZERS)}")
         if self.cuda_graphs and not self.compile:
             raise ProfilerKitError("CUDA graphs come from the compiler: --cuda-graphs needs --compile")
+        if self.optimizer == MASTER_WEIGHTS and not self.mixed_precision:
+            raise ProfilerKitError(f"{MASTER_WEIGHTS} keeps bf16 weights for bf16 autocast: add --mixed-precision")
+        if self.optimizer == MASTER_WEIGHTS and self.parallel != "none":
+            raise ProfilerKitError(f"{MASTER_WEIGHTS} runs on one device: drop --parallel or pick a torch AdamW")
         phases_for(self.mode)
         distributed.check_mode(self.parallel)
         from_name(self.model, self.ctx)
@@ -124,11 +130,15 @@ class Workload:
         self.optimizer = None
         self.optimizer_step: Callable[[], object] | None = None
         if "optimizer_step" in self.phases:
-            self.optimizer = torch.optim.AdamW(
-                model.parameters(), lr=ADAMW_LR, weight_decay=ADAMW_WEIGHT_DECAY, **OPTIMIZER_KWARGS[cfg.optimizer]
-            )
-            # The compiler fuses the foreach and loop updates into a few kernels; the fused one already is.
-            compile_step = cfg.compile and cfg.optimizer != "adamw-fused"
+            if cfg.optimizer == MASTER_WEIGHTS:  # turns the model's weights into bf16
+                from profiler_kit.master_weights import MasterWeightAdamW  # imports Triton: only when asked
+
+                self.optimizer = MasterWeightAdamW(model.parameters(), lr=ADAMW_LR, weight_decay=ADAMW_WEIGHT_DECAY)
+            else:
+                self.optimizer = torch.optim.AdamW(model.parameters(), lr=ADAMW_LR, weight_decay=ADAMW_WEIGHT_DECAY,
+                                                   **OPTIMIZER_KWARGS[cfg.optimizer])
+            # The compiler fuses the foreach and loop updates into a few kernels; the others are one already.
+            compile_step = cfg.compile and cfg.optimizer in ("adamw-foreach", "adamw")
             self.optimizer_step = torch.compile(self.optimizer.step) if compile_step else self.optimizer.step
         # Same weights on every rank (same seed above), a batch of its own on each.
         generator = torch.Generator(device="cpu").manual_seed(cfg.seed + self.rank)

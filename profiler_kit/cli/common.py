@@ -124,8 +124,10 @@ def workload_options(sweep: bool) -> Callable:
             "--optimizer",
             OPTIMIZERS[0],
             pick(one_of(OPTIMIZERS)),
-            "AdamW as one fused kernel chain, multi-tensor (foreach) kernels, or a per-parameter loop; with "
-            "--compile the foreach and loop steps are compiled too",
+            "AdamW as one fused kernel chain, multi-tensor (foreach) kernels, or a per-parameter loop (with "
+            "--compile the foreach and loop steps are compiled too); adamw-master: bf16 weights in the model, "
+            "fp32 master weights and moments in the optimizer, one Triton kernel per update (needs "
+            "--mixed-precision)",
         ),
     ]
 
