@@ -35,8 +35,9 @@ RULES: tuple[tuple[str, str], ...] = (
     # (`fmha_cutlass*`), cuDNN SDPA (`cudnn_generated_fort_native_sdpa_*`, names that contain `wgmma`) and the
     # helper kernels of its backward pass (`dot_do_o`, `convert_dq`).
     ("attention", r"flash|fmha|sdpa|attention|attn|(?:^|[^a-z])mha|dot_do_o|convert_dq|dq_convert"),
-    # torch.optim foreach/fused steps run as multi_tensor_apply kernels; apex/DeepSpeed fused Adam/LAMB.
-    ("optimizer", r"multi_tensor_apply|fused_?adam|adam_?kernel|lamb_?kernel|_foreach_"),
+    # torch.optim foreach/fused steps run as multi_tensor_apply kernels; apex/DeepSpeed fused Adam/LAMB; our
+    # master-weight AdamW (`_adamw_master_kernel`).
+    ("optimizer", r"multi_tensor_apply|fused_?adam|adamw?_(?:\w*_)?kernel|lamb_?kernel|_foreach_"),
     ("normalization", r"layer_?norm|rms_?norm|batch_?norm|group_?norm|instance_?norm|gammabeta"),
     ("softmax", r"softmax"),
     # cuBLAS/cuBLASLt (incl. Hopper's `nvjet_*` and `splitKreduce`), CUTLASS, xmma/wgmma, Triton/Inductor

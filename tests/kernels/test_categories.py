@@ -92,6 +92,7 @@ NAMES = [
         "float>(T1, T2, T3...)",
         "optimizer",
     ),
+    ("_adamw_master_kernel", "optimizer"),
     (
         "void at::native::vectorized_elementwise_kernel<(int)8, at::native::bfloat16_copy_kernel_cuda("
         "at::TensorIteratorBase &)::[lambda(float) (instance 1)], std::array<char *, (unsigned long"
