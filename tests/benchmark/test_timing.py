@@ -14,7 +14,8 @@ from click.testing import CliRunner
 from profiler_kit import benchmark as bench
 from profiler_kit.cli import main
 from profiler_kit.errors import ProfilerKitError
-from profiler_kit.workload import OPTIMIZERS, Workload, WorkloadConfig, release
+from profiler_kit.master_weights import MasterWeightAdamW
+from profiler_kit.workload import MASTER_WEIGHTS, OPTIMIZERS, Workload, WorkloadConfig, release
 
 FIXED = dict(max_warmup=0, stable_pct=2.0)
 
@@ -197,11 +198,15 @@ def test_across_repeats_spread_of_the_medians():
 
 @pytest.mark.parametrize("optimizer", OPTIMIZERS)
 def test_each_optimizer_runs_the_tiny_model_and_is_recorded(optimizer):
-    cfg = WorkloadConfig("tiny", 8, "train", batch_size=1, device="cpu", optimizer=optimizer)
+    master = optimizer == MASTER_WEIGHTS  # bf16 weights: it needs bf16 autocast
+    cfg = WorkloadConfig("tiny", 8, "train", batch_size=1, device="cpu", optimizer=optimizer, mixed_precision=master)
     workload = Workload(cfg)
     defaults = workload.optimizer.defaults
-    assert (defaults["fused"], defaults["foreach"]) == {"adamw-fused": (True, None), "adamw-foreach": (None, True),
-                                                        "adamw": (None, False)}[optimizer]  # fmt: skip
+    if master:
+        assert isinstance(workload.optimizer, MasterWeightAdamW) and workload.optimizer_step == workload.optimizer.step
+    else:
+        assert (defaults["fused"], defaults["foreach"]) == {"adamw-fused": (True, None), "adamw-foreach": (None, True),
+                                                            "adamw": (None, False)}[optimizer]  # fmt: skip
     row = bench.run_config(cfg, bench.TimingOptions(warmup=1, steps=2, max_warmup=0))
     assert row["status"] == "ok" and row["optimizer"] == optimizer and row["optimizer_ms"] > 0
 
