@@ -149,29 +149,27 @@ class Kernel:
         options = options or FlashOptions()
         if INTERPRET or config is not None or (self.tuned and not options.autotune):
             return self._launch_pinned(grid, args, consts, config)
-        direct = signature is not None and knobs is not None and options.direct_launch
-        plan = self._plans.get(signature) if direct else None
+        plan = None if signature is None else self.planned(signature, args, options)
         if plan is not None:
-            plan.launch(args[:plan.per_call])
             return plan.config
         compiled = (self.tuned or self.fn)[grid](*args, **consts)
         chosen = self.tuned.best_config if self.tuned else None
-        if direct:
+        if signature is not None and knobs is not None and options.direct_launch:
             plan = self._plan(compiled, grid, args, consts, chosen)
             if plan is not None:
                 self._plans[signature] = plan
         return chosen
 
-    def planned(self, signature: Hashable, per_call: tuple, options: FlashOptions) -> _Plan | None:
-        """Launch the plan an earlier call with this `signature` resolved, on this call's leading tensor (and
-        descriptor) arguments, and return it; None, launching nothing, where `__call__` would not launch
-        directly (no plan yet, or options that rule direct launches out). The short path of the launchers:
-        the integer arguments need not even be computed."""
-        if not options.direct_launch or (self.tuned and not options.autotune):
+    def planned(self, signature: Hashable, args: tuple, options: FlashOptions) -> _Plan | None:
+        """Launch the plan an earlier call with this `signature` resolved, on this call's arguments, and return
+        it; None, launching nothing, where there is no plan or the options rule direct launches out. The plan
+        reads only the leading tensor (and descriptor) arguments, so the launchers' short path passes those
+        alone, without computing the integers."""
+        if INTERPRET or knobs is None or not options.direct_launch or (self.tuned and not options.autotune):
             return None
         plan = self._plans.get(signature)
         if plan is not None:
-            plan.launch(per_call)
+            plan.launch(args[:plan.per_call])
         return plan
 
     def launch_traced(self, grid: Callable[[dict], tuple], args: tuple, consts: dict,
