@@ -93,9 +93,9 @@ class MasterWeightAdamW(torch.optim.Optimizer):
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 1e-2,
                  weight_dtype: torch.dtype = torch.bfloat16, use_triton: bool | None = None) -> None:
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
-        self.params = [p for group in self.param_groups for p in group["params"]]
         if len(self.param_groups) != 1:
             raise ValueError("MasterWeightAdamW takes one parameter group")
+        self.params = self.param_groups[0]["params"]
         device = self.params[0].device
         if any(p.device != device or not p.dtype.is_floating_point for p in self.params):
             raise ValueError("MasterWeightAdamW needs floating-point parameters on one device")
@@ -116,12 +116,11 @@ class MasterWeightAdamW(torch.optim.Optimizer):
                 p.data = p.data.to(weight_dtype, memory_format=torch.contiguous_format)
         self._triton = device.type == "cuda" or INTERPRET if use_triton is None else use_triton
         if self._triton:
-            chunks = torch.tensor([triton.cdiv(n, BLOCK) for n in numels])
-            self._chunk_param = torch.repeat_interleave(torch.arange(len(numels), dtype=torch.int32), chunks)
-            first = torch.cumsum(chunks, 0) - chunks
-            chunk_index = torch.arange(len(self._chunk_param)) - torch.repeat_interleave(first, chunks)
-            self._chunk_start = (chunk_index * BLOCK).to(torch.int32).to(device)
-            self._chunk_param = self._chunk_param.to(device)
+            # Chunk c of parameter i: its program reads i and the chunk's first element, c·BLOCK.
+            chunks = [triton.cdiv(n, BLOCK) for n in numels]
+            owners = torch.cat([torch.full((c,), i, dtype=torch.int32) for i, c in enumerate(chunks)])
+            self._chunk_param = owners.to(device)
+            self._chunk_start = torch.cat([torch.arange(c, dtype=torch.int32) * BLOCK for c in chunks]).to(device)
             self._offsets = torch.tensor(offsets[:-1], dtype=torch.int64, device=device)
             self._numels = torch.tensor(numels, dtype=torch.int64, device=device)
             self._weights = _addresses(self.params, device)
