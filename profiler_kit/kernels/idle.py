@@ -30,7 +30,7 @@ COLUMNS = ("phase", "ranges", "wall_ns", "gpu_span_ns", "busy_ns", "idle_ns", "i
            "verdict")
 
 
-def _busy_and_gaps(starts: np.ndarray, ends: np.ndarray) -> tuple[int, np.ndarray]:
+def busy_and_gaps(starts: np.ndarray, ends: np.ndarray) -> tuple[int, np.ndarray]:
     """Length of the union of intervals, and the gaps between its pieces."""
     order = np.argsort(starts, kind="stable")
     starts, ends = starts[order], ends[order]
@@ -64,7 +64,7 @@ def phase_idle(kernels: pd.DataFrame, index: RangeIndex, phases: list[str]) -> p
         gaps: list[np.ndarray] = []
         for owner in np.unique(owners):
             mine = members[owners == owner]
-            piece_busy, piece_gaps = _busy_and_gaps(starts_all[mine], ends_all[mine])
+            piece_busy, piece_gaps = busy_and_gaps(starts_all[mine], ends_all[mine])
             span += int(ends_all[mine].max() - starts_all[mine].min())
             busy += piece_busy
             gaps.append(piece_gaps)

@@ -1,0 +1,353 @@
+"""What a faster kernel, category or launch path would save: the report's kernels replayed with new durations.
+
+Each stream runs its kernels in their measured order. In the replay a kernel starts at the latest of
+- its launch (the CPU start of the call that launched it, as measured) plus the launch latency,
+- the end of the previous kernel on its stream plus the queue gap,
+- the end of the kernel on another stream that it waited for (an event, a stream wait, a collective).
+Latency and gap are measured in the report: the median over the kernels that were launched onto an idle stream
+(latency) or queued behind another kernel (gap). Which constraint held a kernel back in the measurement is
+known from the timestamps, and that constraint keeps the kernel's own measured offset, so a replay with
+nothing changed gives the measured timeline back exactly. A kernel that started later than all three explain
+waited for another stream: the kernel that ended last before it, on another stream of its process, is taken as
+what it waited for. The host's launch times stay as measured: the replay does not move a launch that would
+have come earlier had a synchronizing call returned sooner.
+
+`launch_gaps=False` predicts a run whose launches never hold the GPU back (CUDA graphs): within each outermost
+range (a step) every kernel is ready when the range's first kernel is.
+
+A range's time is from its start until the last kernel launched in it has both been launched and finished.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from profiler_kit.errors import ProfilerKitError
+from profiler_kit.kernels.attribution import RangeIndex
+from profiler_kit.kernels.categories import CATEGORIES
+from profiler_kit.kernels.idle import LAUNCH_BOUND_PCT, busy_and_gaps, launches_in
+from profiler_kit.kernels.summary import KernelSummary
+from profiler_kit.kernels.trace import NO_LAUNCH
+
+COLUMNS = ("phase", "ranges", "measured_ms", "predicted_ms", "saved_ms", "saved_pct", "verdict_measured",
+           "verdict_predicted")
+STEP_COLUMNS = ("step", "measured_ms", "predicted_ms", "saved_ms", "saved_pct")
+# The queue gap of a report in which no kernel ever waited behind another on its stream (docs/compare.md).
+UNMEASURED_QUEUE_GAP_NS = 1_000
+# A kernel that starts this much later than its launch and its stream explain waited for another stream.
+WAIT_SLACK_NS = 2_000
+
+
+@dataclass(frozen=True)
+class Speedup:
+    """Kernels of a category, or whose name contains `target`, run `factor` times faster."""
+
+    target: str
+    factor: float
+
+    @classmethod
+    def parse(cls, text: str) -> Speedup:
+        target, sep, factor = text.rpartition("=")
+        try:
+            value = float(factor)
+        except ValueError:
+            value = float("nan")
+        if not sep or not target or not np.isfinite(value) or value <= 0:
+            raise ProfilerKitError(f"--speedup {text!r}: expected CATEGORY_OR_KERNEL=FACTOR with a factor > 0, "
+                                   "e.g. attention=1.5")
+        return cls(target, value)
+
+    def matches(self, names: pd.Series, categories: pd.Series) -> np.ndarray:
+        if self.target in CATEGORIES:
+            return (categories.astype(str) == self.target).to_numpy()
+        return names.astype(str).str.contains(self.target, regex=False).to_numpy()
+
+
+@dataclass
+class Timing:
+    """The measured parameters of the replay, in ns."""
+
+    launch_latency_ns: int
+    queue_gap_ns: int
+    gap_measured: bool  # False: no kernel was queued behind another, the gap is UNMEASURED_QUEUE_GAP_NS
+    waits: int  # kernels that waited for another stream
+
+
+def scaled_durations(kernels: pd.DataFrame, speedups: list[Speedup]) -> np.ndarray:
+    """Each kernel's duration after the speedups (the last one that matches a kernel wins); float ns."""
+    durations = kernels["total_ns"].to_numpy().astype(np.float64)
+    for speedup in speedups:
+        hit = speedup.matches(kernels["name"], kernels["category"])
+        if not hit.any():
+            raise ProfilerKitError(f"--speedup {speedup.target}: no kernel of that category or name in the report")
+        durations[hit] = kernels["total_ns"].to_numpy()[hit] / speedup.factor
+    return durations
+
+
+def replay(kernels: pd.DataFrame, durations: np.ndarray, ready_floor: np.ndarray | None = None
+           ) -> tuple[np.ndarray, Timing]:
+    """Predicted start of every kernel (float ns) when kernel i lasts `durations[i]`. `ready_floor`, when
+    given, replaces each kernel's launch constraint (launch + latency) by that time."""
+    start = kernels["start_ns"].to_numpy().astype(np.float64)
+    end = start + kernels["total_ns"].to_numpy()
+    launch = kernels["launch_ns"].to_numpy()
+    known = launch != NO_LAUNCH
+    order = np.lexsort((start, kernels["stream"].to_numpy(), kernels["process"].to_numpy()))
+    keys = kernels["process"].to_numpy()[order] * (1 << 20) + kernels["stream"].to_numpy()[order]
+    prev = np.full(len(start), -1)
+    same = np.r_[False, keys[1:] == keys[:-1]]
+    prev[order[same]] = order[np.flatnonzero(same) - 1]
+
+    prev_end = np.where(prev >= 0, end[np.maximum(prev, 0)], -np.inf)
+    launch_at = np.where(known, launch, -np.inf).astype(np.float64)
+    idle_launch = known & (prev_end <= launch_at)
+    queued = (prev >= 0) & ~idle_launch
+    latency = _median(start[idle_launch] - launch_at[idle_launch])
+    positive_gaps = start - prev_end
+    gap = _median(positive_gaps[queued]) if queued.any() else UNMEASURED_QUEUE_GAP_NS
+    explained = np.maximum(launch_at + latency, prev_end + gap)
+    waited = _waited_for(kernels, start, end, explained, order)
+
+    # Each kernel keeps its own measured offset from the constraint that held it back; the others get the
+    # report's latency and gap, never more than the kernel's own, so that nothing changed replays exactly.
+    own_latency = np.where(known, start - launch_at, np.inf)
+    own_gap = np.where(prev >= 0, start - prev_end, np.inf)
+    dep_end = np.where(waited >= 0, end[np.maximum(waited, 0)], -np.inf)
+    own_wait = start - dep_end
+    by_wait = waited >= 0
+    by_launch = ~by_wait & known & (launch_at + latency >= prev_end + gap)
+    latency_of = np.where(by_launch, own_latency, np.minimum(latency, own_latency))
+    gap_of = np.where(~by_wait & ~by_launch, own_gap, np.minimum(gap, own_gap))
+    ready = launch_at + latency_of if ready_floor is None else ready_floor
+    if ready_floor is None:
+        ready = np.where(known, ready, start)  # a kernel of unknown launch keeps its measured start as floor
+
+    predicted = np.empty(len(start))
+    predicted_end = np.empty(len(start))
+    # Measured starts are a valid order: what a kernel waits for (stream predecessor, dependency) started first.
+    prev_l, wait_l, ready_l = prev.tolist(), waited.tolist(), ready.tolist()
+    gap_l, own_wait_l, dur_l = gap_of.tolist(), own_wait.tolist(), durations.tolist()
+    for i in np.argsort(start, kind="stable").tolist():
+        t = ready_l[i]
+        p = prev_l[i]
+        if p >= 0:
+            t = max(t, predicted_end[p] + gap_l[i])
+        w = wait_l[i]
+        if w >= 0:
+            t = max(t, predicted_end[w] + own_wait_l[i])
+        predicted[i] = t
+        predicted_end[i] = t + dur_l[i]
+    return predicted, Timing(int(round(latency)), int(round(gap)), bool(queued.any()), int(by_wait.sum()))
+
+
+def _median(values: np.ndarray) -> float:
+    values = values[np.isfinite(values)]
+    return float(np.median(values)) if len(values) else 0.0
+
+
+def _waited_for(kernels: pd.DataFrame, start: np.ndarray, end: np.ndarray, explained: np.ndarray,
+                order: np.ndarray) -> np.ndarray:
+    """For each kernel that started later than its launch and stream explain, the kernel on another stream of
+    its process that ended last at or before its start (-1 for the others)."""
+    late = np.flatnonzero(start > explained + WAIT_SLACK_NS)
+    waited = np.full(len(start), -1)
+    if not len(late):
+        return waited
+    process = kernels["process"].to_numpy()
+    stream = kernels["stream"].to_numpy()
+    for proc in np.unique(process[late]):
+        mine = np.flatnonzero(process == proc)
+        by_end = mine[np.argsort(end[mine], kind="stable")]
+        ends = end[by_end]
+        for i in late[process[late] == proc].tolist():
+            pos = int(np.searchsorted(ends, start[i], side="right")) - 1
+            # Walk back past kernels of the same stream (at most a few) to the last one of another stream.
+            while pos >= 0 and stream[by_end[pos]] == stream[i]:
+                pos -= 1
+            if pos >= 0 and ends[pos] > explained[i]:
+                waited[i] = by_end[pos]
+    return waited
+
+
+def _graph_floor(kernels: pd.DataFrame, index: RangeIndex | None, latency: int) -> np.ndarray:
+    """With no launch gaps: every kernel is ready when the first kernel of its outermost range was launched,
+    plus the latency (kernels outside any range: the first kernel of the report)."""
+    launch = kernels["launch_ns"].to_numpy().astype(np.float64)
+    known = kernels["launch_ns"].to_numpy() != NO_LAUNCH
+    first = float(launch[known].min()) if known.any() else float(kernels["start_ns"].min())
+    floor = np.full(len(kernels), first + latency)
+    if index is None:
+        return floor
+    rows, owners = launches_in(kernels, index, outer_range_ids(index))
+    if len(rows):
+        # Never later than the range's first kernel started in the measurement.
+        group = pd.DataFrame({"launch": launch[rows], "start": kernels["start_ns"].to_numpy()[rows]}).groupby(owners)
+        floor[rows] = np.minimum(group["launch"].transform("min").to_numpy() + latency,
+                                 group["start"].transform("min").to_numpy())
+    return floor
+
+
+@dataclass
+class WhatIf:
+    """Measured and predicted time per phase and per step."""
+
+    summary: KernelSummary
+    speedups: list[Speedup]
+    launch_gaps: bool
+    timing: Timing
+    phases: pd.DataFrame
+    steps: pd.DataFrame
+    notes: list[str] = field(default_factory=list)
+
+    def tables(self, display: bool = False) -> list[tuple[str, pd.DataFrame]]:
+        out = [("what if: per phase", self.phases)]
+        if len(self.steps):
+            out.append(("what if: per step", self.steps))
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "path": str(self.summary.path),
+            "speedups": [{"target": s.target, "factor": s.factor} for s in self.speedups],
+            "launch_gaps": self.launch_gaps,
+            "launch_latency_ns": self.timing.launch_latency_ns,
+            "queue_gap_ns": self.timing.queue_gap_ns,
+            "kernels_waiting_on_other_streams": self.timing.waits,
+            "phases": self.phases.to_dict(orient="records"),
+            "steps": self.steps.to_dict(orient="records"),
+        }
+
+    def caption(self) -> str:
+        changes = ", ".join(f"{s.target} ×{s.factor:g}" for s in self.speedups) or "no kernel change"
+        gaps = "" if self.launch_gaps else "; no launch gaps"
+        return (f"{self.summary.path}: {changes}{gaps}; launch latency {self.timing.launch_latency_ns / 1e3:.1f} µs, "
+                f"queue gap {self.timing.queue_gap_ns / 1e3:.1f} µs (measured)")
+
+
+def what_if(summary: KernelSummary, speedups: list[Speedup], launch_gaps: bool = True) -> WhatIf:
+    """Replay the kernels of a summarized report with `speedups` (and without launch gaps if asked)."""
+    kernels = summary.attributed
+    if kernels is None or "start_ns" not in kernels.columns or summary.basis != "gpu_kernels":
+        raise ProfilerKitError(f"{summary.path}: what-if needs GPU kernel timestamps and launch times "
+                               "(an nsys report or export, or a torch.profiler trace of a GPU run)")
+    if not (kernels["launch_ns"] != NO_LAUNCH).any():
+        raise ProfilerKitError(f"{summary.path}: no kernel has a known launch; what-if needs the runtime calls")
+    durations = scaled_durations(kernels, speedups)
+    measured_start = kernels["start_ns"].to_numpy().astype(np.float64)
+    _, timing = replay(kernels, kernels["total_ns"].to_numpy().astype(np.float64))
+    floor = None if launch_gaps else _graph_floor(kernels, summary.index, timing.launch_latency_ns)
+    predicted_start, timing = replay(kernels, durations, floor)
+    measured = (measured_start, measured_start + kernels["total_ns"].to_numpy())
+    predicted = (predicted_start, predicted_start + durations)
+    index = summary.index
+    phases = _range_table(kernels, index, summary.phase_names, measured, predicted, launch_gaps)
+    steps = _step_table(kernels, index, measured, predicted, launch_gaps)
+    notes = list(summary.notes)
+    if not timing.gap_measured:
+        notes.append(f"no kernel queued behind another on its stream: the gap between queued kernels is taken "
+                     f"as {UNMEASURED_QUEUE_GAP_NS / 1e3:g} µs")
+    return WhatIf(summary, speedups, launch_gaps, timing, phases, steps, notes)
+
+
+def _range_times(kernels: pd.DataFrame, index: RangeIndex, range_ids: np.ndarray,
+                 timeline: tuple[np.ndarray, np.ndarray], launch_gaps: bool) -> pd.DataFrame:
+    """Per range of `range_ids` with kernels: time from its start until its last kernel was launched and done,
+    and the GPU's busy time over its kernels' span."""
+    rows, owners = launches_in(kernels, index, range_ids)
+    if not len(rows):
+        return pd.DataFrame({"range_id": [], "time_ns": [], "busy_ns": [], "span_ns": []})
+    starts, ends = timeline
+    launch = kernels["launch_ns"].to_numpy().astype(np.float64)
+    done = np.maximum(ends[rows], launch[rows]) if launch_gaps else ends[rows]
+    frame = pd.DataFrame({"range_id": owners, "done": done, "start": starts[rows], "end": ends[rows]})
+    out = []
+    for range_id, group in frame.groupby("range_id", sort=True):
+        begin = float(index.ranges["start_ns"].iat[range_id])
+        first = group["start"].min()
+        out.append((range_id, group["done"].max() - min(begin, first),
+                    busy_and_gaps(group["start"].to_numpy(), group["end"].to_numpy())[0],
+                    group["end"].max() - first))
+    return pd.DataFrame(out, columns=["range_id", "time_ns", "busy_ns", "span_ns"])
+
+
+def _verdict(busy: float, span: float) -> str:
+    if span <= 0:
+        return ""
+    return "launch-bound" if 100.0 * (1 - busy / span) > LAUNCH_BOUND_PCT else "gpu-bound"
+
+
+def _row(label: str, measured: pd.DataFrame, predicted: pd.DataFrame) -> dict[str, Any]:
+    m, p = measured["time_ns"].sum(), predicted["time_ns"].sum()
+    return {
+        "measured_ms": m / 1e6,
+        "predicted_ms": p / 1e6,
+        "saved_ms": (m - p) / 1e6,
+        "saved_pct": 100.0 * (m - p) / m if m > 0 else 0.0,
+        "verdict_measured": _verdict(measured["busy_ns"].sum(), measured["span_ns"].sum()),
+        "verdict_predicted": _verdict(predicted["busy_ns"].sum(), predicted["span_ns"].sum()),
+    }
+
+
+def _range_table(kernels: pd.DataFrame, index: RangeIndex | None, phase_names: list[str],
+                 measured: tuple[np.ndarray, np.ndarray], predicted: tuple[np.ndarray, np.ndarray],
+                 launch_gaps: bool) -> pd.DataFrame:
+    """One row per phase, and a last row `(all kernels)` over the whole report."""
+    rows = []
+    if index is not None:
+        names = index.names().to_numpy()
+        for phase in phase_names:
+            ids = np.flatnonzero(names == phase)
+            m = _range_times(kernels, index, ids, measured, True)
+            p = _range_times(kernels, index, ids, predicted, launch_gaps)
+            rows.append({"phase": phase, "ranges": len(m), **_row(phase, m, p)})
+    whole = []
+    origin = min(measured[0].min(), predicted[0].min())
+    for starts, ends in (measured, predicted):
+        whole.append(pd.DataFrame({"time_ns": [ends.max() - origin], "busy_ns": [busy_and_gaps(starts, ends)[0]],
+                                   "span_ns": [ends.max() - starts.min()]}))
+    rows.append({"phase": "(all kernels)", "ranges": 1, **_row("(all kernels)", *whole)})
+    return pd.DataFrame(rows, columns=list(COLUMNS))
+
+
+def outer_range_ids(index: RangeIndex) -> np.ndarray:
+    """The outermost ranges of each process's main thread (the one whose outermost ranges last longest)."""
+    ranges = index.ranges
+    outer = index.depth == 0
+    span = (ranges["end_ns"] - ranges["start_ns"]).where(outer, 0)
+    main = span.groupby([ranges["process"], ranges["thread"]]).sum().groupby(level=0).idxmax().to_list()
+    on_main = pd.MultiIndex.from_frame(ranges[["process", "thread"]]).isin(main)
+    return np.flatnonzero(outer & on_main)
+
+
+def step_range_ids(index: RangeIndex) -> np.ndarray:
+    """The steps of a report: outermost ranges of the main threads whose name repeats (`step`, or
+    `ProfilerStep#N` counted as one name), in the order they start."""
+    top = outer_range_ids(index)
+    names = index.names().iloc[top].astype(str).str.replace(r"#\d+$", "", regex=True)
+    counts = names.value_counts()
+    repeating = top[names.map(counts).to_numpy() > 1]
+    return repeating[np.argsort(index.ranges["start_ns"].to_numpy()[repeating], kind="stable")]
+
+
+def _step_table(kernels: pd.DataFrame, index: RangeIndex | None, measured: tuple[np.ndarray, np.ndarray],
+                predicted: tuple[np.ndarray, np.ndarray], launch_gaps: bool) -> pd.DataFrame:
+    if index is None:
+        return pd.DataFrame(columns=list(STEP_COLUMNS))
+    ids = step_range_ids(index)
+    m = _range_times(kernels, index, ids, measured, True).set_index("range_id")
+    p = _range_times(kernels, index, ids, predicted, launch_gaps).set_index("range_id")
+    names = index.names()
+    table = pd.DataFrame({
+        "step": [f"{names.iat[i]} {n}" if not re.search(r"#\d+$", str(names.iat[i])) else str(names.iat[i])
+                 for n, i in enumerate(m.index)],
+        "measured_ms": m["time_ns"].to_numpy() / 1e6,
+        "predicted_ms": p["time_ns"].reindex(m.index).to_numpy() / 1e6,
+    })
+    table["saved_ms"] = table["measured_ms"] - table["predicted_ms"]
+    table["saved_pct"] = 100.0 * table["saved_ms"] / table["measured_ms"].where(table["measured_ms"] > 0)
+    return table
