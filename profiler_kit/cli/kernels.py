@@ -105,8 +105,9 @@ def compare_command(ctx: click.Context, a: Path, b: Path, top: int, nvtx: str | 
 @kernels.command("whatif", epilog=SOURCES_HELP)
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option("--speedup", "speedups", metavar="CATEGORY_OR_KERNEL=FACTOR", multiple=True,
-              help="Kernels of this category (matmul, attention, ...), else whose name contains this text, run "
-                   "FACTOR times faster (repeatable; the last that matches a kernel wins).")
+              help="Kernels of this category (matmul, attention, ...), launched inside NVTX ranges named NAME "
+                   "(range:NAME), else whose name contains this text, run FACTOR times faster (repeatable; the "
+                   "last that matches a kernel wins).")
 @click.option("--no-launch-gaps", is_flag=True,
               help="Predict a run whose launches never hold the GPU back (CUDA graphs): within each step, every "
                    "kernel is ready when the step's first one is.")

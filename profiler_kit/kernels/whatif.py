@@ -43,9 +43,13 @@ UNMEASURED_QUEUE_GAP_NS = 1_000
 WAIT_SLACK_NS = 2_000
 
 
+RANGE_PREFIX = "range:"
+
+
 @dataclass(frozen=True)
 class Speedup:
-    """Kernels of a category, or whose name contains `target`, run `factor` times faster."""
+    """Kernels of a category, launched inside NVTX ranges named `range:NAME`, or whose name contains `target`,
+    run `factor` times faster."""
 
     target: str
     factor: float
@@ -57,15 +61,21 @@ class Speedup:
             value = float(factor)
         except ValueError:
             value = float("nan")
-        if not sep or not target or not np.isfinite(value) or value <= 0:
-            raise ProfilerKitError(f"--speedup {text!r}: expected CATEGORY_OR_KERNEL=FACTOR with a factor > 0, "
-                                   "e.g. attention=1.5")
+        if not sep or not target or target == RANGE_PREFIX or not np.isfinite(value) or value <= 0:
+            raise ProfilerKitError(f"--speedup {text!r}: expected CATEGORY, range:NAME or a kernel name, then "
+                                   "=FACTOR with a factor > 0, e.g. attention=1.5")
         return cls(target, value)
 
-    def matches(self, names: pd.Series, categories: pd.Series) -> np.ndarray:
+    def matches(self, kernels: pd.DataFrame, index: RangeIndex | None) -> np.ndarray:
+        if self.target.startswith(RANGE_PREFIX):
+            hit = np.zeros(len(kernels), dtype=bool)
+            if index is not None:
+                ids = np.flatnonzero((index.names() == self.target[len(RANGE_PREFIX):]).to_numpy())
+                hit[launches_in(kernels, index, ids)[0]] = True
+            return hit
         if self.target in CATEGORIES:
-            return (categories.astype(str) == self.target).to_numpy()
-        return names.astype(str).str.contains(self.target, regex=False).to_numpy()
+            return (kernels["category"].astype(str) == self.target).to_numpy()
+        return kernels["name"].astype(str).str.contains(self.target, regex=False).to_numpy()
 
 
 @dataclass
@@ -78,13 +88,14 @@ class Timing:
     waits: int  # kernels that waited for another stream
 
 
-def scaled_durations(kernels: pd.DataFrame, speedups: list[Speedup]) -> np.ndarray:
+def scaled_durations(kernels: pd.DataFrame, index: RangeIndex | None, speedups: list[Speedup]) -> np.ndarray:
     """Each kernel's duration after the speedups (the last one that matches a kernel wins); float ns."""
     durations = kernels["total_ns"].to_numpy().astype(np.float64)
     for speedup in speedups:
-        hit = speedup.matches(kernels["name"], kernels["category"])
+        hit = speedup.matches(kernels, index)
         if not hit.any():
-            raise ProfilerKitError(f"--speedup {speedup.target}: no kernel of that category or name in the report")
+            raise ProfilerKitError(f"--speedup {speedup.target}: no kernel of that category, range or name in "
+                                   "the report")
         durations[hit] = kernels["total_ns"].to_numpy()[hit] / speedup.factor
     return durations
 
@@ -237,7 +248,7 @@ def what_if(summary: KernelSummary, speedups: list[Speedup], launch_gaps: bool =
                                "(an nsys report or export, or a torch.profiler trace of a GPU run)")
     if not (kernels["launch_ns"] != NO_LAUNCH).any():
         raise ProfilerKitError(f"{summary.path}: no kernel has a known launch; what-if needs the runtime calls")
-    durations = scaled_durations(kernels, speedups)
+    durations = scaled_durations(kernels, summary.index, speedups)
     measured_start = kernels["start_ns"].to_numpy().astype(np.float64)
     _, timing = replay(kernels, kernels["total_ns"].to_numpy().astype(np.float64))
     floor = None if launch_gaps else _graph_floor(kernels, summary.index, timing.launch_latency_ns)

@@ -103,10 +103,21 @@ def test_replay_with_nothing_changed_gives_the_measured_times(path):
             assert measured[phase] >= span * (1 - 1e-9)
 
 
+def test_a_range_speedup_takes_the_kernels_launched_inside_it():
+    trace = synthetic(["sgemm_a"] * 4, [0, 1, 2, 3], [5, 16, 27, 38], [10] * 4, [7] * 4, 50)
+    # The first two kernels are launched inside `attn` (0-1.5 µs), inside the step.
+    trace.ranges = range_frame(["step", "attn"], [0, 0], [50 * US, 1500], [0, 0], [1, 1])
+    summary = summarize_trace(trace, phases=["step"])
+    # Kernels 0 and 1 take 5 µs: starts 5, 11, 17, 28; last end 38 µs.
+    assert phase_row(what_if(summary, [Speedup.parse("range:attn=2")]))["predicted_ms"] == pytest.approx(0.038)
+    with pytest.raises(ProfilerKitError, match="no kernel"):
+        what_if(summary, [Speedup.parse("range:nothing=2")])
+
+
 def test_speedup_parsing_and_unknown_targets():
     assert Speedup.parse("attention=1.5") == Speedup("attention", 1.5)
     assert Speedup.parse("a=b=2") == Speedup("a=b", 2.0)
-    for bad in ("attention", "attention=0", "attention=nan", "=2", "attention=-1"):
+    for bad in ("attention", "attention=0", "attention=nan", "=2", "attention=-1", "range:=2"):
         with pytest.raises(ProfilerKitError):
             Speedup.parse(bad)
     summary = summarize_trace(load(FIXTURES / "h100_example_mlp.sqlite"))
