@@ -14,12 +14,14 @@ from profiler_kit.presets import count_parameters, from_name
 from profiler_kit.workload import phases_for
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2}
-TOP_COLUMNS = ["rank", "size_mib", "size_bytes", "role", "allocated_in", "where", "function", "user_metadata"]
+TOP_COLUMNS = ["rank", "size_mib", "size_bytes", "role", "evidence", "allocated_in", "where", "function",
+               "user_metadata"]
 
 
-def top_allocations(recon: Reconstruction, roles: pd.Series, spans: list[PhaseSpan], n: int) -> pd.DataFrame:
-    """The n largest allocations alive at the peak, with their role, the phase that allocated them, the first
-    frame outside torch and the user metadata set when they were made."""
+def top_allocations(recon: Reconstruction, roles: pd.DataFrame, spans: list[PhaseSpan], n: int) -> pd.DataFrame:
+    """The n largest allocations alive at the peak, with their role and its evidence (`roles`: the columns role and
+    evidence per allocation), the phase that allocated them, the first frame outside torch and the user metadata
+    set when they were made."""
     alive = recon.alive_at(recon.peak_index).sort_values("size_bytes", ascending=False, kind="stable").head(n)
     rows = []
     for rank, (idx, row) in enumerate(alive.iterrows(), start=1):
@@ -28,7 +30,8 @@ def top_allocations(recon: Reconstruction, roles: pd.Series, spans: list[PhaseSp
             "rank": rank,
             "size_mib": row["size_bytes"] / MIB,
             "size_bytes": int(row["size_bytes"]),
-            "role": roles[idx],
+            "role": roles.at[idx, "role"],
+            "evidence": roles.at[idx, "evidence"],
             "allocated_in": phase_at(spans, int(row["start"])),
             "where": f"{short_path(frame['filename'])}:{frame['line']}" if frame else None,
             "function": frame["name"] if frame else None,
