@@ -162,11 +162,13 @@ def _set(out: pd.DataFrame, rows, role: str, why: str) -> None:
 
 
 def _apply_list(recon: Reconstruction, captures: list[Capture], out: pd.DataFrame, rounded: bool) -> None:
-    """Give each allocation alive at a capture's moment at a listed address, of the listed size, that role."""
+    """Give each allocation alive at a capture's moment at a listed address, of the listed size, that role (the
+    captures in time order: the first one that lists an allocation names it)."""
     a = recon.allocations
     keys = _size_key(a["size_bytes"], rounded)
     times = None if recon.time_us is None else np.maximum.accumulate(recon.time_us)
     rows_at = a.groupby("addr").groups
+    listed: set = set()  # the first capture that names an allocation gives its evidence
     for capture in captures:
         if capture.time_us is None:
             moment = recon.n_entries
@@ -177,7 +179,8 @@ def _apply_list(recon: Reconstruction, captures: list[Capture], out: pd.DataFram
         for addr, (kind, size) in capture.storages.items():
             for idx in rows_at.get(addr, ()):
                 alive = a.at[idx, "start"] < moment <= a.at[idx, "end"]
-                if alive and (size is None or keys[idx] == _size_key(size, rounded)):
+                if alive and idx not in listed and (size is None or keys[idx] == _size_key(size, rounded)):
+                    listed.add(idx)
                     label = f" taken at {capture.label}" if capture.label else ""
                     _set(out, idx, LISTED_ROLES[kind], f"in the recorder's list of {kind.replace('_', ' ')} "
                          f"storages{label}")
@@ -207,7 +210,7 @@ def _persistent_state(a: pd.DataFrame, out: pd.DataFrame, rounded: bool) -> None
     votes: Counter[int] = Counter()
     for key, n in per_size.items():
         if len(blocks.get(key, ())) >= n:
-            votes[min(len(blocks[key]) // n - 1, MAX_STATE_PER_PARAMETER)] += n * int(key)
+            votes[min(len(blocks[key]) // n - 1, MAX_STATE_PER_PARAMETER)] += n
     state_per_param = votes.most_common(1)[0][0] if votes else 0
     group = 1 + state_per_param
     matched = 0
