@@ -188,7 +188,11 @@ def analyze(snapshot: dict, meta: dict | None = None, top: int = DEFAULT_TOP, de
 def analyze_file(path: str | Path, top: int = DEFAULT_TOP, device: int | None = None,
                  use_sidecar: bool = True) -> MemoryReport:
     """Load a snapshot pickle and analyse it with the recorder's metadata: `<stem>.json` beside it (unless
-    `use_sidecar` is off), else what the recorder stored inside the snapshot."""
+    `use_sidecar` is off, or it is not the recorder's: then a note says so), else what the recorder stored inside
+    the snapshot."""
     snapshot = load_snapshot(path)
-    meta, meta_source = load_metadata(path, snapshot, use_sidecar)
-    return analyze(snapshot, meta, top, device, source=str(path), meta_source=meta_source)
+    meta, meta_source, note = load_metadata(path, snapshot, use_sidecar)
+    report = analyze(snapshot, meta, top, device, source=str(path), meta_source=meta_source)
+    if note:
+        report.notes.insert(0, note)
+    return report
