@@ -13,7 +13,13 @@ Format (inside the recorder's metadata: the snapshot's `profiler_kit` entry and 
 `untyped_storage().nbytes()` (the allocation's requested size). An allocation alive at a capture's moment whose
 address and size are listed in it has that role. Older recordings store one capture at the snapshot as
 `tensor_roles`: {"parameter": [address, ...], "gradient": [...], "adamw_state": [...]}, read the same way.
-This module imports no torch: `capture_storages` reads the tensors it is given.
+
+A recorder takes captures with `capture_storages(model.parameters(), [optimizer], label, trace_clock_us())`
+(at the start of its window, and at each optimizer step: its gradients exist then, and lazily made optimizer
+state after it) and stores them in the snapshot before pickling it:
+`snapshot["profiler_kit"] = {"format": SIDECAR_FORMAT, "version": SIDECAR_VERSION, "storages": captures}`
+(`snapshot.py`), beside whatever other metadata it writes. This module imports no torch: `capture_storages`
+reads the tensors it is given.
 """
 
 from __future__ import annotations
@@ -38,11 +44,17 @@ def _is_tensor(value: Any) -> bool:
     return hasattr(value, "untyped_storage")
 
 
+def trace_clock_us() -> int:
+    """Now on the clock of the trace's `time_us` (CLOCK_REALTIME in µs), to place a moment on the trace."""
+    return time.time_ns() // 1000
+
+
 def capture_storages(parameters: Iterable[Any], optimizers: Iterable[Any] = (), label: str = "",
                      time_us: int | None = None) -> dict:
     """One capture: the storages of `parameters` and of the parameters each optimizer holds, of their gradients,
     and of every tensor in each optimizer's `state` (AdamW's exp_avg and exp_avg_sq, SGD's momentum buffer,
-    step counters kept as tensors), each storage listed once; `time_us` defaults to now on the trace's clock."""
+    step counters kept as tensors), each storage listed once. `time_us` (from `trace_clock_us()`) places it on
+    the trace; without it, the capture stands for the moment the snapshot was taken."""
     optimizers = list(optimizers)
     params = list(parameters) + [p for opt in optimizers for group in opt.param_groups for p in group["params"]]
     seen: set[int] = set()
@@ -56,7 +68,7 @@ def capture_storages(parameters: Iterable[Any], optimizers: Iterable[Any] = (), 
                 out.append([address, nbytes])
         return out
 
-    capture: dict[str, Any] = {"label": label, "time_us": time.time_ns() // 1000 if time_us is None else time_us}
+    capture: dict[str, Any] = {"label": label} if time_us is None else {"label": label, "time_us": time_us}
     capture["parameter"] = unique(params)
     capture["gradient"] = unique(p.grad for p in params if p.grad is not None)
     capture["optimizer_state"] = unique(value for opt in optimizers for state in opt.state.values()

@@ -4,13 +4,14 @@ gradients made by the autograd engine and freed by `zero_grad`, with C++ or Pyth
 `requested_size`; phases inferred where the snapshot names none; the recorder's list of storages, placed at the
 moment each capture was taken, and the list built from a model and its optimizer."""
 
+import pickle
 from contextlib import contextmanager
 
 import pytest
 import torch
 
-from profiler_kit.memory import analyze
-from profiler_kit.memory.snapshot import SIDECAR_FORMAT, SIDECAR_VERSION
+from profiler_kit.memory import analyze, analyze_file
+from profiler_kit.memory.snapshot import EMBEDDED_KEY, SIDECAR_FORMAT, SIDECAR_VERSION
 from profiler_kit.memory.storages import capture_storages, read_captures
 
 ENGINE_FRAME = {"filename": "??", "line": 0, "name": "torch::autograd::Engine::thread_main(std::shared_ptr<>)"}
@@ -268,6 +269,7 @@ def test_capture_lists_the_storages_of_a_model_and_its_optimizer(make, per_param
     assert before["parameter"] == after["parameter"] == expected
     assert before["gradient"] == [[p.grad.data_ptr(), p.grad.numel() * 4] for p in params]
     assert before["optimizer_state"] == [] and before["time_us"] == 7 and before["label"] == "window start"
+    assert "time_us" not in after  # stands for the moment of the snapshot
     state = [t for p in params for t in optimizer.state[p].values() if torch.is_tensor(t)]
     assert after["optimizer_state"] == [[t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()]
                                         for t in state]
@@ -284,3 +286,19 @@ def test_capture_lists_a_shared_storage_once():
     head.weight = embedding.weight  # tied weights: one storage
     capture = capture_storages([*embedding.parameters(), *head.parameters()])
     assert capture["parameter"] == [[embedding.weight.data_ptr(), 10 * 4 * 4]]
+
+
+def test_a_snapshot_carrying_only_the_list_is_read_from_the_pickle_alone(tmp_path):
+    """What a program's recorder writes: the snapshot with the list inside, no sidecar, no other metadata."""
+    program = Program()
+    truth = train(program, "adam", steps=1)
+    sizes = {addr: size for addr, (size, _, _) in program.live.items()}
+    capture = {"label": "the snapshot", **{kind: [[a, sizes[a]] for a in truth[role]] for kind, role in
+                                           [("parameter", "parameter"), ("optimizer_state", "optimizer state")]}}
+    path = tmp_path / "run.pickle"
+    path.write_bytes(pickle.dumps(dict(program.snapshot(), **{EMBEDDED_KEY: listed_meta([capture])}), protocol=4))
+    report = analyze_file(path)
+    assert report.meta_source == "snapshot"
+    roles = roles_by_address(report)
+    assert [roles[a] for a in truth["parameter"]] == ["parameter"] * len(PARAM_SIZES)
+    assert {roles[a] for a in truth["optimizer state"]} == {"optimizer state"}
