@@ -5,7 +5,7 @@ gradients made by the autograd engine and freed by `zero_grad`, with C++ or Pyth
 moment each capture was taken, and the list built from a model and its optimizer."""
 
 import pickle
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import pytest
 import torch
@@ -89,9 +89,11 @@ class Program:
         return {"segments": segments, "device_traces": [self.trace], "external_annotations": self.annotations}
 
 
-def train(program: Program, optimizer: str, steps: int = 2, lazy_state: bool = False) -> dict[str, list[int]]:
+def train(program: Program, optimizer: str, steps: int = 2, lazy_state: bool = False,
+          zero_grad_range: bool = False) -> dict[str, list[int]]:
     """A training loop whose history starts after one warm-up step; returns the true addresses per role (the
-    gradients' over the whole trace)."""
+    gradients' over the whole trace). `zero_grad_range`: `Optimizer.zero_grad` frees the gradients inside its
+    own `record_function` range, as torch's optimizers do."""
     params = [program.alloc(size, [USER]) for size in PARAM_SIZES]
     k = STATE_PER_PARAM[optimizer]
     state = [] if lazy_state else [program.alloc(size, OPTIM) for size in PARAM_SIZES for _ in range(k)]
@@ -100,8 +102,9 @@ def train(program: Program, optimizer: str, steps: int = 2, lazy_state: bool = F
     truth = {"parameter": params, "optimizer state": state, "gradient": list(grads), "unknown": [workspace]}
     program.recording = True
     for _ in range(steps):
-        for addr in grads:
-            program.free(addr, ZERO_GRAD)
+        with program.range(f"Optimizer.zero_grad#{optimizer}.zero_grad") if zero_grad_range else nullcontext():
+            for addr in grads:
+                program.free(addr, ZERO_GRAD)
         saved = [program.alloc(300_000 + 512 * i, [USER]) for i in range(6)]  # forward: saved for backward
         scratch = program.alloc(2_000_000, [USER])
         program.free(scratch, [USER])
@@ -143,7 +146,7 @@ def check_roles(report, truth: dict[str, list[int]]) -> None:
 @pytest.mark.parametrize("optimizer", ["adam", "sgd-momentum", "sgd"])
 def test_persistent_blocks_divide_into_parameters_and_optimizer_state(optimizer, stacks):
     program = Program(stacks)
-    truth = train(program, optimizer)
+    truth = train(program, optimizer, zero_grad_range=stacks == "python")
     report = analyze(program.snapshot())
     roles = roles_by_address(report)
     a = report.recon.allocations
@@ -157,9 +160,12 @@ def test_persistent_blocks_divide_into_parameters_and_optimizer_state(optimizer,
     assert roles[truth["unknown"][0]] == "unknown"
     if optimizer == "adam":
         assert "Adam's exp_avg, exp_avg_sq" in evidence[truth["parameter"][0]]
-    # Phases: the snapshot names only the optimizer steps; forward and backward are inferred around them.
-    assert [s.label for s in report.spans] == ["forward #1", "backward #1", "Optimizer.step#" + optimizer + ".step #1",
-                                               "forward #2", "backward #2", "Optimizer.step#" + optimizer + ".step #2"]
+    # Phases: the snapshot names only the optimizer's steps (and zero_grad); forward and backward are inferred.
+    def step(k: int) -> list[str]:
+        zero_grad = [f"Optimizer.zero_grad#{optimizer}.zero_grad #{k}"] if stacks == "python" else []
+        return zero_grad + [f"forward #{k}", f"backward #{k}", f"Optimizer.step#{optimizer}.step #{k}"]
+
+    assert [s.label for s in report.spans] == step(1) + step(2)
     assert report.summary.loc[0, "peak_phase"] == "backward #1"
     kinds = dict(zip(a["size_bytes"], report.roles, strict=False))
     assert kinds[3_000_000] == "temporary" and kinds[2_000_000] == "temporary" and kinds[300_000] == "activation"
