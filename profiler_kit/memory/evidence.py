@@ -3,7 +3,8 @@
 A mark is one fact read from a stack: autocast's cast cache made it (`autocast`), the autograd engine's thread
 made or freed it (`engine`: a C++ frame of `autograd::Engine`, or, when the snapshot records Python stacks, a
 stack without any Python frame, which only threads that run no Python have), the `backward()` call made it
-(`backward_call`), the optimizer's code (`optimizer`), a module's constructor (`module_init`), `nn.Linear`
+(`backward_call`), the optimizer's code (`optimizer`), a module's constructor or its move to the GPU
+(`module_init`: `__init__`, `reset_parameters`, `Module._apply` under `.cuda()`/`.to()`), `nn.Linear`
 (`linear`), `zero_grad` freed it (`zero_grad`), Python code made it (`python`).
 """
 
@@ -61,7 +62,7 @@ def frame_marks(frames: list[dict], stackless_is_engine: bool) -> frozenset[str]
             found.add(BACKWARD_CALL)
         elif _OPTIM_FILE.search(filename) and name != "zero_grad":
             found.add(OPTIMIZER)
-        elif _MODULES_FILE.search(filename) and name in ("__init__", "reset_parameters", "__new__"):
+        elif _MODULES_FILE.search(filename) and name in ("__init__", "reset_parameters", "__new__", "_apply"):
             found.add(MODULE_INIT)
         if name == "zero_grad" and _ZERO_GRAD_FILE.search(filename):
             found.add(ZERO_GRAD)

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from profiler_kit.memory.analyze import BEFORE_TRACE, MIB, Reconstruction
-from profiler_kit.memory.evidence import BACKWARD_CALL, ENGINE, OPTIMIZER, PYTHON, phase_kind
+from profiler_kit.memory.evidence import BACKWARD_CALL, ENGINE, MODULE_INIT, OPTIMIZER, PYTHON, phase_kind
 
 BEFORE_TRACE_LABEL = "before trace"
 AFTER_STEPS_LABEL = "after the steps"
@@ -122,7 +122,8 @@ def phase_spans(recon: Reconstruction, snapshot: dict, meta: dict | None) -> lis
 def _entry_kinds(recon: Reconstruction, made: list[frozenset[str]], freed: list[frozenset[str]]
                  ) -> np.ndarray:
     """Per trace entry: backward where the autograd engine or the `backward()` call allocates or frees, optimizer
-    where `torch/optim` allocates, forward where other Python code allocates; 0 elsewhere."""
+    where `torch/optim` allocates, forward where other Python code allocates (not a module's constructor or its
+    move to the device); 0 elsewhere."""
     n = recon.n_entries
     kinds = np.zeros(n, dtype=np.int8)
     a = recon.allocations
@@ -132,7 +133,7 @@ def _entry_kinds(recon: Reconstruction, made: list[frozenset[str]], freed: list[
                 kinds[start] = _BACKWARD
             elif OPTIMIZER in m:
                 kinds[start] = _OPTIMIZER
-            elif PYTHON in m:
+            elif PYTHON in m and MODULE_INIT not in m:  # building or moving the model is not its forward
                 kinds[start] = _FORWARD
         if end < n and (ENGINE in f or BACKWARD_CALL in f):
             kinds[end] = _BACKWARD

@@ -122,12 +122,14 @@ def _role(made: frozenset[str], freed: frozenset[str], freed_in_backward: bool, 
         return GRADIENT, "freed by zero_grad"
     if start == BEFORE_TRACE:
         if MODULE_INIT in made:
-            return PARAMETER, "made before the trace by a module's constructor"
+            return PARAMETER, "made before the trace by a module's constructor or its move to the device"
         if OPTIMIZER in made:
             return OPTIMIZER_STATE, "made before the trace by torch/optim"
         if alive_at_end:
             return UNKNOWN, BEFORE_TRACE_KEPT
         return UNKNOWN, "made before the trace (no stack), freed in it, not by zero_grad"
+    if MODULE_INIT in made and outlives:
+        return PARAMETER, "made by a module's constructor or its move to the device"
     if span is not None and not outlives:
         return TEMPORARY, f"made and freed in {span.label}"
     if ENGINE in made:  # made by the autograd engine: freed there it was an intermediate, else a gradient
@@ -144,8 +146,6 @@ def _role(made: frozenset[str], freed: frozenset[str], freed_in_backward: bool, 
         return ACTIVATION, "freed by the autograd engine: saved for backward"
     if kind == "forward":
         return ACTIVATION, f"made in {span.label}, kept after it"
-    if MODULE_INIT in made:
-        return PARAMETER, "made by a module's constructor"
     where = f"made in {span.label}" if span else "made outside any phase"
     return UNKNOWN, f"{where}; no stack or phase says what it holds"
 

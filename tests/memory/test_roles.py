@@ -183,6 +183,28 @@ def test_optimizer_state_made_in_the_trace_is_known_from_its_stack():
     assert "no optimizer state" in evidence[truth["parameter"][0]]
 
 
+def test_a_history_from_the_start_of_the_program_names_parameters_by_their_stacks():
+    """Recorded from the first CUDA allocation: `.cuda()` makes the parameters (`Module._apply`), the first step
+    the optimizer state (torch/optim); nothing is older than the trace and nothing is matched by size."""
+    program = Program("python")
+    program.recording = True
+    to_cuda = [{"filename": "/venv/lib/python3.11/site-packages/torch/nn/modules/module.py", "line": 930,
+                "name": "_apply"}, USER]
+    params = [program.alloc(size, to_cuda) for size in PARAM_SIZES]
+    saved = program.alloc(300_000, [USER])
+    grads = [program.alloc(size, engine=True) for size in PARAM_SIZES]
+    program.free(saved, engine=True)
+    with program.range("Optimizer.step#adam.step"):
+        state = [program.alloc(size, OPTIM) for size in PARAM_SIZES for _ in range(2)]
+    report = analyze(program.snapshot())
+    roles = roles_by_address(report)
+    assert [roles[a] for a in params] == ["parameter"] * len(params)
+    assert {roles[a] for a in grads} == {"gradient"} and {roles[a] for a in state} == {"optimizer state"}
+    assert roles[saved] == "activation"
+    assert [s.label for s in report.spans] == ["forward", "backward", "Optimizer.step#adam.step"]
+    assert report.spans[0].start == len(params)  # the forward starts after the model is on the device
+
+
 def test_rounded_block_sizes_still_match_the_requested_gradient_sizes():
     """Without `requested_size` a block's size is the allocator's (512 B multiples); gradients in the trace have
     their requested size, so both are compared rounded."""
