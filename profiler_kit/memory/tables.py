@@ -9,7 +9,14 @@ import pandas as pd
 
 from profiler_kit.memory.analyze import BEFORE_TRACE, MIB, Reconstruction, first_user_frame, short_path
 from profiler_kit.memory.phases import PhaseSpan, phase_at
-from profiler_kit.memory.roles import ACTIVATION, AUTOCAST_COPY, GRADIENT, OPTIMIZER_STATE, PARAMETER
+from profiler_kit.memory.roles import (
+    ACTIVATION,
+    AUTOCAST_COPY,
+    GRADIENT,
+    OPTIMIZER_STATE,
+    PARAMETER,
+    STEP_COUNTER_BYTES,
+)
 from profiler_kit.presets import count_parameters, from_name
 from profiler_kit.workload import phases_for
 
@@ -124,6 +131,8 @@ def expected_vs_measured(recon: Reconstruction, roles: pd.Series, config: dict) 
         match = roles == exp.role
         if exp.role == ACTIVATION:
             match &= a["size_bytes"].isin(set(exp.sizes))
+        elif exp.role == OPTIMIZER_STATE:  # the moments, not a fused AdamW's scalar step counters
+            match &= ~a["size_bytes"].isin(STEP_COUNTER_BYTES)
         total_at_peak = int(a.loc[match & at_peak, "size_bytes"].sum())
         state = exp.role in (PARAMETER, GRADIENT, OPTIMIZER_STATE)
         rows.append({

@@ -140,6 +140,8 @@ def test_without_the_list_the_roles_at_the_peak_are_those_of_the_recorders_list(
     expected.loc["unknown"] -= [len(counters), sum(counters)]
     pd.testing.assert_frame_equal(
         inferred.roles_at_peak.drop(columns=["evidence", "size_mib", "share_pct"]).set_index("role"), expected)
+    # The expected-vs-measured table counts the moments alone: the same with and without the list.
+    pd.testing.assert_frame_equal(listed.expected, inferred.expected)
     a = inferred.recon.allocations
     lists = meta["tensor_roles"]
     alive = a[a["alive_at_end"]]
