@@ -92,27 +92,30 @@ def phase_idle(kernels: pd.DataFrame, index: RangeIndex, phases: list[str],
     order, gap = _gaps_before(starts, ends, owners)
     largest = _largest_gaps(gap, label_of[owners[order]])
     lengths = (index.ranges["end_ns"] - index.ranges["start_ns"]).to_numpy()
-    walls = pd.Series(lengths[ids]).groupby(label_of[ids]).agg(["size", "sum"])
-    per_phase = pieces.groupby("label")[["span_ns", "busy_ns"]].sum()
-    rows = []
-    for label, phase in enumerate(phases):
-        span = int(per_phase["span_ns"].get(label, 0))
-        busy = int(per_phase["busy_ns"].get(label, 0))
-        idle_pct = (span - busy) * 100.0 / span if span else float("nan")
-        verdict = "" if not span else "launch-bound" if idle_pct > LAUNCH_BOUND_PCT else "gpu-bound"
-        dominant = None
-        if verdict == "launch-bound":
-            dominant = _dominant_gap(pieces[pieces["label"] == label], span, span - busy, largest.get(label, []),
-                                     index)
-            if dominant is not None:
-                after = dominant.pop("gap_before")
-                dominant["offset_ns"] = int(starts[after]) - dominant["gap_ns"] - dominant.pop("first_ns")
-                dominant["next_kernel"] = str(kernels["name"].iloc[members[after]])
-                if dominant["rest_idle_pct"] <= LAUNCH_BOUND_PCT:
-                    verdict = ONE_GAP
-        rows.append((phase, int(walls["size"].get(label, 0)), int(walls["sum"].get(label, 0)), span, busy,
-                     span - busy, idle_pct, largest.get(label, []), verdict, dominant))
-    return pd.DataFrame(rows, columns=list(COLUMNS))
+    count = len(phases)
+    wall, span, busy = (np.zeros(count, dtype=np.int64) for _ in range(3))
+    np.add.at(wall, label_of[ids], lengths[ids])
+    np.add.at(span, pieces["label"].to_numpy(dtype=np.int64), pieces["span_ns"].to_numpy(dtype=np.int64))
+    np.add.at(busy, pieces["label"].to_numpy(dtype=np.int64), pieces["busy_ns"].to_numpy(dtype=np.int64))
+    idle_pct = np.divide((span - busy) * 100.0, span, out=np.full(count, np.nan), where=span > 0)
+    verdict = np.where(span == 0, "", np.where(idle_pct > LAUNCH_BOUND_PCT, "launch-bound", "gpu-bound"))
+    verdict = verdict.astype(object)
+    gaps = [largest.get(label, []) for label in range(count)]
+    dominant: list[dict[str, Any] | None] = [None] * count
+    for label in np.flatnonzero(verdict == "launch-bound"):
+        found = _dominant_gap(pieces[pieces["label"] == label], int(span[label]), int(span[label] - busy[label]),
+                              gaps[label], index)
+        if found is not None:
+            after = found.pop("gap_before")
+            found["offset_ns"] = int(starts[after]) - found["gap_ns"] - found.pop("first_ns")
+            found["next_kernel"] = str(kernels["name"].iloc[members[after]])
+            if found["rest_idle_pct"] <= LAUNCH_BOUND_PCT:
+                verdict[label] = ONE_GAP
+            dominant[label] = found
+    return pd.DataFrame({"phase": list(phases), "ranges": np.bincount(label_of[ids], minlength=count),
+                         "wall_ns": wall, "gpu_span_ns": span, "busy_ns": busy, "idle_ns": span - busy,
+                         "idle_pct": idle_pct, "largest_gaps_ns": gaps, "verdict": verdict,
+                         "dominant_gap": dominant}, columns=list(COLUMNS))
 
 
 def _dominant_gap(pieces: pd.DataFrame, span: int, idle: int, gaps: list[int],

@@ -123,11 +123,11 @@ class KernelSummary:
         """phase → {"total_ns", "categories"}, in the order the phases were asked for."""
         if self.phases is None:
             return {}
-        out = {}
-        for phase in self.phase_names:
-            rows = self.phases[self.phases["phase"] == phase]
-            out[phase] = {"total_ns": int(rows["total_ns"].sum()), "categories": _category_ns(rows)}
-        return out
+        wide = self.phases.pivot_table(index="phase", columns="category", values="total_ns", aggfunc="sum",
+                                       fill_value=0, observed=False)
+        wide = wide.reindex(index=self.phase_names, columns=list(CATEGORIES), fill_value=0).astype(np.int64)
+        return {phase: {"total_ns": sum(row), "categories": dict(zip(CATEGORIES, row, strict=True))}
+                for phase, row in zip(self.phase_names, wide.to_numpy().tolist(), strict=True)}
 
     def to_json(self) -> dict[str, Any]:
         obj: dict[str, Any] = {
@@ -322,8 +322,8 @@ def _add_phases(summary: KernelSummary, asked: bool) -> None:
                          "steps' median wall time (warm-up)")
     if timestamped and names:
         summary.idle = phase_idle(kernels, index, names, steady)
-        notes += [_gap_note(row.phase, row.dominant_gap) for row in summary.idle.itertuples()
-                  if row.dominant_gap is not None]
+        gaps = summary.idle[summary.idle["dominant_gap"].notna()]
+        notes += [_gap_note(phase, gap) for phase, gap in zip(gaps["phase"], gaps["dominant_gap"], strict=True)]
     if summary.nvtx is not None:
         empty = [p for p in names if p not in set(summary.phases.loc[summary.phases["total_ns"] > 0, "phase"])]
         if empty:
