@@ -105,7 +105,7 @@ def categorize(names: pd.Series, kind: str = "kernel") -> pd.Categorical:
 def optimizer_work(kernels: pd.DataFrame, index: RangeIndex) -> pd.DataFrame:
     """`kernels` (with `category`) where those launched inside `Optimizer.step#…` ranges are optimizer work,
     whatever the implementation (a for-loop's `aten::mul_`, foreach, fused); communication stays communication."""
-    steps = np.flatnonzero(index.names().str.contains(OPTIMIZER_STEP).to_numpy(dtype=bool))
+    steps = np.flatnonzero(index.names().str.contains(OPTIMIZER_STEP, na=False).to_numpy(dtype=bool))
     if not len(steps):
         return kernels
     rows = np.unique(launches_in(kernels, index, steps)[0])

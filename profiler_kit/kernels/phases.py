@@ -58,9 +58,9 @@ class PhaseChoice:
     notes: list[str] = field(default_factory=list)
 
 
-def pytorch_own(names: pd.Series) -> np.ndarray:
+def _pytorch_own(names: pd.Series) -> np.ndarray:
     """Which range names PyTorch opened by itself."""
-    return names.str.contains(PYTORCH_RANGES).to_numpy(dtype=bool)
+    return names.str.contains(PYTORCH_RANGES, na=False).to_numpy(dtype=bool)
 
 
 def choose_phases(index: RangeIndex, asked: list[str] | tuple[str, ...] | None = None) -> PhaseChoice:
@@ -68,7 +68,7 @@ def choose_phases(index: RangeIndex, asked: list[str] | tuple[str, ...] | None =
     if asked is not None:
         return PhaseChoice(list(dict.fromkeys(asked)), "asked")
     names = index.names()
-    own = ~pytorch_own(names)
+    own = ~_pytorch_own(names)
     marked = index.marked()
     if marked.any():
         chosen, rule = _level(index, marked), "marked"
@@ -130,7 +130,7 @@ def _optimizer_stand_in(index: RangeIndex, phases: list[str]) -> list[str]:
     """`Optimizer.step#…` names when some of their ranges lie in no phase range (nothing else names the
     optimizer phase)."""
     names = index.names()
-    steps = np.flatnonzero(names.str.contains(OPTIMIZER_STEP).to_numpy(dtype=bool))
+    steps = np.flatnonzero(names.str.contains(OPTIMIZER_STEP, na=False).to_numpy(dtype=bool))
     if not len(steps):
         return []
     phase_ids = np.flatnonzero(names.isin(phases).to_numpy())
@@ -162,6 +162,6 @@ def left_out(kernels: pd.DataFrame, index: RangeIndex, phases: list[str], steps:
     per_name = pd.DataFrame({"row": rows, "name": names.to_numpy()[owners]}).drop_duplicates()
     times = kernels["total_ns"].to_numpy()[outside][per_name["row"].to_numpy()]
     shares = pd.Series(times).groupby(per_name["name"].to_numpy()).sum() * 100.0 / total_ns
-    return [f"range {name!r} holds {share:.1f}% of the {timed} outside the phases; "
+    return [f"range {name!r}, outside the phases, holds {share:.1f}% of the {timed}; "
             f"`{' '.join(f'--phase {shlex.quote(p)}' for p in [*phases, name])}` includes it"
             for name, share in shares.sort_values(ascending=False).items() if share > LEFT_OUT_PCT]

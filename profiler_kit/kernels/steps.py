@@ -26,7 +26,7 @@ NS_PER_MS = 1_000_000
 
 def _step_key(names: pd.Series) -> pd.Series:
     """Range names with torch.profiler's step numbers dropped (`ProfilerStep#7` → `ProfilerStep#`)."""
-    return names.where(~names.str.match(PROFILER_STEP), "ProfilerStep#")
+    return names.where(~names.str.match(PROFILER_STEP, na=False), "ProfilerStep#")
 
 
 def find_steps(index: RangeIndex, phases: list[str]) -> np.ndarray:
@@ -41,7 +41,7 @@ def find_steps(index: RangeIndex, phases: list[str]) -> np.ndarray:
         threads = pd.MultiIndex.from_frame(ranges[["process", "thread"]])
         chosen = (keys == keys[holders[0]]) & threads.isin(threads[holders])
     else:
-        chosen = names.str.match(PROFILER_STEP).to_numpy(dtype=bool)
+        chosen = names.str.match(PROFILER_STEP, na=False).to_numpy(dtype=bool)
     ids = np.flatnonzero(chosen)
     ids = ids[np.lexsort((ranges["start_ns"].to_numpy()[ids], ranges["process"].to_numpy()[ids]))]
     return ids if len(ids) >= 2 else ids[:0]

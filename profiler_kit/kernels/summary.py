@@ -220,7 +220,7 @@ class KernelSummary:
         if self.phase_names:
             tables.append((f"Per phase{where}: share of each phase's {self.timed}", self.phase_table()))
         if self.steps is not None:
-            tables.append((f"Per step{where}: warm-up against the steady state ({self.timed} in ms)", self.steps))
+            tables.append((f"Per step{where}: warm-up against the steady state", self.steps))
         if self.idle is not None:
             tables.append((f"Where the GPU idles, per phase{where} (launch-bound: idle above half the GPU span)",
                            self.idle_table()))
@@ -310,8 +310,8 @@ def _add_phases(summary: KernelSummary, asked: bool) -> None:
     steady = None
     if len(steps):
         summary.steps = step_table(kernels, index, steps, names, rows[in_phase], labels[in_phase], timestamped)
-        if summary.basis == CPU_OPS:
-            summary.steps = summary.steps.rename(columns={"kernel_ms": "operator_ms"})
+        if summary.basis == CPU_OPS:  # operators' time, and no GPU to idle
+            summary.steps = summary.steps.rename(columns={"kernel_ms": "operator_ms"}).drop(columns="idle_pct")
         warm = (summary.steps["state"] == WARMUP).to_numpy()
         if timestamped and warm.any() and not warm.all():
             is_steady = np.zeros(len(index.ranges), dtype=bool)
