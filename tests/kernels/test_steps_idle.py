@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from profiler_kit.kernels import CATEGORIES, load, summarize, summarize_trace
+from profiler_kit.kernels.attribution import RangeIndex
 from profiler_kit.kernels.ranks import rank_traces, summarize_ranks
+from profiler_kit.kernels.steps import find_steps
 from profiler_kit.kernels.timeline import timeline
 from profiler_kit.kernels.trace import KernelTrace, kernel_frame, range_frame
 
@@ -115,3 +117,19 @@ def test_timeline_of_a_cpu_trace_shows_operators_under_the_phases():
     # Each operator lasts its whole call, not its self time.
     calls = trace.cpu_ops
     assert sorted(e["dur"] for e in ops) == pytest.approx(sorted((calls["end_ns"] - calls["start_ns"]) / US))
+
+
+def test_steps_are_the_ranges_that_hold_the_phases():
+    def steps_of(names: list[str], starts: list[int], ends: list[int]) -> list[str]:
+        index = RangeIndex(range_frame(names, starts, ends, [1] * len(names), [1] * len(names)))
+        return index.names().to_numpy()[find_steps(index, ["fwd", "bwd"])].tolist()
+
+    # torch.profiler's numbered steps, directly around the phases.
+    assert steps_of(["ProfilerStep#3", "fwd", "bwd", "ProfilerStep#4", "fwd", "bwd"], [0, 1, 5, 10, 11, 15],
+                    [9, 4, 8, 19, 14, 18]) == ["ProfilerStep#3", "ProfilerStep#4"]
+    # The program's own `step` inside them is the nearer one.
+    assert steps_of(["ProfilerStep#3", "step", "fwd", "bwd", "ProfilerStep#4", "step", "fwd", "bwd"],
+                    [0, 1, 2, 5, 10, 11, 12, 15], [9, 9, 4, 8, 19, 19, 14, 18]) == ["step", "step"]
+    # One step does not repeat; phases at top level have no steps.
+    assert steps_of(["step", "fwd", "bwd"], [0, 1, 5], [9, 4, 8]) == []
+    assert steps_of(["fwd", "bwd", "fwd", "bwd"], [0, 5, 10, 15], [4, 8, 14, 18]) == []
