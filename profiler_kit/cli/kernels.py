@@ -9,6 +9,7 @@ import click
 from profiler_kit.cli.common import format_option, positive_int
 from profiler_kit.errors import ProfilerKitError
 from profiler_kit.kernels import DEFAULT_TOP, compare, load, summarize, summarize_trace
+from profiler_kit.kernels.phases import RULE as PHASE_RULE
 from profiler_kit.kernels.ranks import rank_of, rank_traces, summarize_ranks
 from profiler_kit.kernels.timeline import timeline, write_trace
 from profiler_kit.kernels.whatif import Speedup, what_if
@@ -36,10 +37,7 @@ _ANALYSIS_OPTIONS = (
         "phases",
         metavar="NAME",
         multiple=True,
-        help="An NVTX range to report as a phase (repeatable). Default: forward, backward, optimizer_step when "
-        "the report has them (the built-in model); else the ranges directly inside the outermost ranges of each "
-        "process's main thread (`step` holding `fwd`, `bwd`, `opt` gives fwd, bwd, opt), or those outermost "
-        "ranges when nothing is nested in them; `warmup` is never a phase.",
+        help=f"An NVTX range to report as a phase (repeatable). {PHASE_RULE}",
     ),
     format_option(),
 )
@@ -66,7 +64,10 @@ def kernels() -> None:
 def summarize_command(paths: tuple[Path, ...], top: int, nvtx: str | None, phases: tuple[str, ...], fmt: str,
                       flops_per_step: float | None, peak_tflops: float | None) -> None:
     """Summarize the kernels of one report: by category, per kernel, per phase, and where the GPU idles in
-    each phase (launch-bound when idle above half of the phase's GPU span).
+    each phase (launch-bound when idle above half of the phase's GPU span; one long gap, such as start-up or
+    autotuning, is named instead). A report whose phases sit in a repeating range (`step`, `ProfilerStep#N`)
+    gets a per-step table, warm-up steps apart, and the idle verdicts come from the steady steps. A range
+    outside the phases holding more than 5% of the time is named in a note.
 
     Several reports are the ranks of one job (`<stem>.rank<R>.json.gz`, else in the order given): a table per
     rank, the merged categories, communication per phase (overlapped by compute elsewhere, and exposed) and

@@ -4,7 +4,8 @@ Complete events (`"ph": "X"`) carry microsecond `ts`/`dur` with nanosecond decim
 `gpu_memcpy` and `gpu_memset`; the CPU calls that launched it are `cuda_runtime` (cudaLaunchKernel) and
 `cuda_driver` (cuLaunchKernel, used by Triton) events, linked to the GPU events by `args.correlation`.
 `record_function` ranges (our NVTX ranges under the torch backend) are `user_annotation` events on the CPU
-thread that opened them.
+thread that opened them; those named in the trace's metadata `"profiler_kit": {"phases": [...]}` were opened
+with `profiler_kit.phase` (column `marked`).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def load_torch_trace(obj: object, path: Path) -> KernelTrace:
         columns=["cat", "name", "pid", "tid", "ts", "dur", "args"],
     )
     try:
-        return _load(events, path)
+        return _load(events, path, _phase_names(obj))
     except (KeyError, TypeError, ValueError) as exc:
         raise ProfilerKitError(f"{path}: a Chrome trace with malformed events ({exc!r})") from None
 
@@ -57,13 +58,20 @@ def _usable(events: pd.DataFrame, what: str, times: tuple[str, ...], notes: list
     return events[ok]
 
 
+def _phase_names(obj: dict) -> list[str]:
+    """The names the recorder listed as opened with `profiler_kit.phase`; none when the trace has no list."""
+    meta = obj.get("profiler_kit")
+    phases = meta.get("phases") if isinstance(meta, dict) else None
+    return [p for p in phases if isinstance(p, str)] if isinstance(phases, list) else []
+
+
 def _correlation(args: pd.Series) -> np.ndarray:
     """`args.correlation` of each event; NO_LAUNCH where an event has none."""
     ids = args.map(lambda a: a.get("correlation") if isinstance(a, dict) else None)
     return pd.to_numeric(ids, errors="coerce").fillna(NO_LAUNCH).to_numpy(dtype=np.int64)
 
 
-def _load(events: pd.DataFrame, path: Path) -> KernelTrace:
+def _load(events: pd.DataFrame, path: Path, phase_names: list[str]) -> KernelTrace:
     notes: list[str] = []
     kernels = _usable(events[events["cat"] == "kernel"], "kernel", ("ts", "dur"), notes)
     launches = _usable(events[events["cat"].isin(LAUNCH_CATEGORIES)], "launch", ("ts",), notes)
@@ -81,6 +89,7 @@ def _load(events: pd.DataFrame, path: Path) -> KernelTrace:
     )
     annotations = _usable(events[events["cat"] == RANGE_CATEGORY], "range", ("ts", "dur"), notes)
     ranges = event_ranges(annotations)
+    ranges["marked"] = ranges["name"].isin(phase_names)
     memory = _usable(events[events["cat"].isin(MEMORY_CATEGORIES)], "memory", ("dur",), notes)
     # A trace with no CUDA activity at all (a CPU run) cannot say whether memory was copied.
     cuda_traced = len(kernels) or len(launches) or len(memory)

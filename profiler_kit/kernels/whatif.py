@@ -15,12 +15,12 @@ have come earlier had a synchronizing call returned sooner.
 `launch_gaps=False` predicts a run whose launches never hold the GPU back (CUDA graphs): within each outermost
 range (a step) every kernel is ready when the range's first kernel is.
 
-A range's time is from its start until the last kernel launched in it has both been launched and finished.
+A range's time is from its start until the last kernel launched in it has both been launched and finished. Steps
+are those of the summary's per-step table (`kernels.steps`).
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,9 +28,10 @@ import numpy as np
 import pandas as pd
 
 from profiler_kit.errors import ProfilerKitError
-from profiler_kit.kernels.attribution import RangeIndex
+from profiler_kit.kernels.attribution import RangeIndex, launches_in
 from profiler_kit.kernels.categories import CATEGORIES
-from profiler_kit.kernels.idle import LAUNCH_BOUND_PCT, busy_and_gaps, launches_in
+from profiler_kit.kernels.idle import LAUNCH_BOUND_PCT, spans_by_owner
+from profiler_kit.kernels.steps import find_steps
 from profiler_kit.kernels.summary import KernelSummary
 from profiler_kit.kernels.trace import NO_LAUNCH
 
@@ -185,19 +186,18 @@ def _waited_for(kernels: pd.DataFrame, start: np.ndarray, end: np.ndarray, expla
     return waited
 
 
-def _graph_floor(kernels: pd.DataFrame, index: RangeIndex | None, latency: int) -> np.ndarray:
-    """With no launch gaps: every kernel is ready when the first kernel of its outermost range was launched,
-    plus the latency (kernels outside any range: the first kernel of the report)."""
+def _graph_floor(kernels: pd.DataFrame, steps: np.ndarray, index: RangeIndex | None, latency: int) -> np.ndarray:
+    """With no launch gaps: every kernel of a step is ready when the step's first kernel was launched, plus the
+    latency (never later than that kernel started); a kernel in no step, when the report's first one was."""
     launch = kernels["launch_ns"].to_numpy().astype(np.float64)
     known = kernels["launch_ns"].to_numpy() != NO_LAUNCH
-    first = float(launch[known].min()) if known.any() else float(kernels["start_ns"].min())
-    floor = np.full(len(kernels), first + latency)
-    if index is None:
+    start = kernels["start_ns"].to_numpy().astype(np.float64)
+    floor = np.full(len(kernels), min(launch[known].min() + latency, start.min()))
+    if index is None or not len(steps):
         return floor
-    rows, owners = launches_in(kernels, index, outer_range_ids(index))
+    rows, owners = launches_in(kernels, index, steps)
     if len(rows):
-        # Never later than the range's first kernel started in the measurement.
-        group = pd.DataFrame({"launch": launch[rows], "start": kernels["start_ns"].to_numpy()[rows]}).groupby(owners)
+        group = pd.DataFrame({"launch": launch[rows], "start": start[rows]}).groupby(owners)
         floor[rows] = np.minimum(group["launch"].transform("min").to_numpy() + latency,
                                  group["start"].transform("min").to_numpy())
     return floor
@@ -251,39 +251,33 @@ def what_if(summary: KernelSummary, speedups: list[Speedup], launch_gaps: bool =
     durations = scaled_durations(kernels, summary.index, speedups)
     measured_start = kernels["start_ns"].to_numpy().astype(np.float64)
     _, timing = replay(kernels, kernels["total_ns"].to_numpy().astype(np.float64))
-    floor = None if launch_gaps else _graph_floor(kernels, summary.index, timing.launch_latency_ns)
-    predicted_start, timing = replay(kernels, durations, floor)
-    measured = (measured_start, measured_start + kernels["total_ns"].to_numpy())
-    predicted = (predicted_start, predicted_start + durations)
     index = summary.index
+    steps = find_steps(index, summary.phase_names) if index is not None else np.empty(0, dtype=np.int64)
+    floor = None if launch_gaps else _graph_floor(kernels, steps, index, timing.launch_latency_ns)
+    predicted_start, timing = replay(kernels, durations, floor)
+    measured = (measured_start.astype(np.int64), (measured_start + kernels["total_ns"].to_numpy()).astype(np.int64))
+    predicted = (np.rint(predicted_start).astype(np.int64), np.rint(predicted_start + durations).astype(np.int64))
     phases = _range_table(kernels, index, summary.phase_names, measured, predicted, launch_gaps)
-    steps = _step_table(kernels, index, measured, predicted, launch_gaps)
+    step_rows = _step_table(kernels, index, steps, measured, predicted, launch_gaps)
     notes = list(summary.notes)
     if not timing.gap_measured:
         notes.append(f"no kernel queued behind another on its stream: the gap between queued kernels is taken "
                      f"as {UNMEASURED_QUEUE_GAP_NS / 1e3:g} µs")
-    return WhatIf(summary, speedups, launch_gaps, timing, phases, steps, notes)
+    return WhatIf(summary, speedups, launch_gaps, timing, phases, step_rows, notes)
 
 
 def _range_times(kernels: pd.DataFrame, index: RangeIndex, range_ids: np.ndarray,
                  timeline: tuple[np.ndarray, np.ndarray], launch_gaps: bool) -> pd.DataFrame:
-    """Per range of `range_ids` with kernels: time from its start until its last kernel was launched and done,
-    and the GPU's busy time over its kernels' span."""
+    """Per range of `range_ids` with kernels: time from its start (or its first kernel's, if earlier) until its
+    last kernel was launched (when launches count) and done, and the GPU's busy time over its kernels' span."""
     rows, owners = launches_in(kernels, index, range_ids)
-    if not len(rows):
-        return pd.DataFrame({"range_id": [], "time_ns": [], "busy_ns": [], "span_ns": []})
-    starts, ends = timeline
-    launch = kernels["launch_ns"].to_numpy().astype(np.float64)
-    done = np.maximum(ends[rows], launch[rows]) if launch_gaps else ends[rows]
-    frame = pd.DataFrame({"range_id": owners, "done": done, "start": starts[rows], "end": ends[rows]})
-    out = []
-    for range_id, group in frame.groupby("range_id", sort=True):
-        begin = float(index.ranges["start_ns"].iat[range_id])
-        first = group["start"].min()
-        out.append((range_id, group["done"].max() - min(begin, first),
-                    busy_and_gaps(group["start"].to_numpy(), group["end"].to_numpy())[0],
-                    group["end"].max() - first))
-    return pd.DataFrame(out, columns=["range_id", "time_ns", "busy_ns", "span_ns"])
+    starts, ends = timeline[0][rows], timeline[1][rows]
+    spans = spans_by_owner(starts, ends, owners).set_index("owner")
+    done = ends if not launch_gaps else np.maximum(ends, kernels["launch_ns"].to_numpy()[rows])
+    last = pd.Series(done).groupby(owners).max()
+    begin = np.minimum(index.ranges["start_ns"].to_numpy()[spans.index], spans["first_ns"].to_numpy())
+    return pd.DataFrame({"range_id": spans.index, "time_ns": last.reindex(spans.index).to_numpy() - begin,
+                         "busy_ns": spans["busy_ns"].to_numpy(), "span_ns": spans["span_ns"].to_numpy()})
 
 
 def _verdict(busy: float, span: float) -> str:
@@ -319,43 +313,24 @@ def _range_table(kernels: pd.DataFrame, index: RangeIndex | None, phase_names: l
     whole = []
     origin = min(measured[0].min(), predicted[0].min())
     for starts, ends in (measured, predicted):
-        whole.append(pd.DataFrame({"time_ns": [ends.max() - origin], "busy_ns": [busy_and_gaps(starts, ends)[0]],
-                                   "span_ns": [ends.max() - starts.min()]}))
+        span = spans_by_owner(starts, ends, np.zeros(len(starts), dtype=np.int64))
+        whole.append(span.assign(time_ns=ends.max() - origin))
     rows.append({"phase": "(all kernels)", "ranges": 1, **_row("(all kernels)", *whole)})
     return pd.DataFrame(rows, columns=list(COLUMNS))
 
 
-def outer_range_ids(index: RangeIndex) -> np.ndarray:
-    """The outermost ranges of each process's main thread (the one whose outermost ranges last longest)."""
-    ranges = index.ranges
-    outer = index.depth == 0
-    span = (ranges["end_ns"] - ranges["start_ns"]).where(outer, 0)
-    main = span.groupby([ranges["process"], ranges["thread"]]).sum().groupby(level=0).idxmax().to_list()
-    on_main = pd.MultiIndex.from_frame(ranges[["process", "thread"]]).isin(main)
-    return np.flatnonzero(outer & on_main)
-
-
-def step_range_ids(index: RangeIndex) -> np.ndarray:
-    """The steps of a report: outermost ranges of the main threads whose name repeats (`step`, or
-    `ProfilerStep#N` counted as one name), in the order they start."""
-    top = outer_range_ids(index)
-    names = index.names().iloc[top].astype(str).str.replace(r"#\d+$", "", regex=True)
-    counts = names.value_counts()
-    repeating = top[names.map(counts).to_numpy() > 1]
-    return repeating[np.argsort(index.ranges["start_ns"].to_numpy()[repeating], kind="stable")]
-
-
-def _step_table(kernels: pd.DataFrame, index: RangeIndex | None, measured: tuple[np.ndarray, np.ndarray],
-                predicted: tuple[np.ndarray, np.ndarray], launch_gaps: bool) -> pd.DataFrame:
-    if index is None:
-        return pd.DataFrame(columns=list(STEP_COLUMNS))
-    ids = step_range_ids(index)
-    m = _range_times(kernels, index, ids, measured, True).set_index("range_id")
-    p = _range_times(kernels, index, ids, predicted, launch_gaps).set_index("range_id")
-    names = index.names()
+def _step_table(kernels: pd.DataFrame, index: RangeIndex | None, steps: np.ndarray,
+                measured: tuple[np.ndarray, np.ndarray], predicted: tuple[np.ndarray, np.ndarray],
+                launch_gaps: bool) -> pd.DataFrame:
+    """One row per step (`kernels.steps.find_steps`), numbered from 1 in each process."""
+    if index is None or not len(steps):
+        return pd.DataFrame({column: pd.Series(dtype=np.int64 if column == "step" else np.float64)
+                             for column in STEP_COLUMNS})
+    m = _range_times(kernels, index, steps, measured, True).set_index("range_id")
+    p = _range_times(kernels, index, steps, predicted, launch_gaps).set_index("range_id")
+    process = index.ranges["process"].to_numpy()[m.index]
     table = pd.DataFrame({
-        "step": [f"{names.iat[i]} {n}" if not re.search(r"#\d+$", str(names.iat[i])) else str(names.iat[i])
-                 for n, i in enumerate(m.index)],
+        "step": pd.Series(process).groupby(process).cumcount().to_numpy() + 1,
         "measured_ms": m["time_ns"].to_numpy() / 1e6,
         "predicted_ms": p["time_ns"].reindex(m.index).to_numpy() / 1e6,
     })
