@@ -13,7 +13,7 @@ from torch import nn
 
 from profiler_kit.attention.registry import NAMES, AttentionFn, make_impl
 from profiler_kit.errors import ProfilerKitError
-from profiler_kit.nvtx_ranges import nvtx_range
+from profiler_kit.recording.ranges import nvtx_range
 from profiler_kit.presets import ModelConfig
 
 # Every implementation of the attention registry; the model runs each with the causal mask.

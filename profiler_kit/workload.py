@@ -16,7 +16,7 @@ import torch
 from profiler_kit import distributed
 from profiler_kit.errors import ProfilerKitError
 from profiler_kit.model import ATTENTION_IMPLS, TransformerLM
-from profiler_kit.nvtx_ranges import nvtx_range, set_enabled
+from profiler_kit.recording.ranges import nvtx_range, set_enabled
 from profiler_kit.presets import DEFAULT_BATCH_SIZE, from_name
 
 MODES = ("forward", "forward-backward", "train")

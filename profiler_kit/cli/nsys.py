@@ -24,7 +24,7 @@ from profiler_kit.cli.common import (
 )
 from profiler_kit.cli.parallel import parallel_option
 from profiler_kit.errors import ProfilerKitError
-from profiler_kit.profiling import (
+from profiler_kit.recording.builtin import (
     BACKENDS,
     AttentionProfileConfig,
     ProfileResult,
@@ -33,7 +33,7 @@ from profiler_kit.profiling import (
     workload_flops,
 )
 from profiler_kit.render import console_err, emit_report
-from profiler_kit.runner import ProgramRun, run_program
+from profiler_kit.recording.runner import ProgramRun, run_program
 from profiler_kit.workload import WorkloadConfig
 
 # Where the command to profile starts on the command line; click would read its words as a subcommand.

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from profiler_kit import nvtx_ranges
+from profiler_kit.recording import ranges as nvtx_ranges
 from profiler_kit.errors import ProfilerKitError
 from profiler_kit.model import TransformerLM
 from profiler_kit.presets import PRESETS, ModelConfig, count_parameters, from_name

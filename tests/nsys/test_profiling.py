@@ -14,8 +14,8 @@ from click.testing import CliRunner
 
 from profiler_kit.cli import main
 from profiler_kit.errors import ProfilerKitError
-from profiler_kit.nsys_tool import NsysError, NsysInstall
-from profiler_kit.profiling import AttentionProfileConfig, ProfileResult, nsys_command, profile
+from profiler_kit.recording.nsys import NsysError, NsysInstall
+from profiler_kit.recording.builtin import AttentionProfileConfig, ProfileResult, nsys_command, profile
 from profiler_kit.workload import WorkloadConfig
 
 STEPS = 2
@@ -125,7 +125,7 @@ def test_nsys_command_capture_range_only_with_cuda(tmp_path):
     assert {"--capture-range=cudaProfilerApi", "--capture-range-end=stop", f"--output={tmp_path / 'small'}"} \
         <= set(gpu)
     child = gpu[gpu.index("-m"):]
-    assert child[:3] == ["-m", "profiler_kit.profile_target", "--spec"] and json.loads(child[3]) == spec
+    assert child[:3] == ["-m", "profiler_kit.recording.targets", "--spec"] and json.loads(child[3]) == spec
     cpu = nsys_command(nsys, tmp_path / "small", "none", spec)
     assert not any(arg.startswith("--capture-range") for arg in cpu)
 

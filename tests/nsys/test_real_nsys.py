@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from profiler_kit.cli import main
-from profiler_kit.nsys_tool import REPORT_RENAMES, NsysError, export_sqlite, find_nsys, run_stats
+from profiler_kit.recording.nsys import REPORT_RENAMES, NsysError, export_sqlite, find_nsys, run_stats
 
 WARMUP, STEPS = 1, 2
 
@@ -139,7 +139,7 @@ def test_a_failing_workload_reports_its_own_error(nsys, tmp_path):
 
 @pytest.mark.gpu
 def test_gpu_capture_range_holds_only_the_profiled_steps(tmp_path):
-    from profiler_kit.profiling import profile
+    from profiler_kit.recording.builtin import profile
     from profiler_kit.workload import WorkloadConfig
 
     try:

@@ -16,11 +16,11 @@ import torch
 from click.testing import CliRunner
 
 import profiler_kit
-from profiler_kit import api
+from profiler_kit.recording import api
 from profiler_kit.cli import main
 from profiler_kit.errors import ProfilerKitError
 from profiler_kit.kernels import summarize
-from profiler_kit.runner import merge_flags, program_name
+from profiler_kit.recording.runner import merge_flags, program_name
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "train_mlp.py"
@@ -117,7 +117,7 @@ def test_nsys_backend_records_a_real_cpu_run(tmp_path, nsys):
                    check=True)
     wrapper = tmp_path / "with_shim.py"
     wrapper.write_text(
-        "import ctypes, runpy, sys\nfrom profiler_kit import nvtx_ranges\nshim = ctypes.CDLL(sys.argv[1])\n"
+        "import ctypes, runpy, sys\nfrom profiler_kit.recording import ranges as nvtx_ranges\nshim = ctypes.CDLL(sys.argv[1])\n"
         "nvtx_ranges._push = lambda name: shim.pk_push(name.encode())\nnvtx_ranges._pop = shim.pk_pop\n"
         "sys.argv = sys.argv[2:]\nrunpy.run_path(sys.argv[0], run_name='__main__')\n")
     out = tmp_path / "cpu_run"

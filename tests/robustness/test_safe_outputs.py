@@ -18,9 +18,9 @@ from profiler_kit import benchmark as bench
 from profiler_kit.cli import main
 from profiler_kit.errors import ProfilerKitError
 from profiler_kit.files import publish, replaced_when_complete
-from profiler_kit.nsys_tool import NsysError
-from profiler_kit.profiling import profile
-from profiler_kit.program_recorders import TorchRecorder
+from profiler_kit.recording.nsys import NsysError
+from profiler_kit.recording.builtin import profile
+from profiler_kit.recording.child import TorchRecorder
 from profiler_kit.results_io import RowWriter, read_rows
 from profiler_kit.workload import WorkloadConfig
 

@@ -26,13 +26,13 @@ import torch
 from profiler_kit.environment import note
 from profiler_kit.errors import ProfilerKitError
 from profiler_kit.files import check_output, publish
-from profiler_kit.nsys_tool import NsysError, export_sqlite, find_nsys
-from profiler_kit.program_recorders import RANKS_ONLY, RECORD, TRACE, TRACE_SUFFIX, trace_path
+from profiler_kit.recording.nsys import NsysError, export_sqlite, find_nsys
+from profiler_kit.recording.child import RANKS_ONLY, RECORD, TRACE, TRACE_SUFFIX, trace_path
 from profiler_kit.render import console_err
 
 BACKENDS = ("nsys", "torch")
 INJECT_DIR = Path(__file__).resolve().parent / "_inject"
-PACKAGE_ROOT = Path(__file__).resolve().parents[1]
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 # Kernels that a CUDA graph replays are recorded one by one, as the program launched them when it captured.
 NSYS_PROGRAM_ARGS = ("profile", "--trace=cuda,nvtx", "--sample=none", "--cpuctxsw=none", "--cuda-graph-trace=node")
 CAPTURE_ARGS = ("--capture-range=cudaProfilerApi", "--capture-range-end=stop")

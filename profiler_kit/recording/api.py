@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from profiler_kit.errors import ProfilerKitError
-from profiler_kit.nvtx_ranges import nvtx_range, pop_range, push_range
+from profiler_kit.recording.ranges import nvtx_range, pop_range, push_range
 
 STEP_RANGE = "step"
 # torch warns when a module's inputs need no gradient (an embedding's token ids): its backward range is then

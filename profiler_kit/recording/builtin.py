@@ -1,6 +1,6 @@
 """Recording a workload's kernels: under Nsight Systems, or with torch.profiler when there is no nsys.
 
-nsys backend: the target runs in a child process (`python -m profiler_kit.profile_target`) under `nsys
+nsys backend: the target runs in a child process (`python -m profiler_kit.recording.targets`) under `nsys
 profile --trace=cuda,nvtx`. On a GPU the child's warm-up steps run before a `cudaProfilerApi` capture range
 that holds only the profiled steps (`--capture-range-end=stop`), so compilation, autotuning and allocator
 growth stay out of the report. On a CPU there is no CUDA to open that range, so the whole run is recorded,
@@ -27,10 +27,11 @@ from pathlib import Path
 
 import torch
 
-from profiler_kit import distributed, nvtx_ranges
+from profiler_kit import distributed
+from profiler_kit.recording import ranges as nvtx_ranges
 from profiler_kit.errors import ProfilerKitError
 from profiler_kit.files import check_output
-from profiler_kit.nsys_tool import (
+from profiler_kit.recording.nsys import (
     NsysError,
     NsysInstall,
     export_sqlite,
@@ -40,7 +41,7 @@ from profiler_kit.nsys_tool import (
     publish_report,
     run,
 )
-from profiler_kit.profile_target import NOTE_PREFIX, build_target, drive
+from profiler_kit.recording.targets import NOTE_PREFIX, build_target, drive
 from profiler_kit.render import console_err
 from profiler_kit.workload import WorkloadConfig, phases_for, resolve_device
 
@@ -194,15 +195,15 @@ def _note(message: str) -> None:
 
 
 def nsys_command(nsys: NsysInstall, output_stem: Path, capture: str, spec: dict) -> list[str]:
-    """`nsys profile ... python -m profiler_kit.profile_target --spec JSON`."""
+    """`nsys profile ... python -m profiler_kit.recording.targets --spec JSON`."""
     capture_args = CUDA_CAPTURE_ARGS if capture == "cudaProfilerApi" else ()
-    child = [sys.executable, "-m", "profiler_kit.profile_target", "--spec", json.dumps(spec)]
+    child = [sys.executable, "-m", "profiler_kit.recording.targets", "--spec", json.dumps(spec)]
     return [str(nsys.path), *NSYS_PROFILE_ARGS, *capture_args, f"--output={output_stem}", *child]
 
 
 def _child_env() -> dict[str, str]:
     """This environment, with this package importable in the child wherever it is started from."""
-    root = str(Path(__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[2])
     path = os.environ.get("PYTHONPATH")
     return {**os.environ, "PYTHONPATH": root + (os.pathsep + path if path else "")}
 

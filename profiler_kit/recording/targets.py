@@ -3,7 +3,7 @@
 A target is a training-step workload or a set of attention implementations; `drive` runs its warm-up steps
 (in an NVTX range `warmup`), then its profiled steps inside a recording context: the `cudaProfilerApi` capture
 range under nsys, torch.profiler for the torch backend. nsys runs this module as `python -m
-profiler_kit.profile_target --spec JSON`; failures end it with one line on stderr and exit status 2.
+profiler_kit.recording.targets --spec JSON`; failures end it with one line on stderr and exit status 2.
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ from dataclasses import dataclass
 
 import torch
 
-from profiler_kit import distributed, nvtx_ranges
+from profiler_kit import distributed
+from profiler_kit.recording import ranges as nvtx_ranges
 from profiler_kit.errors import ProfilerKitError, first_line
-from profiler_kit.nvtx_ranges import nvtx_range
+from profiler_kit.recording.ranges import nvtx_range
 from profiler_kit.workload import Workload, WorkloadConfig, resolve_device, synchronize
 
 # Lines the child prints with this prefix are shown to the user by the parent (which captures nsys's output).

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from profiler_kit import api
+from profiler_kit.recording import api
 from profiler_kit.errors import ProfilerKitError
 from profiler_kit.files import replaced_when_complete
 
