@@ -220,3 +220,71 @@ def check_output(path: str | os.PathLike) -> Path:
     if not existed:
         path.unlink(missing_ok=True)
     return path
+
+
+class Reservation:
+    """A recording output held by this run: a lock file `.<name>.lock` beside it, made create-exclusive and
+    holding this process's id, removed by `release` (or leaving the `with` block)."""
+
+    def __init__(self, path: Path, lock: Path) -> None:
+        self.path, self.lock = path, lock
+
+    def release(self) -> None:
+        self.lock.unlink(missing_ok=True)
+
+    def __enter__(self) -> Reservation:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def _holder(lock: Path) -> int | None:
+    """The live process that holds `lock`, or None when the lock is stale (its process is gone) or unreadable."""
+    try:
+        pid = int(lock.read_text().strip() or "0")
+    except (OSError, ValueError):
+        return None
+    if pid <= 0:
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        return pid  # alive, another user's
+    return pid
+
+
+def reserve_output(path: str | os.PathLike, force: bool, others: tuple[Path, ...] = ()) -> Reservation:
+    """Hold the recording output `path` (and `others`, files of the same recording) for this run from its
+    start: a concurrent run with the same output fails here at once, and so does an existing output unless
+    `force` (then it is replaced once the new recording is complete). A lock left by a run that died is
+    taken over."""
+    path = Path(path)
+    check_output(path)
+    lock = path.with_name(f".{path.name}.lock")
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            pid = _holder(lock)
+            if pid is not None:
+                raise ProfilerKitError(f"{path}: another run (process {pid}) is recording it; wait for it or pass "
+                                       "another --output") from None
+            lock.unlink(missing_ok=True)
+            continue
+        except OSError as exc:
+            raise ProfilerKitError(f"{path}: cannot be written ({exc.strerror or exc})") from None
+        with os.fdopen(fd, "w") as fh:
+            fh.write(str(os.getpid()))
+        break
+    else:
+        raise ProfilerKitError(f"{path}: another run keeps taking it; pass another --output")
+    reservation = Reservation(path, lock)
+    existing = [p for p in (path, *others) if p.exists() or p.is_symlink()]
+    if existing and not force:
+        reservation.release()
+        raise ProfilerKitError(f"{', '.join(map(str, existing))} already exists; pass another --output, or "
+                               "--force to replace it once the new recording is complete")
+    return reservation

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from profiler_kit.recording import nsys as nsys_tool
 from profiler_kit.errors import ProfilerKitError
+from profiler_kit.recording import nsys as nsys_tool
 from profiler_kit.recording.nsys import NsysError, NsysInstall, export_sqlite, find_nsys, parse_version, run_stats
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "nsys"
