@@ -14,7 +14,9 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +29,8 @@ SEARCH_GLOBS: tuple[str, ...] = (
     "/opt/nvidia/nsight-systems/*/bin/nsys",
     # Nsight Compute ships a copy of the nsys CLI.
     "/opt/nvidia/nsight-compute/*/host/target-linux-x64/nsys",
+    # Debian's 2022.4, which `make test` installs into the virtual environment (tools/install_nsys_debian.sh).
+    glob.escape(sys.prefix) + "/nsys-debian/usr/lib/nsight-systems/bin/nsys",
 )
 
 # Stats reports: 2023.1-and-later name → the name before. Debian's 2022.4.2 lists only the right-hand names
@@ -199,14 +203,34 @@ def _read_version(path: Path, mtime_ns: int) -> NsysInstall:
 
 def run(cmd: Sequence[str], timeout: float | None = None, env: dict[str, str] | None = None
         ) -> subprocess.CompletedProcess:
-    """Run a command with its output captured as text; a command that cannot start is an NsysError."""
+    """Run a command with its output captured as text, in a process group of its own: one that does not end
+    within `timeout` seconds is killed with every process it started. A command that cannot start, or is
+    killed so, is an NsysError."""
     try:
-        return subprocess.run(list(cmd), capture_output=True, text=True, errors="replace", timeout=timeout,
-                              env=env)
+        proc = subprocess.Popen(list(cmd), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, errors="replace", env=env,
+                                start_new_session=True)
     except OSError as exc:
         raise NsysError(f"could not run {cmd[0]}: {exc.strerror or exc}") from None
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        raise NsysError(f"`{shlex.join(cmd)}` did not finish within {timeout:.0f} s") from None
+        kill_group(proc.pid)
+        proc.communicate()
+        raise NsysError(f"`{shlex.join(cmd)}` did not finish within {timeout:.0f} s; it was stopped") from None
+    except BaseException:  # Ctrl-C: nothing of it is left running
+        kill_group(proc.pid)
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
+def kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
+    """Send `sig` to the process group `pgid`; nothing when it is gone."""
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def output_tail(text: str, lines: int = TAIL_LINES) -> str:

@@ -44,7 +44,7 @@ from profiler_kit.recording.child import (
     WINDOW_PREFIX,
     trace_path,
 )
-from profiler_kit.recording.nsys import NsysError, NsysInstall, export_sqlite, find_nsys, output_tail
+from profiler_kit.recording.nsys import NsysError, NsysInstall, export_sqlite, find_nsys, kill_group, output_tail
 from profiler_kit.render import console_err
 
 BACKENDS = ("nsys", "torch")
@@ -183,13 +183,6 @@ class _Output:
                           output_tail("".join(self.tail)))
 
 
-def _kill_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
 def run_child(cmd: Sequence[str], env: dict[str, str]) -> tuple[int, _Output]:
     """Run `cmd` in a process group of its own (see the module docstring); its exit status and output."""
     output = _Output()
@@ -204,7 +197,7 @@ def run_child(cmd: Sequence[str], env: dict[str, str]) -> tuple[int, _Output]:
 
     def forward(sig: int, _frame: object) -> None:
         signalled.append(sig)
-        _kill_group(proc.pid, signal.SIGKILL if len(signalled) > 1 else sig)
+        kill_group(proc.pid, signal.SIGKILL if len(signalled) > 1 else sig)
 
     main_thread = threading.current_thread() is threading.main_thread()
     previous = {sig: signal.signal(sig, forward) for sig in SIGNALS} if main_thread else {}
@@ -214,7 +207,7 @@ def run_child(cmd: Sequence[str], env: dict[str, str]) -> tuple[int, _Output]:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     reader.join(LEFTOVER_S)
-    _kill_group(proc.pid, signal.SIGKILL)  # anything of the program's still running, e.g. a hung recorder
+    kill_group(proc.pid, signal.SIGKILL)  # anything of the program's still running, e.g. a hung recorder
     reader.join()
     proc.stdout.close()
     return exit_status(returncode), output
