@@ -218,3 +218,17 @@ def test_a_recording_with_no_operators_says_why(tmp_path):
     assert result.exit_code == 1 and result.stdout == ""
     assert lines[-1] == (f"Error: {tmp_path / 'idle.json.gz'}: nothing recorded: no PyTorch operator ran in the "
                          "whole run (the program did no torch work there)")
+
+
+def test_the_window_example_under_torch_profiler_on_a_cpu(tmp_path):
+    """examples/train_window.py: torch.cuda.nvtx ranges and a torch.cuda.profiler window, unchanged."""
+    example = REPO / "examples" / "train_window.py"
+    result = nsys_cli("--backend", "torch", "-o", tmp_path / "window", "--format", "json", "--", sys.executable,
+                      example, "--width", "16", "--depth", "1", "--vocab", "32", "--batch", "2", "--seq", "8",
+                      "--warmup", "2", "--steps", "2", "--after", "1")
+    assert result.exit_code == 0, result.stderr
+    names = annotations(tmp_path / "window.json.gz")
+    assert {name: names[name] for name in ("step", "fwd", "bwd", "opt")} == {"step": 2, "fwd": 2, "bwd": 2, "opt": 2}
+    assert "recorded the program's torch.cuda.profiler.start()/stop() window, 2 steps" in result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["time_basis"] == "cpu_ops" and set(doc["phases"]) >= {"fwd", "bwd", "opt"}
