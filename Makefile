@@ -45,8 +45,9 @@ demo: $(ENV)
 bench: $(ENV)
 	$(PY) -m profiler_kit benchmark --model $(MODEL) --ctx $(CTX) --mode $(MODE) $(MIXED_FLAG)
 
+# Remade on every call: --force replaces the earlier recording of the config once the new one is complete.
 nsys: $(ENV)
-	$(PY) -m profiler_kit nsys --model $(MODEL) --ctx $(CTX) --mode $(MODE) $(MIXED_FLAG) $(if $(NSYS),--nsys "$(NSYS)")
+	$(PY) -m profiler_kit nsys --model $(MODEL) --ctx $(CTX) --mode $(MODE) $(MIXED_FLAG) --force $(if $(NSYS),--nsys "$(NSYS)")
 
 memory: $(ENV)
 	$(PY) -m profiler_kit memory --model $(MODEL) --ctx $(CTX) --mode $(MODE) $(MIXED_FLAG)
