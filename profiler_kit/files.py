@@ -16,6 +16,7 @@ import gzip
 import json
 import os
 import stat
+import time
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -239,14 +240,20 @@ class Reservation:
         self.release()
 
 
+# A lock younger than this whose process id cannot be read yet is being made by another run.
+LOCK_WRITE_S = 10
+
+
 def _holder(lock: Path) -> int | None:
-    """The live process that holds `lock`, or None when the lock is stale (its process is gone) or unreadable."""
+    """The live process that holds `lock` (0 when its id is not written yet), or None when the lock is stale:
+    its process is gone, or it never got an id."""
     try:
-        pid = int(lock.read_text().strip() or "0")
-    except (OSError, ValueError):
+        text = lock.read_text().strip()
+        if not text.isdigit():
+            return 0 if time.time() - lock.stat().st_mtime < LOCK_WRITE_S else None
+    except OSError:
         return None
-    if pid <= 0:
-        return None
+    pid = int(text)
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -262,7 +269,10 @@ def reserve_output(path: str | os.PathLike, force: bool, others: tuple[Path, ...
     `force` (then it is replaced once the new recording is complete). A lock left by a run that died is
     taken over."""
     path = Path(path)
-    check_output(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        check_output(path)  # says why in one line
     lock = path.with_name(f".{path.name}.lock")
     for _ in range(2):
         try:
@@ -270,8 +280,9 @@ def reserve_output(path: str | os.PathLike, force: bool, others: tuple[Path, ...
         except FileExistsError:
             pid = _holder(lock)
             if pid is not None:
-                raise ProfilerKitError(f"{path}: another run (process {pid}) is recording it; wait for it or pass "
-                                       "another --output") from None
+                who = f" (process {pid})" if pid else ""
+                raise ProfilerKitError(f"{path}: another run{who} is recording it; wait for it or pass another "
+                                       "--output") from None
             lock.unlink(missing_ok=True)
             continue
         except OSError as exc:
@@ -282,9 +293,13 @@ def reserve_output(path: str | os.PathLike, force: bool, others: tuple[Path, ...
     else:
         raise ProfilerKitError(f"{path}: another run keeps taking it; pass another --output")
     reservation = Reservation(path, lock)
-    existing = [p for p in (path, *others) if p.exists() or p.is_symlink()]
-    if existing and not force:
+    try:
+        existing = [p for p in (path, *others) if p.exists() or p.is_symlink()]
+        if existing and not force:
+            raise ProfilerKitError(f"{', '.join(map(str, existing))} already exists; pass another --output, or "
+                                   "--force to replace it once the new recording is complete")
+        check_output(path)  # only now: it may create and remove `path`, which no other run may then be making
+    except ProfilerKitError:
         reservation.release()
-        raise ProfilerKitError(f"{', '.join(map(str, existing))} already exists; pass another --output, or "
-                               "--force to replace it once the new recording is complete")
+        raise
     return reservation

@@ -18,6 +18,8 @@ import pytest
 from click.testing import CliRunner
 
 from profiler_kit.cli import main
+from profiler_kit.errors import ProfilerKitError
+from profiler_kit.files import reserve_output
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -232,3 +234,22 @@ def test_the_window_example_under_torch_profiler_on_a_cpu(tmp_path):
     assert "recorded the program's torch.cuda.profiler.start()/stop() window, 2 steps" in result.stderr
     doc = json.loads(result.stdout)
     assert doc["time_basis"] == "cpu_ops" and set(doc["phases"]) >= {"fwd", "bwd", "opt"}
+
+
+def test_reserve_output_holds_a_recording_for_one_run(tmp_path):
+    out = tmp_path / "deep" / "run.json.gz"
+    lock = out.with_name(".run.json.gz.lock")
+    with reserve_output(out, force=False):
+        assert lock.read_text() == str(os.getpid())
+        with pytest.raises(ProfilerKitError, match=f"another run \\(process {os.getpid()}\\) is recording it"):
+            reserve_output(out, force=True)
+    assert not lock.exists()
+    out.write_bytes(b"earlier")
+    with pytest.raises(ProfilerKitError, match="already exists; pass another --output, or --force"):
+        reserve_output(out, force=False)
+    assert not lock.exists() and out.read_bytes() == b"earlier"
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    lock.write_text(str(dead.pid))  # left by a run that was killed: taken over
+    reserve_output(out, force=True).release()
+    assert not lock.exists() and out.read_bytes() == b"earlier"
