@@ -7,6 +7,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from click.core import ParameterSource
@@ -34,6 +35,9 @@ from profiler_kit.recording.builtin import (
 from profiler_kit.recording.runner import BACKENDS, ProgramRun, Window, nothing_recorded, run_program
 from profiler_kit.render import console_err, emit_report
 from profiler_kit.workload import WorkloadConfig
+
+if TYPE_CHECKING:
+    from profiler_kit.kernels.summary import KernelSummary
 
 # Where the command to profile starts on the command line; click would read its words as a subcommand.
 COMMAND_KEY = "profiler_kit.command"
@@ -209,7 +213,7 @@ def _report(result: ProfileResult, fmt: str, top: int, with_flops: Callable | No
     emit_report(summary, fmt)
 
 
-def _refuse_empty(summary, backend: str, window: Window) -> None:
+def _refuse_empty(summary: KernelSummary, backend: str, window: Window) -> None:
     """A recording without kernels and without operators is an error that says why."""
     if not len(summary.kernels):
         raise ProfilerKitError(f"{summary.path}: {nothing_recorded(backend, window)}")

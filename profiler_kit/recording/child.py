@@ -42,8 +42,8 @@ TRACE_SUFFIX = ".json.gz"
 WINDOW_PREFIX = "profiler-kit window: "
 # What a recording holds.
 WHOLE_RUN, CAPTURE, PROGRAM_WINDOW = "whole run", "profiler_kit.capture", "torch.cuda.profiler"
-# A main script that calls these opens its own cudaProfilerApi window.
-_OPENS_WINDOW = re.compile(r"\bprofiler\.(start|profile)\s*\(|cudaProfilerStart")
+# A main script that calls these opens its own cudaProfilerApi window (torch.profiler.profile does not).
+_OPENS_WINDOW = re.compile(r"\bcuda\.profiler\.(start|profile)\s*\(|\bcudaProfilerStart\b")
 
 
 def trace_path(stem: str | os.PathLike, rank: str | None) -> Path:
@@ -195,7 +195,7 @@ class NsysRecorder(api.CudaProfilerRecorder):
     def on_cuda_init(self) -> None:
         if self.declared:
             return
-        if opens_own_window():
+        if opens_own_window(getattr(sys.modules.get("__main__"), "__file__", None)):
             print("profiler-kit: the program opens its own window (torch.cuda.profiler.start()): nsys records "
                   "that window; --no-capture records the whole run", file=sys.stderr)
             return
@@ -225,9 +225,8 @@ class NsysRecorder(api.CudaProfilerRecorder):
         self.window.close()
 
 
-def opens_own_window() -> bool:
-    """Whether the program's main script calls `torch.cuda.profiler.start()` (or cudaProfilerStart) itself."""
-    main = getattr(sys.modules.get("__main__"), "__file__", None)
+def opens_own_window(main: str | os.PathLike | None) -> bool:
+    """Whether the program's main script `main` calls `torch.cuda.profiler.start()` (or cudaProfilerStart)."""
     try:
         return main is not None and bool(_OPENS_WINDOW.search(Path(main).read_text(errors="replace")))
     except OSError:

@@ -201,15 +201,13 @@ def _read_version(path: Path, mtime_ns: int) -> NsysInstall:
     return NsysInstall(path, version)
 
 
-def run(cmd: Sequence[str], timeout: float | None = None, env: dict[str, str] | None = None
-        ) -> subprocess.CompletedProcess:
+def run(cmd: Sequence[str], timeout: float | None = None) -> subprocess.CompletedProcess:
     """Run a command with its output captured as text, in a process group of its own: one that does not end
     within `timeout` seconds is killed with every process it started. A command that cannot start, or is
     killed so, is an NsysError."""
     try:
         proc = subprocess.Popen(list(cmd), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, errors="replace", env=env,
-                                start_new_session=True)
+                                stderr=subprocess.PIPE, text=True, errors="replace", start_new_session=True)
     except OSError as exc:
         raise NsysError(f"could not run {cmd[0]}: {exc.strerror or exc}") from None
     try:
@@ -307,13 +305,6 @@ def _no_nsys_to_export(report: Path, sqlite: Path) -> str:
     return (f"{report}: an .nsys-rep is read through its SQLite export, which needs nsys, and nsys (Nsight "
             f"Systems) not found on PATH, $NSYS or the install folders{beside}; set $NSYS, or run `nsys export "
             f"--type sqlite {report.name}` where nsys is and give the .sqlite")
-
-
-def publish_report(recorded: Path, report: Path) -> None:
-    """Put a new recording in place of `report`. The export of the report it replaces goes first, so that an
-    earlier recording's SQLite is never read as this one's; until this runs, the previous report is intact."""
-    report.with_suffix(".sqlite").unlink(missing_ok=True)
-    os.replace(recorded, report)
 
 
 def run_stats(source: Path, report: str, nsys: NsysInstall | None = None, fmt: str = "csv") -> str:
