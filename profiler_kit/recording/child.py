@@ -233,6 +233,10 @@ def opens_own_window(main: str | os.PathLike | None) -> bool:
         return False
 
 
+def _nothing() -> None:
+    return None
+
+
 def install_from_environment(env: Mapping[str, str]) -> None:
     """Set up the recorder `env` asks for in this process (see the module docstring)."""
     env = dict(env)
@@ -254,7 +258,9 @@ def install_from_environment(env: Mapping[str, str]) -> None:
         recorder.begin_whole_run()
     elif backend == "nsys":
         mirror.install(record=False)
-        if env.get(WINDOW) != "1":
+        if env.get(WINDOW) != "1":  # no capture range: the whole run is recorded
+            if not torch.cuda.is_available():  # the program's window calls would fail here, and mean nothing
+                mirror.patch_cuda_profiler(_nothing, _nothing)
             atexit.register(window.report)
             return
         nsys_recorder = NsysRecorder(window)
