@@ -33,7 +33,7 @@ install: $(STAMP)
 
 # Tests that run nsys use the one profiler-kit finds, else Debian's 2022.4, installed into $(VENV)/nsys-debian.
 test: $(ENV)
-	@$(PY) -c "from profiler_kit.nsys_tool import find_nsys; find_nsys()" 2>/dev/null \
+	@$(PY) -c "from profiler_kit.recording.nsys import find_nsys; find_nsys()" 2>/dev/null \
 		|| bash tools/install_nsys_debian.sh $(VENV)/nsys-debian >/dev/null \
 		|| echo "no nsys found and none installed into $(VENV)/nsys-debian: the tests that run nsys will skip"
 	$(PY) -m pytest -q
@@ -45,8 +45,9 @@ demo: $(ENV)
 bench: $(ENV)
 	$(PY) -m profiler_kit benchmark --model $(MODEL) --ctx $(CTX) --mode $(MODE) $(MIXED_FLAG)
 
+# Remade on every call: --force replaces the earlier recording of the config once the new one is complete.
 nsys: $(ENV)
-	$(PY) -m profiler_kit nsys --model $(MODEL) --ctx $(CTX) --mode $(MODE) $(MIXED_FLAG) $(if $(NSYS),--nsys "$(NSYS)")
+	$(PY) -m profiler_kit nsys --model $(MODEL) --ctx $(CTX) --mode $(MODE) $(MIXED_FLAG) --force $(if $(NSYS),--nsys "$(NSYS)")
 
 memory: $(ENV)
 	$(PY) -m profiler_kit memory --model $(MODEL) --ctx $(CTX) --mode $(MODE) $(MIXED_FLAG)

@@ -8,7 +8,7 @@ from click.testing import CliRunner
 
 from profiler_kit import benchmark as bench
 from profiler_kit.cli import main
-from profiler_kit.profile_target import build_target
+from profiler_kit.recording.targets import build_target
 from profiler_kit.results_io import read_rows, run_sweep
 from profiler_kit.workload import Workload, WorkloadConfig
 

@@ -258,7 +258,7 @@ def test_flop_rate_per_phase_and_per_step():
 def test_built_in_workload_flops_per_phase():
     from profiler_kit.flops import forward_flops
     from profiler_kit.presets import from_name
-    from profiler_kit.profiling import workload_flops
+    from profiler_kit.recording.builtin import workload_flops
     from profiler_kit.workload import WorkloadConfig
 
     per_phase, peak = workload_flops(WorkloadConfig("tiny", 32, batch_size=2, device="cpu"))
