@@ -11,6 +11,7 @@ aggregate's over world_size × the baseline's.
 
 from __future__ import annotations
 
+import importlib
 import os
 import statistics
 from collections.abc import Callable, Iterable, Sequence
@@ -73,6 +74,11 @@ def join(device: torch.device) -> tuple[torch.device, RankInfo]:
         device = torch.device("cuda", info.local_rank)
         torch.cuda.set_device(device)
     if not dist.is_initialized():
+        # torch.distributed.nn.functional binds the world group as its functions' default argument when first
+        # imported (DDP imports it); imported after the group opens, it keeps the group alive past
+        # destroy_process_group, and gloo's worker threads then release tensors during interpreter shutdown,
+        # which aborts the process. Imported before, it binds None.
+        importlib.import_module("torch.distributed.nn.functional")
         if device.type == "cuda":
             dist.init_process_group("nccl", device_id=device)
         else:
