@@ -369,7 +369,8 @@ def gpu_config(impl: str, dtype: str = "bf16", **shape) -> bench.AttentionConfig
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("impl", ["naive", "flash-triton", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient"])
+@pytest.mark.parametrize("impl", ["naive", pytest.param("flash-triton", marks=pytest.mark.gpu_slow), "sdpa-flash",
+                                  "sdpa-cudnn", "sdpa-efficient"])  # flash-triton autotunes
 def test_gpu_measured_saved_memory_matches_the_analytic_size(impl):
     row = bench.run_config(gpu_config(impl), 5, 20)
     assert row["status"] == "ok", row["message"]
@@ -384,6 +385,7 @@ def test_gpu_measured_saved_memory_matches_the_analytic_size(impl):
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_slow  # flash-triton autotunes
 def test_gpu_rounds_share_the_inputs_and_give_all_memory_back():
     torch.cuda.empty_cache()
     before, reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
@@ -417,6 +419,7 @@ def test_gpu_oom_is_a_row_and_its_memory_is_given_back():
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_slow  # torch.compile
 def test_compiled_backward_can_be_replayed_for_timing():
     """The backward-alone timing replays one graph with retain_graph=True; the compiled impl must allow it
     (on CUDA, AOTAutograd donates the backward's buffers unless told not to)."""
