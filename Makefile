@@ -15,11 +15,12 @@ MODE ?= forward
 MIXED ?= 0
 MIXED_FLAG := $(if $(filter 1 yes true,$(MIXED)),--mixed-precision,)
 
-.PHONY: help install test test-gpu test-gpu-slow demo bench lint nsys memory attention leaderboard clean
+.PHONY: help install test test-gpu test-gpu-slow results demo bench lint nsys memory attention leaderboard clean
 
 help:
 	@echo "make demo | test | install | bench | lint | nsys MODEL=xl CTX=256 [MODE=train] [MIXED=1]"
 	@echo "make test-gpu | test-gpu-slow [ARGS='tests/attention -x']   (on a GPU box without the venv: PY=python3)"
+	@echo "make results [ONLY=leaderboard,optimizers]   (GPU; ONLY=render rewrites the docs from docs/data/results)"
 	@echo "make memory MODEL=xl CTX=256 [MODE=train] [MIXED=1] | attention | leaderboard"
 
 $(STAMP): pyproject.toml
@@ -47,6 +48,10 @@ test-gpu: $(ENV)
 
 test-gpu-slow: $(ENV)
 	$(PYTEST_GPU) -m gpu_slow $(ARGS)
+
+# The README's and docs' GPU figures, re-run on this commit (tools/results.py --list names the parts).
+results: $(ENV)
+	PYTHONPATH=$(CURDIR) $(PY) tools/results.py $(if $(filter render,$(ONLY)),--render,$(if $(ONLY),--only $(ONLY)))
 
 demo: $(ENV)
 	$(PY) -m profiler_kit benchmark --model tiny --ctx 64,128 --mode forward,train --warmup 2 --steps 5 --device cpu

@@ -1,0 +1,235 @@
+"""Re-run the GPU figures that README.md and docs/ show, store their rows, and rewrite the figures from the rows.
+
+Each part runs profiler-kit commands on this machine's GPU and writes their rows to docs/data/results/PART.jsonl,
+every row stamped with the commit, date, GPU, torch version and command that produced it. Then every block
+`<!-- results:NAME -->...<!-- /results -->` in README.md, docs/*.md and docs/results/*.md is rewritten from the
+stored rows, so no figure in them is typed by hand.
+
+    python3 tools/results.py --only leaderboard,attention-d128   # run these parts, then render
+    python3 tools/results.py --render                            # only rewrite the blocks from the stored rows
+    python3 tools/results.py --list                              # the parts, their commands and durations
+
+One GPU call may be short: run the parts a few at a time with --only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO / "docs" / "data" / "results"
+PAGES = ("README.md", "docs/*.md", "docs/results/*.md")
+BLOCK = re.compile(r"(<!-- results:([\w.-]+) -->)(.*?)(<!-- /results -->)", re.DOTALL)
+MIB_PER_GIB = 1024
+
+
+@dataclass(frozen=True)
+class Part:
+    """Commands (profiler-kit arguments, each given `--output FILE`) whose rows make one data file."""
+
+    commands: tuple[tuple[str, ...], ...]
+    minutes: float  # about, on one H100
+
+
+TRAIN = ("benchmark", "--ctx", "512", "--mode", "train", "--mixed-precision", "--attention", "flash,sdpa",
+         "--optimizer", "adamw-fused,adamw-master")
+GRAPHS = ("--compile", "--cuda-graphs")
+ATTENTION = ("attention", "bench", "--dtype", "bf16")
+LEADERBOARD = (*ATTENTION, "--impl", "flash-triton,sdpa-flash,sdpa-cudnn,sdpa-efficient", "--batch", "1",
+               "--heads", "16", "--seq", "16384", "--d", "64", "--causal")
+D128 = (*ATTENTION, "--impl", "flash-triton,sdpa-cudnn,sdpa-flash", "--batch", "4", "--heads", "16", "--d", "128")
+
+PARTS: dict[str, Part] = {
+    "leaderboard": Part((LEADERBOARD,), 2),
+    "attention-d128": Part(((*D128, "--seq", "4096", "--causal"), (*D128, "--seq", "8192", "--no-causal")), 3),
+    "train-step": Part(((*TRAIN, "--model", "xl,2.7B"),), 4),
+    "train-step-graphs-xl": Part(((*TRAIN, *GRAPHS, "--model", "xl"),), 7),
+    "train-step-graphs-2.7B": Part(((*TRAIN, *GRAPHS, "--model", "2.7B"),), 8),
+    "optimizers": Part((("benchmark", "--model", "xl", "--ctx", "512", "--mode", "train", "--mixed-precision",
+                         "--attention", "sdpa", "--optimizer", "adamw-fused,adamw-foreach"),), 2),
+}
+
+
+def command_text(args: tuple[str, ...]) -> str:
+    return "profiler-kit " + " ".join(args)
+
+
+# ------------------------------------------------------------------------------------------------ running
+
+
+def stamp() -> dict:
+    """What every row of this run records: commit (with -dirty when tracked files differ), date, torch."""
+    git = lambda *a: subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True).stdout.strip()  # noqa: E731
+    commit = git("rev-parse", "--short=10", "HEAD") + ("-dirty" if git("status", "--porcelain", "-uno") else "")
+    import torch
+
+    return {"commit": commit, "date": datetime.date.today().isoformat(), "torch": torch.__version__}
+
+
+def run_part(name: str, base: dict) -> list[dict]:
+    """Every row of part `name`, run now, each with `base`, its command and its GPU."""
+    rows = []
+    for args in PARTS[name].commands:
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "rows.jsonl"
+            env = {**os.environ, "PYTHONPATH": str(REPO)}
+            print(f"{name}: {command_text(args)}", file=sys.stderr, flush=True)
+            done = subprocess.run([sys.executable, "-m", "profiler_kit", *args, "--output", str(out)], cwd=REPO,
+                                  env=env)
+            if done.returncode != 0 or not out.is_file():
+                raise SystemExit(f"Error: {name}: `{command_text(args)}` exited with status {done.returncode}")
+            for line in out.read_text().splitlines():
+                row = json.loads(line)
+                rows.append({**row, **base, "gpu": row.get("device"), "command": command_text(args)})
+    return rows
+
+
+def write_rows(name: str, rows: list[dict]) -> None:
+    DATA.mkdir(parents=True, exist_ok=True)
+    (DATA / f"{name}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def read_rows(name: str) -> list[dict]:
+    path = DATA / f"{name}.jsonl"
+    if not path.is_file():
+        raise SystemExit(f"Error: no rows of part {name} in {path}: run --only {name} on a GPU")
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+# ------------------------------------------------------------------------------------------------ rendering
+
+
+def pick(rows: list[dict], **want) -> dict:
+    """The one row whose columns have the given values."""
+    found = [r for r in rows if all(r.get(k) == v for k, v in want.items())]
+    if len(found) != 1:
+        raise SystemExit(f"Error: {len(found)} rows match {want}, expected one")
+    return found[0]
+
+
+def gib(mib: float) -> str:
+    return f"{mib / MIB_PER_GIB:.1f} GiB"
+
+
+def render_leaderboard() -> str:
+    rows = read_rows("leaderboard")
+    ms = {r["impl"]: r["fwd_bwd_ms"] for r in rows}
+    return (f"flash-triton {ms['flash-triton']:.2f} ms forward+backward, cuDNN {ms['sdpa-cudnn']:.2f} ms, SDPA "
+            f"FlashAttention-2 {ms['sdpa-flash']:.2f} ms, memory-efficient {ms['sdpa-efficient']:.2f} ms")
+
+
+def render_attention_d128() -> str:
+    rows = read_rows("attention-d128")
+    causal = {r["impl"]: r for r in rows if r["seq"] == 4096 and r["causal"]}
+    full = {r["impl"]: r for r in rows if r["seq"] == 8192 and not r["causal"]}
+    return (f"flash-triton forward {causal['flash-triton']['fwd_tflops']:.1f} TFLOP/s causal, "
+            f"{full['flash-triton']['fwd_tflops']:.1f} non-causal; forward+backward flash-triton / cuDNN "
+            f"{causal['flash-triton']['fwd_bwd_ms']:.3f} / {causal['sdpa-cudnn']['fwd_bwd_ms']:.3f} ms causal, "
+            f"{full['flash-triton']['fwd_bwd_ms']:.2f} / {full['sdpa-cudnn']['fwd_bwd_ms']:.2f} ms non-causal")
+
+
+def _train_table(rows: list[dict], with_mfu: bool) -> str:
+    """Per weights kind and model: flash / sdpa mean step times (and MFU), and the largest peak allocated."""
+    parts = []
+    for optimizer, weights in (("adamw-fused", "fp32 weights"), ("adamw-master", "bf16 weights (`adamw-master`)")):
+        models = []
+        for model in ("xl", "2.7B"):
+            flash, sdpa = (pick(rows, model=model, optimizer=optimizer, attention=a) for a in ("flash", "sdpa"))
+            mfu = f" ({flash['mfu_pct']:.1f} / {sdpa['mfu_pct']:.1f}% MFU)" if with_mfu else ""
+            models.append(f"{model} {flash['total_ms']:.1f} / {sdpa['total_ms']:.1f} ms{mfu}")
+        parts.append(f"{weights}: {', '.join(models)}")
+    peak = max(r["peak_allocated_mb"] for r in rows)
+    return "; ".join(parts) + f"; peak allocated {gib(peak)}"
+
+
+def render_train_step() -> str:
+    return "means, flash / sdpa: " + _train_table(read_rows("train-step"), with_mfu=False)
+
+
+def render_train_step_graphs() -> str:
+    rows = read_rows("train-step-graphs-xl") + read_rows("train-step-graphs-2.7B")
+    return "means, flash / sdpa: " + _train_table(rows, with_mfu=True)
+
+
+def render_optimizers() -> str:
+    rows = read_rows("optimizers")
+    fused, foreach = (pick(rows, optimizer=o)["optimizer_ms"] for o in ("adamw-fused", "adamw-foreach"))
+    return f"optimizer step {fused:.1f} ms fused, {foreach:.1f} ms foreach"
+
+
+def render_measured() -> str:
+    """GPU, torch, dates and commits of every stored part."""
+    rows = [row for name in PARTS for row in read_rows(name)]
+    values = lambda key: ", ".join(sorted({str(r.get(key) or "not recorded") for r in rows}))  # noqa: E731
+    return f"{values('gpu')}, torch {values('torch')}, {values('date')}, commit {values('commit')}"
+
+
+RENDERERS: dict[str, Callable[[], str]] = {
+    "leaderboard": render_leaderboard,
+    "attention-d128": render_attention_d128,
+    "train-step": render_train_step,
+    "train-step-graphs": render_train_step_graphs,
+    "optimizers": render_optimizers,
+    "measured": render_measured,
+}
+
+
+def render_text(text: str) -> str:
+    def replace(match: re.Match) -> str:
+        name = match.group(2)
+        if name not in RENDERERS:
+            raise SystemExit(f"Error: unknown results block {name!r}; known: {', '.join(RENDERERS)}")
+        return match.group(1) + RENDERERS[name]() + match.group(4)
+
+    return BLOCK.sub(replace, text)
+
+
+def render() -> list[Path]:
+    """Rewrite every results block in the pages; return the pages that changed."""
+    changed = []
+    for pattern in PAGES:
+        for page in sorted(REPO.glob(pattern)):
+            text = page.read_text()
+            new = render_text(text)
+            if new != text:
+                page.write_text(new)
+                changed.append(page)
+    return changed
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", help=f"comma-separated parts to run: {', '.join(PARTS)} (default: all)")
+    parser.add_argument("--render", action="store_true", help="only rewrite the blocks from the stored rows")
+    parser.add_argument("--list", action="store_true", help="print the parts, their commands and durations")
+    args = parser.parse_args(argv)
+    if args.list:
+        for name, part in PARTS.items():
+            print(f"{name} (about {part.minutes:g} min on one H100):")
+            for command in part.commands:
+                print(f"    {command_text(command)}")
+        return
+    if not args.render:
+        names = args.only.split(",") if args.only else list(PARTS)
+        unknown = [n for n in names if n not in PARTS]
+        if unknown:
+            parser.error(f"unknown part(s) {', '.join(unknown)}; choose from {', '.join(PARTS)}")
+        base = stamp()
+        for name in names:
+            write_rows(name, run_part(name, base))
+    for page in render():
+        print(f"rewrote {page.relative_to(REPO)}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
