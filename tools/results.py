@@ -167,11 +167,43 @@ def render_optimizers() -> str:
     return f"optimizer step {fused:.1f} ms fused, {foreach:.1f} ms foreach"
 
 
-def render_measured() -> str:
-    """GPU, torch, dates and commits of every stored part."""
-    rows = [row for name in PARTS for row in read_rows(name)]
-    values = lambda key: ", ".join(sorted({str(r.get(key) or "not recorded") for r in rows}))  # noqa: E731
-    return f"{values('gpu')}, torch {values('torch')}, {values('date')}, commit {values('commit')}"
+ORDER = {"xl": 0, "2.7B": 1, "adamw-fused": 0, "adamw-master": 1, "adamw-foreach": 2, "flash": 0, "sdpa": 1}
+
+
+def bench_table(rows: list[dict]) -> str:
+    """Benchmark rows as a Markdown table, eager before graphed, then by model, optimizer and attention."""
+    lines = ["| model | attention | optimizer | compile | forward | backward | optimizer step | total | total median "
+             "| tokens/s | MFU % | peak allocated MiB |",
+             "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    key = lambda r: (bool(r["compile"]), *(ORDER[r[c]] for c in ("model", "optimizer", "attention")))  # noqa: E731
+    for r in sorted(rows, key=key):
+        compiled = "graphs" if r.get("cuda_graphs") else "yes" if r["compile"] else "no"
+        lines.append(
+            f"| {r['model']} | {r['attention']} | {r['optimizer']} | {compiled} | {r['forward_ms']:.1f} "
+            f"| {r['backward_ms']:.1f} | {r['optimizer_ms']:.1f} | {r['total_ms']:.1f} ± {r['total_ms_std']:.1f} "
+            f"| {r['total_ms_median']:.1f} | {r['tokens_per_s']:,.0f} | {r['mfu_pct']:.1f} "
+            f"| {r['peak_allocated_mb']:,.0f} |")
+    return "\n" + "\n".join(lines) + "\n"
+
+
+def render_train_step_table() -> str:
+    return bench_table(read_rows("train-step") + read_rows("train-step-graphs-xl")
+                       + read_rows("train-step-graphs-2.7B"))
+
+
+def render_optimizers_table() -> str:
+    return bench_table(read_rows("optimizers"))
+
+
+def measured(parts: tuple[str, ...]) -> Callable[[], str]:
+    """A renderer of the GPU, torch, dates, commits and commands of the stored rows of `parts`."""
+
+    def render() -> str:
+        rows = [row for name in parts for row in read_rows(name)]
+        values = lambda key: ", ".join(sorted({str(r.get(key) or "not recorded") for r in rows}))  # noqa: E731
+        return f"{values('gpu')}, torch {values('torch')}, {values('date')}, commit {values('commit')}"
+
+    return render
 
 
 RENDERERS: dict[str, Callable[[], str]] = {
@@ -180,7 +212,11 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "train-step": render_train_step,
     "train-step-graphs": render_train_step_graphs,
     "optimizers": render_optimizers,
-    "measured": render_measured,
+    "train-step-table": render_train_step_table,
+    "optimizers-table": render_optimizers_table,
+    "measured": measured(tuple(PARTS)),
+    "measured-benchmark": measured(("train-step", "train-step-graphs-xl", "train-step-graphs-2.7B", "optimizers")),
+    "measured-attention": measured(("leaderboard", "attention-d128")),
 }
 
 
