@@ -195,6 +195,33 @@ def render_optimizers_table() -> str:
     return bench_table(read_rows("optimizers"))
 
 
+def markdown(header: list[str], rows: list[list[str]]) -> str:
+    """A Markdown table, text columns left-aligned and the rest right-aligned, between blank lines."""
+    align = ["---" if i == 0 or header[i] in ("causal",) else "---:" for i in range(len(header))]
+    lines = [header, align, *rows]
+    return "\n" + "\n".join("| " + " | ".join(line) + " |" for line in lines) + "\n"
+
+
+def render_leaderboard_table() -> str:
+    """Fastest forward+backward first; each ratio is the other implementation's ms over this one's."""
+    rows = sorted(read_rows("leaderboard"), key=lambda r: r["fwd_bwd_ms"])
+    by_impl = {r["impl"]: r for r in rows}
+    others = ("sdpa-cudnn", "sdpa-flash")
+    header = ["impl", "fwd_ms", "bwd_ms", "fwd_bwd_ms", "fwd_bwd_p20_ms", "fwd_bwd_p80_ms", "fwd_tflops",
+              "fwd_bwd_tflops", *(f"fwd_bwd_vs_{o}" for o in others)]
+    return markdown(header, [[r["impl"], *(f"{r[c]:.2f}" for c in header[1:6]), *(f"{r[c]:.1f}" for c in header[6:8]),
+                              *(f"{by_impl[o]['fwd_bwd_ms'] / r['fwd_bwd_ms']:.3f}" for o in others)] for r in rows])
+
+
+def render_attention_d128_table() -> str:
+    rows = read_rows("attention-d128")
+    header = ["impl", "seq", "causal", "fwd_ms", "bwd_ms", "fwd_bwd_ms", "fwd_bwd_p20_ms", "fwd_bwd_p80_ms",
+              "fwd_tflops", "bwd_tflops", "fwd_bwd_tflops"]
+    return markdown(header, [[r["impl"], str(r["seq"]), "yes" if r["causal"] else "no",
+                              *(f"{r[c]:.3f}" for c in header[3:8]), *(f"{r[c]:.1f}" for c in header[8:])]
+                             for r in rows])
+
+
 def measured(parts: tuple[str, ...]) -> Callable[[], str]:
     """A renderer of the GPU, torch, dates, commits and commands of the stored rows of `parts`."""
 
@@ -214,6 +241,8 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "optimizers": render_optimizers,
     "train-step-table": render_train_step_table,
     "optimizers-table": render_optimizers_table,
+    "leaderboard-table": render_leaderboard_table,
+    "attention-d128-table": render_attention_d128_table,
     "measured": measured(tuple(PARTS)),
     "measured-benchmark": measured(("train-step", "train-step-graphs-xl", "train-step-graphs-2.7B", "optimizers")),
     "measured-attention": measured(("leaderboard", "attention-d128")),
