@@ -75,3 +75,24 @@ def test_help_and_list():
     assert done.returncode == 0 and "train-step-graphs-2.7B (about" in done.stdout
     done = subprocess.run([sys.executable, str(TOOL), "--only", "nope"], capture_output=True, text=True)
     assert done.returncode == 2 and "unknown part(s) nope" in done.stderr
+
+
+def test_memory_figures_from_reports(results, tmp_path, monkeypatch):
+    """A `memory --format json` report becomes a row; the peak in GiB and bytes per parameter of xl's
+    1,998,235,200 parameters."""
+    monkeypatch.setattr(results, "DATA", tmp_path)
+    assert results.render_memory().startswith("not measured on this commit yet")
+    params = 1_998_235_200
+    rows = []
+    for optimizer, peak, phase, grads in (("adamw-fused", 3 * 2**30, "backward", 0),
+                                          ("adamw-foreach", 5 * 2**29, "optimizer_step", 4 * params)):
+        report = {"device": 0, "peak": {"allocated_bytes": peak, "phase": phase},
+                  "roles_at_peak": [{"role": "parameter", "size_bytes": 4 * params},
+                                    {"role": "gradient", "size_bytes": grads},
+                                    {"role": "optimizer state", "size_bytes": 8 * params}]}
+        rows.append(results.memory_row(report, ("memory", "--model", "xl", "--optimizer", optimizer)))
+    results.write_rows("memory-xl", rows)
+    assert results.render_memory() == (
+        "fused AdamW (default): peak 3.0 GiB in `backward` (bytes per parameter alive at it: parameter 4.0, "
+        "gradient 0.0, optimizer state 8.0); foreach: peak 2.5 GiB in `optimizer_step` (bytes per parameter alive "
+        "at it: parameter 4.0, gradient 4.0, optimizer state 8.0)")

@@ -35,10 +35,12 @@ MIB_PER_GIB = 1024
 
 @dataclass(frozen=True)
 class Part:
-    """Commands (profiler-kit arguments, each given `--output FILE`) whose rows make one data file."""
+    """Commands (profiler-kit arguments) whose rows make one data file. A `rows` command is given `--output FILE`
+    and its rows are read back; a `memory` command prints one JSON report, stored as one row."""
 
     commands: tuple[tuple[str, ...], ...]
     minutes: float  # about, on one H100
+    kind: str = "rows"
 
 
 TRAIN = ("benchmark", "--ctx", "512", "--mode", "train", "--mixed-precision", "--attention", "flash,sdpa",
@@ -47,6 +49,7 @@ GRAPHS = ("--compile", "--cuda-graphs")
 ATTENTION = ("attention", "bench", "--dtype", "bf16")
 LEADERBOARD = (*ATTENTION, "--impl", "flash-triton,sdpa-flash,sdpa-cudnn,sdpa-efficient", "--batch", "1",
                "--heads", "16", "--seq", "16384", "--d", "64", "--causal")
+MEMORY = ("memory", "--model", "xl", "--ctx", "256", "--mode", "train", "--mixed-precision")
 D128 = (*ATTENTION, "--impl", "flash-triton,sdpa-cudnn,sdpa-flash", "--batch", "4", "--heads", "16", "--d", "128")
 
 PARTS: dict[str, Part] = {
@@ -57,6 +60,7 @@ PARTS: dict[str, Part] = {
     "train-step-graphs-2.7B": Part(((*TRAIN, *GRAPHS, "--model", "2.7B"),), 8),
     "optimizers": Part((("benchmark", "--model", "xl", "--ctx", "512", "--mode", "train", "--mixed-precision",
                          "--attention", "sdpa", "--optimizer", "adamw-fused,adamw-foreach"),), 2),
+    "memory-xl": Part(tuple((*MEMORY, "--optimizer", o) for o in ("adamw-fused", "adamw-foreach")), 3, "memory"),
 }
 
 
@@ -78,20 +82,31 @@ def stamp() -> dict:
 
 def run_part(name: str, base: dict) -> list[dict]:
     """Every row of part `name`, run now, each with `base`, its command and its GPU."""
-    rows = []
-    for args in PARTS[name].commands:
+    part, rows = PARTS[name], []
+    for args in part.commands:
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "rows.jsonl"
-            env = {**os.environ, "PYTHONPATH": str(REPO)}
+            extra = ["--output", str(out)] if part.kind == "rows" else ["--output-dir", tmp, "--no-html", "--no-plot",
+                                                                         "--format", "json"]
             print(f"{name}: {command_text(args)}", file=sys.stderr, flush=True)
-            done = subprocess.run([sys.executable, "-m", "profiler_kit", *args, "--output", str(out)], cwd=REPO,
-                                  env=env)
-            if done.returncode != 0 or not out.is_file():
+            done = subprocess.run([sys.executable, "-m", "profiler_kit", *args, *extra], cwd=REPO,
+                                  env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE, text=True)
+            if part.kind == "rows":
+                sys.stdout.write(done.stdout)
+            if done.returncode != 0 or (part.kind == "rows" and not out.is_file()):
                 raise SystemExit(f"Error: {name}: `{command_text(args)}` exited with status {done.returncode}")
-            for line in out.read_text().splitlines():
-                row = json.loads(line)
-                rows.append({**row, **base, "gpu": row.get("device"), "command": command_text(args)})
+            found = ([json.loads(line) for line in out.read_text().splitlines()] if part.kind == "rows"
+                     else [memory_row(json.loads(done.stdout), args)])
+            rows += [{**row, **base, "gpu": row.get("device"), "command": command_text(args)} for row in found]
     return rows
+
+
+def memory_row(report: dict, args: tuple[str, ...]) -> dict:
+    """The figures of one `profiler-kit memory --format json` report: the trace's peak, its phase and the bytes
+    of each role alive at it."""
+    return {"optimizer": args[args.index("--optimizer") + 1], "device": report["device"],
+            "peak_allocated_bytes": report["peak"]["allocated_bytes"], "peak_phase": report["peak"]["phase"],
+            "role_bytes": {r["role"]: r["size_bytes"] for r in report["roles_at_peak"]}}
 
 
 def write_rows(name: str, rows: list[dict]) -> None:
@@ -195,6 +210,23 @@ def render_optimizers_table() -> str:
     return bench_table(read_rows("optimizers"))
 
 
+def render_memory() -> str:
+    """Per AdamW: the trace's peak in GiB, its phase, and bytes per parameter of the roles alive at it."""
+    from profiler_kit.presets import count_parameters, from_name
+
+    if not (DATA / "memory-xl.jsonl").is_file():
+        return "not measured on this commit yet: `python3 tools/results.py --only memory-xl`"
+    params = count_parameters(from_name("xl", 256))
+    parts = []
+    for optimizer, label in (("adamw-fused", "fused AdamW (default)"), ("adamw-foreach", "foreach")):
+        row = pick(read_rows("memory-xl"), optimizer=optimizer)
+        roles = ", ".join(f"{role} {row['role_bytes'].get(role, 0) / params:.1f}"
+                          for role in ("parameter", "gradient", "optimizer state"))
+        parts.append(f"{label}: peak {row['peak_allocated_bytes'] / 2**30:.1f} GiB in `{row['peak_phase']}` "
+                     f"(bytes per parameter alive at it: {roles})")
+    return "; ".join(parts)
+
+
 def markdown(header: list[str], rows: list[list[str]]) -> str:
     """A Markdown table, text columns left-aligned and the rest right-aligned, between blank lines."""
     align = ["---" if i == 0 or header[i] in ("causal",) else "---:" for i in range(len(header))]
@@ -223,10 +255,10 @@ def render_attention_d128_table() -> str:
 
 
 def measured(parts: tuple[str, ...]) -> Callable[[], str]:
-    """A renderer of the GPU, torch, dates, commits and commands of the stored rows of `parts`."""
+    """A renderer of the GPU, torch, dates and commits of the stored rows of those `parts` that have rows."""
 
     def render() -> str:
-        rows = [row for name in parts for row in read_rows(name)]
+        rows = [row for name in parts if (DATA / f"{name}.jsonl").is_file() for row in read_rows(name)]
         values = lambda key: ", ".join(sorted({str(r.get(key) or "not recorded") for r in rows}))  # noqa: E731
         return f"{values('gpu')}, torch {values('torch')}, {values('date')}, commit {values('commit')}"
 
@@ -242,6 +274,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "train-step-table": render_train_step_table,
     "optimizers-table": render_optimizers_table,
     "leaderboard-table": render_leaderboard_table,
+    "memory": render_memory,
     "attention-d128-table": render_attention_d128_table,
     "measured": measured(tuple(PARTS)),
     "measured-benchmark": measured(("train-step", "train-step-graphs-xl", "train-step-graphs-2.7B", "optimizers")),
