@@ -156,8 +156,8 @@ def aggregate_row(rank_rows: Sequence[dict[str, Any]], tokens_per_rank_step: int
 
 
 def _numeric_columns(row: dict[str, Any]) -> list[str]:
-    """Time (`*_ms*`) and memory (`*_mb`) columns of a benchmark row."""
-    return [c for c in row if "_ms" in c or c.endswith("_mb")]
+    """Time (`*_ms*`) and memory (`*_mib`) columns of a benchmark row."""
+    return [c for c in row if "_ms" in c or c.endswith("_mib")]
 
 
 def with_scaling(row: dict[str, Any], baseline_tokens_per_s: float | None) -> dict[str, Any]:

@@ -52,7 +52,7 @@ def test_train_step_figures_from_rows(results, tmp_path, monkeypatch):
                 ("xl", "flash", "adamw-master", 194.6, 1), ("xl", "sdpa", "adamw-master", 170.0, 1),
                 ("2.7B", "flash", "adamw-fused", 167.9, 55521.0), ("2.7B", "sdpa", "adamw-fused", 164.6, 1),
                 ("2.7B", "flash", "adamw-master", 153.4, 1), ("2.7B", "sdpa", "adamw-master", 141.0, 1)]
-    rows = [{"model": m, "attention": a, "optimizer": o, "total_ms": t, "mfu_pct": None, "peak_allocated_mb": p}
+    rows = [{"model": m, "attention": a, "optimizer": o, "total_ms": t, "mfu_pct": None, "peak_allocated_mib": p}
             for m, a, o, t, p in measured]
     (tmp_path / "train-step.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert results.render_train_step() == (

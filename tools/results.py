@@ -163,7 +163,7 @@ def _train_table(rows: list[dict], with_mfu: bool) -> str:
             mfu = f" ({flash['mfu_pct']:.1f} / {sdpa['mfu_pct']:.1f}% MFU)" if with_mfu else ""
             models.append(f"{model} {flash['total_ms']:.1f} / {sdpa['total_ms']:.1f} ms{mfu}")
         parts.append(f"{weights}: {', '.join(models)}")
-    peak = max(r["peak_allocated_mb"] for r in rows)
+    peak = max(r["peak_allocated_mib"] for r in rows)
     return "; ".join(parts) + f"; peak allocated {gib(peak)}"
 
 
@@ -197,7 +197,7 @@ def bench_table(rows: list[dict]) -> str:
             f"| {r['model']} | {r['attention']} | {r['optimizer']} | {compiled} | {r['forward_ms']:.1f} "
             f"| {r['backward_ms']:.1f} | {r['optimizer_ms']:.1f} | {r['total_ms']:.1f} ± {r['total_ms_std']:.1f} "
             f"| {r['total_ms_median']:.1f} | {r['tokens_per_s']:,.0f} | {r['mfu_pct']:.1f} "
-            f"| {r['peak_allocated_mb']:,.0f} |")
+            f"| {r['peak_allocated_mib']:,.0f} |")
     return "\n" + "\n".join(lines) + "\n"
 
 

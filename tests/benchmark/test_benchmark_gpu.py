@@ -88,8 +88,8 @@ def test_peak_memory_and_mfu_are_reported_on_cuda():
     row = bench.run_config(WorkloadConfig("tiny", 128, "train", device="cuda"), fixed(1, 2))
     assert (
         row["status"] == "ok"
-        and row["peak_allocated_mb"] > 0
-        and row["peak_reserved_mb"] >= row["peak_allocated_mb"]
+        and row["peak_allocated_mib"] > 0
+        and row["peak_reserved_mib"] >= row["peak_allocated_mib"]
     )
     assert row["mfu_pct"] is not None and row["device"].startswith("NVIDIA")
 

@@ -132,7 +132,7 @@ def test_baseline_needs_parallel(tmp_path):
 
 def rank_row(rank: int, total_ms: float, **extra) -> dict:
     row = {"rank": rank, "world_size": 2, "status": "ok", "device": "cpu", "total_ms": total_ms,
-           "forward_ms": total_ms / 2, "peak_allocated_mb": 100.0 + rank, "tokens_per_s": 64 / (total_ms / 1e3),
+           "forward_ms": total_ms / 2, "peak_allocated_mib": 100.0 + rank, "tokens_per_s": 64 / (total_ms / 1e3),
            "model_tflops": 1e-3 / total_ms, "message": ""}
     return {**row, **extra}
 
@@ -141,7 +141,7 @@ def test_aggregate_takes_the_slowest_rank():
     rows = [rank_row(0, 100.0), rank_row(1, 125.0)]
     total = distributed.aggregate_row(rows, tokens_per_rank_step=64, mixed_precision=False)
     assert total["rank"] == "all" and total["status"] == "ok"
-    assert total["total_ms"] == 125.0 and total["forward_ms"] == 62.5 and total["peak_allocated_mb"] == 101.0
+    assert total["total_ms"] == 125.0 and total["forward_ms"] == 62.5 and total["peak_allocated_mib"] == 101.0
     assert total["tokens_per_s"] == pytest.approx(2 * 64 / 0.125)
     assert total["model_tflops"] == pytest.approx(2 * 1e-3 / 125.0)
     assert total["message"] == "slowest rank 1"
