@@ -86,7 +86,7 @@ def test_memory_figures_from_reports(results, tmp_path, monkeypatch):
     rows = []
     for optimizer, peak, phase, grads in (("adamw-fused", 3 * 2**30, "backward", 0),
                                           ("adamw-foreach", 5 * 2**29, "optimizer_step", 4 * params)):
-        report = {"device": 0, "peak": {"allocated_bytes": peak, "phase": phase},
+        report = {"peak": {"allocated_bytes": peak, "phase": phase},
                   "roles_at_peak": [{"role": "parameter", "size_bytes": 4 * params},
                                     {"role": "gradient", "size_bytes": grads},
                                     {"role": "optimizer state", "size_bytes": 8 * params}]}
@@ -96,3 +96,18 @@ def test_memory_figures_from_reports(results, tmp_path, monkeypatch):
         "fused AdamW (default): peak 3.0 GiB in `backward` (bytes per parameter alive at it: parameter 4.0, "
         "gradient 0.0, optimizer state 8.0); foreach: peak 2.5 GiB in `optimizer_step` (bytes per parameter alive "
         "at it: parameter 4.0, gradient 4.0, optimizer state 8.0)")
+
+
+def test_a_part_runs_and_stamps_its_rows(results, tmp_path, monkeypatch):
+    """A part's command runs (here the tiny model on the CPU) and each row it wrote carries the commit, date,
+    torch version, GPU and command."""
+    args = ("benchmark", "--model", "tiny", "--ctx", "16", "--mode", "forward", "--device", "cpu", "--warmup", "1",
+            "--max-warmup", "1", "--steps", "1")
+    monkeypatch.setitem(results.PARTS, "cpu-check", results.Part((args,), 1))
+    base = results.stamp()
+    rows = results.run_part("cpu-check", base)
+    assert len(rows) == 1 and rows[0]["model"] == "tiny" and rows[0]["status"] == "ok"
+    assert rows[0]["command"] == "profiler-kit " + " ".join(args)
+    head = subprocess.run(["git", "rev-parse", "--short=10", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    assert rows[0]["commit"].startswith(head.stdout.strip()) and rows[0]["date"] == base["date"]
+    assert rows[0]["torch"] and "gpu" in rows[0]

@@ -72,12 +72,13 @@ def command_text(args: tuple[str, ...]) -> str:
 
 
 def stamp() -> dict:
-    """What every row of this run records: commit (with -dirty when tracked files differ), date, torch."""
+    """What every row of this run records: commit (with -dirty when tracked files differ), date, torch, GPU."""
     git = lambda *a: subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True).stdout.strip()  # noqa: E731
     commit = git("rev-parse", "--short=10", "HEAD") + ("-dirty" if git("status", "--porcelain", "-uno") else "")
     import torch
 
-    return {"commit": commit, "date": datetime.date.today().isoformat(), "torch": torch.__version__}
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    return {"commit": commit, "date": datetime.date.today().isoformat(), "torch": torch.__version__, "gpu": gpu}
 
 
 def run_part(name: str, base: dict) -> list[dict]:
@@ -97,15 +98,15 @@ def run_part(name: str, base: dict) -> list[dict]:
                 raise SystemExit(f"Error: {name}: `{command_text(args)}` exited with status {done.returncode}")
             found = ([json.loads(line) for line in out.read_text().splitlines()] if part.kind == "rows"
                      else [memory_row(json.loads(done.stdout), args)])
-            rows += [{**row, **base, "gpu": row.get("device"), "command": command_text(args)} for row in found]
+            rows += [{**row, **base, "command": command_text(args)} for row in found]
     return rows
 
 
 def memory_row(report: dict, args: tuple[str, ...]) -> dict:
     """The figures of one `profiler-kit memory --format json` report: the trace's peak, its phase and the bytes
     of each role alive at it."""
-    return {"optimizer": args[args.index("--optimizer") + 1], "device": report["device"],
-            "peak_allocated_bytes": report["peak"]["allocated_bytes"], "peak_phase": report["peak"]["phase"],
+    return {"optimizer": args[args.index("--optimizer") + 1], "peak_allocated_bytes": report["peak"]["allocated_bytes"],
+            "peak_phase": report["peak"]["phase"],
             "role_bytes": {r["role"]: r["size_bytes"] for r in report["roles_at_peak"]}}
 
 
