@@ -5,11 +5,11 @@ every row stamped with the commit, date, GPU, torch version and command that pro
 `<!-- results:NAME -->...<!-- /results -->` in README.md, docs/*.md and docs/results/*.md is rewritten from the
 stored rows, so no figure in them is typed by hand.
 
-    python3 tools/results.py --only leaderboard,attention-d128   # run these parts, then render
-    python3 tools/results.py --render                            # only rewrite the blocks from the stored rows
-    python3 tools/results.py --list                              # the parts, their commands and durations
+    PYTHONPATH=$PWD python3 tools/results.py --only leaderboard,attention-d128   # run these parts, then render
+    PYTHONPATH=$PWD python3 tools/results.py --render       # only rewrite the blocks from the stored rows
+    PYTHONPATH=$PWD python3 tools/results.py --list         # the parts, their commands and durations
 
-One GPU call may be short: run the parts a few at a time with --only.
+`make results [ONLY=PART,...|render]` does the same. One GPU call may be short: run a few parts at a time.
 """
 
 from __future__ import annotations
@@ -216,7 +216,7 @@ def render_memory() -> str:
     from profiler_kit.presets import count_parameters, from_name
 
     if not (DATA / "memory-xl.jsonl").is_file():
-        return "not measured on this commit yet: `python3 tools/results.py --only memory-xl`"
+        return "not measured on this commit yet: `make results ONLY=memory-xl`"
     params = count_parameters(from_name("xl", 256))
     parts = []
     for optimizer, label in (("adamw-fused", "fused AdamW (default)"), ("adamw-foreach", "foreach")):
