@@ -72,7 +72,7 @@ def test_help_and_list():
     done = subprocess.run([sys.executable, str(TOOL), "--help"], capture_output=True, text=True)
     assert done.returncode == 0 and "--only" in done.stdout and "--render" in done.stdout
     done = subprocess.run([sys.executable, str(TOOL), "--list"], capture_output=True, text=True)
-    assert done.returncode == 0 and "train-step-graphs-2.7B (about" in done.stdout
+    assert done.returncode == 0 and "train-step-graphs-2.7B-master (about" in done.stdout
     done = subprocess.run([sys.executable, str(TOOL), "--only", "nope"], capture_output=True, text=True)
     assert done.returncode == 2 and "unknown part(s) nope" in done.stderr
 

@@ -43,9 +43,10 @@ class Part:
     kind: str = "rows"
 
 
-TRAIN = ("benchmark", "--ctx", "512", "--mode", "train", "--mixed-precision", "--attention", "flash,sdpa",
-         "--optimizer", "adamw-fused,adamw-master")
-GRAPHS = ("--compile", "--cuda-graphs")
+TRAIN = ("benchmark", "--ctx", "512", "--mode", "train", "--mixed-precision", "--attention", "flash,sdpa")
+# Compiling a config takes minutes: one part per model and optimizer, the warm-up capped once compiled.
+GRAPHS = (*TRAIN, "--compile", "--cuda-graphs", "--warmup", "3", "--max-warmup", "15")
+GRAPH_PARTS = tuple(f"train-step-graphs-{m}-{o}" for m in ("xl", "2.7B") for o in ("fused", "master"))
 ATTENTION = ("attention", "bench", "--dtype", "bf16")
 LEADERBOARD = (*ATTENTION, "--impl", "flash-triton,sdpa-flash,sdpa-cudnn,sdpa-efficient", "--batch", "1",
                "--heads", "16", "--seq", "16384", "--d", "64", "--causal")
@@ -55,9 +56,9 @@ D128 = (*ATTENTION, "--impl", "flash-triton,sdpa-cudnn,sdpa-flash", "--batch", "
 PARTS: dict[str, Part] = {
     "leaderboard": Part((LEADERBOARD,), 2),
     "attention-d128": Part(((*D128, "--seq", "4096", "--causal"), (*D128, "--seq", "8192", "--no-causal")), 3),
-    "train-step": Part(((*TRAIN, "--model", "xl,2.7B"),), 4),
-    "train-step-graphs-xl": Part(((*TRAIN, *GRAPHS, "--model", "xl"),), 7),
-    "train-step-graphs-2.7B": Part(((*TRAIN, *GRAPHS, "--model", "2.7B"),), 8),
+    "train-step": Part(((*TRAIN, "--optimizer", "adamw-fused,adamw-master", "--model", "xl,2.7B"),), 4),
+    **{f"train-step-graphs-{m}-{o}": Part(((*GRAPHS, "--optimizer", f"adamw-{o}", "--model", m),), 8)
+       for m in ("xl", "2.7B") for o in ("fused", "master")},
     "optimizers": Part((("benchmark", "--model", "xl", "--ctx", "512", "--mode", "train", "--mixed-precision",
                          "--attention", "sdpa", "--optimizer", "adamw-fused,adamw-foreach"),), 2),
     "memory-xl": Part(tuple((*MEMORY, "--optimizer", o) for o in ("adamw-fused", "adamw-foreach")), 3, "memory"),
@@ -173,7 +174,7 @@ def render_train_step() -> str:
 
 
 def render_train_step_graphs() -> str:
-    rows = read_rows("train-step-graphs-xl") + read_rows("train-step-graphs-2.7B")
+    rows = [row for name in GRAPH_PARTS for row in read_rows(name)]
     return "means, flash / sdpa: " + _train_table(rows, with_mfu=True)
 
 
@@ -203,8 +204,7 @@ def bench_table(rows: list[dict]) -> str:
 
 
 def render_train_step_table() -> str:
-    return bench_table(read_rows("train-step") + read_rows("train-step-graphs-xl")
-                       + read_rows("train-step-graphs-2.7B"))
+    return bench_table([row for name in ("train-step", *GRAPH_PARTS) for row in read_rows(name)])
 
 
 def render_optimizers_table() -> str:
@@ -278,7 +278,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "memory": render_memory,
     "attention-d128-table": render_attention_d128_table,
     "measured": measured(tuple(PARTS)),
-    "measured-benchmark": measured(("train-step", "train-step-graphs-xl", "train-step-graphs-2.7B", "optimizers")),
+    "measured-benchmark": measured(("train-step", *GRAPH_PARTS, "optimizers")),
     "measured-attention": measured(("leaderboard", "attention-d128")),
 }
 
