@@ -135,6 +135,7 @@ def test_a_failing_workload_reports_its_own_error(nsys, tmp_path):
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_slow  # records under nsys
 def test_gpu_capture_range_holds_only_the_profiled_steps(tmp_path):
     from profiler_kit.recording.builtin import profile
     from profiler_kit.workload import WorkloadConfig
