@@ -92,8 +92,7 @@ def workload_options(sweep: bool) -> Callable:
     `sweep`) and the one-config commands `nsys` and `memory`. Values land in the command as `model`, `ctx`,
     `mode`, `attention`, `optimizer` (lists when `sweep`), `batch_size`, `mixed_precision`, `compile_`,
     `cuda_graphs`, `device`, `seed`, `nvtx`."""
-    from profiler_kit.model import ATTENTION_IMPLS
-    from profiler_kit.workload import MODES, OPTIMIZERS
+    from profiler_kit.names import ATTENTION_IMPLS, MODES, OPTIMIZERS
 
     pick = comma_list if sweep else single
     many = " (comma list: swept as a product)" if sweep else ""

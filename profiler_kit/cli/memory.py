@@ -9,21 +9,10 @@ import click
 
 from profiler_kit.cli.common import format_option, non_negative_int, positive_int, workload_options
 from profiler_kit.errors import ProfilerKitError
-from profiler_kit.memory import (
-    DEFAULT_MAX_ENTRIES,
-    DEFAULT_OUTPUT_DIR,
-    DEFAULT_TOP,
-    MemoryReport,
-    analyze_file,
-    compare,
-    plot_timeline,
-    record,
-    write_html,
-)
+from profiler_kit.memory import DEFAULT_TOP, MemoryReport, analyze_file, compare, plot_timeline, write_html
 from profiler_kit.memory.html import MEMORY_VIZ_URL
-from profiler_kit.memory.recorder import require_cuda
+from profiler_kit.names import DEFAULT_MAX_ENTRIES, DEFAULT_OUTPUT_DIR
 from profiler_kit.render import console_err, emit_report
-from profiler_kit.workload import WorkloadConfig
 
 
 def _report_options(fn):
@@ -62,6 +51,9 @@ def memory_cmd(click_ctx: click.Context, model, ctx, mode, batch_size, mixed_pre
     """
     if click_ctx.invoked_subcommand is not None:
         return
+    from profiler_kit.memory.recorder import record, require_cuda
+    from profiler_kit.workload import WorkloadConfig
+
     cfg = WorkloadConfig(model, ctx, mode, batch_size, mixed_precision, compile_, attention, device, seed,
                          nvtx, optimizer, cuda_graphs=cuda_graphs)
     require_cuda(cfg)

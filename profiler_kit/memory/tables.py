@@ -10,8 +10,8 @@ import pandas as pd
 from profiler_kit.memory.analyze import BEFORE_TRACE, MIB, Reconstruction, first_user_frame, short_path
 from profiler_kit.memory.phases import PhaseSpan, phase_at
 from profiler_kit.memory.roles import ACTIVATION, AUTOCAST_COPY, GRADIENT, OPTIMIZER_STATE, PARAMETER
+from profiler_kit.names import phases_for
 from profiler_kit.presets import count_parameters, from_name
-from profiler_kit.workload import phases_for
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2}
 TOP_COLUMNS = ["rank", "size_mib", "size_bytes", "role", "allocated_in", "where", "function", "user_metadata"]
