@@ -10,7 +10,7 @@ import click
 from click.utils import make_default_short_help
 
 from profiler_kit import __version__
-from profiler_kit.errors import ProfilerKitError, first_line
+from profiler_kit.errors import ProfilerKitError, first_line, literal
 from profiler_kit.files import DEFAULT_MAX_INPUT_MB, MIB, InputLimits, set_limits
 
 # Exit status of an unexpected exception (a bug); ProfilerKitError and OS errors exit 1, usage errors 2.
@@ -22,7 +22,7 @@ class _Failure(click.ClickException):
     """A one-line error with its own exit status."""
 
     def __init__(self, message: str, exit_code: int = 1) -> None:
-        super().__init__(message)
+        super().__init__(literal(message))
         self.exit_code = exit_code
 
 
@@ -77,7 +77,10 @@ class _Group(click.Group):
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
-        except (click.exceptions.Exit, click.ClickException, click.Abort):
+        except (click.exceptions.Exit, click.Abort):
+            raise
+        except click.ClickException as exc:
+            exc.message = literal(exc.message)  # a usage error may quote a path or name from the command line
             raise
         except KeyboardInterrupt:
             if ctx.meta.get("debug"):

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import click
 
-from profiler_kit.render import FORMATS
+from profiler_kit.render import FORMATS, OutputFormat
 
 
 def comma_list(kind: Callable[[str], Any] = str, positive: bool = False) -> Callable:
@@ -61,15 +62,52 @@ def one_of(names: Sequence[str] | Callable[[], Sequence[str]]) -> Callable[[str]
     return check
 
 
+def _output_option(key: str) -> Callable:
+    """A callback that puts an option shaping the output on the command's OutputFormat (made by `--format`,
+    before or after this option)."""
+
+    def remember(ctx: click.Context, _param: click.Parameter, value: Any) -> None:
+        options = ctx.meta.setdefault(("output", id(ctx)), {})
+        options[key] = value
+        if ("format", id(ctx)) in ctx.meta:
+            setattr(ctx.meta[("format", id(ctx))], key, value)
+
+    return remember
+
+
+def _output_format(ctx: click.Context, _param: click.Parameter, value: str) -> OutputFormat:
+    fmt = OutputFormat(value, **ctx.meta.get(("output", id(ctx)), {}))
+    ctx.meta[("format", id(ctx))] = fmt
+    return fmt
+
+
 def format_option(default: str = "table") -> Callable:
-    return click.option(
-        "--format",
-        "fmt",
-        type=click.Choice(FORMATS),
-        default=default,
-        show_default=True,
-        help="table for people; json/csv/markdown print only that on stdout.",
-    )
+    """`--format` and the options that shape it (`--columns`, `--wide`, `--table`, `--csv-dir`); the command
+    gets `fmt`, an OutputFormat for render.emit_tables."""
+    options = [
+        click.option("--format", "fmt", type=click.Choice(FORMATS), default=default, show_default=True,
+                     callback=_output_format,
+                     help="table for people (as wide as the terminal, else $COLUMNS, else 120 columns); "
+                          "json/csv/markdown (md) print only that on stdout; csv prints one table (--table).",),
+        click.option("--columns", metavar="A,B,...", default=None, expose_value=False,
+                     callback=lambda ctx, param, value: _output_option("columns")(
+                         ctx, param, tuple(comma_list()(ctx, param, value) or ())),
+                     help="The columns a table or Markdown shows (default: the main ones, fitted to the width)."),
+        click.option("--wide", is_flag=True, expose_value=False, callback=_output_option("wide"),
+                     help="Show every column, however wide."),
+        click.option("--table", metavar="NAME", default=None, expose_value=False, callback=_output_option("table"),
+                     help="With --format csv: the table to print, by name or number (default: the first)."),
+        click.option("--csv-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+                     expose_value=False, callback=_output_option("csv_dir"),
+                     help="With --format csv: also write every table to DIR/<name>.csv."),
+    ]
+
+    def decorate(fn: Callable) -> Callable:
+        for option in reversed(options):
+            fn = option(fn)
+        return fn
+
+    return decorate
 
 
 positive_int = click.IntRange(min=1)

@@ -10,7 +10,7 @@ from profiler_kit.cli.common import format_option, positive_int
 from profiler_kit.kernels import DEFAULT_TOP, compare, load, summarize, summarize_trace
 from profiler_kit.kernels.ranks import rank_of, rank_traces, summarize_ranks
 from profiler_kit.kernels.timeline import timeline, write_trace
-from profiler_kit.render import console_err, emit_report
+from profiler_kit.render import console_err, emit_report, say
 
 SOURCES_HELP = (
     "A report is an nsys .nsys-rep or its .sqlite export, `nsys stats` cuda_gpu_kern_sum output (CSV or "
@@ -113,7 +113,7 @@ def timeline_command(reports: tuple[Path, ...], output: Path, phases: tuple[str,
     labels = [f"rank {rank_of(path, i)}" if len(reports) > 1 else path.name for i, path in enumerate(reports)]
     traces = [(label, load(path)) for label, path in zip(labels, reports, strict=True)]
     write_trace(timeline(traces, list(phases) or None), output)
-    console_err.print(f"wrote {output}: open it in ui.perfetto.dev", soft_wrap=True)
+    say(f"wrote {output}: open it in ui.perfetto.dev")
 
 
 COMMANDS = [kernels]

@@ -12,7 +12,7 @@ from profiler_kit.errors import ProfilerKitError
 from profiler_kit.memory import DEFAULT_TOP, MemoryReport, analyze_file, compare, plot_timeline, write_html
 from profiler_kit.memory.html import MEMORY_VIZ_URL
 from profiler_kit.names import DEFAULT_MAX_ENTRIES, DEFAULT_OUTPUT_DIR
-from profiler_kit.render import console_err, emit_report
+from profiler_kit.render import console_err, emit_report, say
 
 
 def _report_options(fn):
@@ -66,8 +66,7 @@ def memory_cmd(click_ctx: click.Context, model, ctx, mode, batch_size, mixed_pre
     if html:
         written.append(write_html(report, result.snapshot_path.with_suffix(".html")))
     emit_report(report, fmt)
-    console_err.print(f"wrote {', '.join(map(str, written))} (the pickle also opens at {MEMORY_VIZ_URL})",
-                      highlight=False)
+    say(f"wrote {', '.join(map(str, written))} (the pickle also opens at {MEMORY_VIZ_URL})")
     if result.oom:
         oom = result.oom
         raise ProfilerKitError(f"out of memory in {oom['phase']} of recorded step {oom['step'] + 1} "
@@ -100,7 +99,7 @@ def summarize_cmd(snapshot: Path, device_index: int | None, use_sidecar: bool, p
     for path, write in ((plot_path, _plot), (html_path, write_html)):
         if path is not None:
             write(report, path)
-            console_err.print(f"wrote {path}", highlight=False)
+            say(f"wrote {path}")
     emit_report(report, fmt)
 
 
