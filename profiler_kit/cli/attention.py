@@ -124,10 +124,10 @@ def attention() -> None:
 @click.option("--batch", type=positive_int, default=8, show_default=True)
 @click.option("--heads", type=positive_int, default=None,
               help="Heads; without it inputs have no head dimension: (batch, seq, d).")
-@click.option("--d", "ds", default="16,32,64,128", show_default=True, callback=comma_list(int, positive=True),
+@click.option("--d", "ds", default="16,32,64,128", show_default=True, callback=comma_list(positive_int),
               help="Head dims (comma list).")
 @click.option("--seq", "seqs", default="256,1024,4096,8192,16384", show_default=True,
-              callback=comma_list(int, positive=True), help="Sequence lengths (comma list).")
+              callback=comma_list(positive_int), help="Sequence lengths (comma list).")
 @click.option("--dtype", "dtypes", default="fp32,bf16", show_default=True, callback=comma_list(one_of(dtype_names)),
               help="fp32, bf16, fp16 (comma list).")
 @click.option("--causal/--no-causal", default=True, show_default=True)

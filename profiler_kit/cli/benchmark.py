@@ -12,7 +12,7 @@ import pandas as pd
 
 from profiler_kit import benchmark as bench
 from profiler_kit import distributed
-from profiler_kit.cli.common import format_option, non_negative_int, positive_int, workload_options
+from profiler_kit.cli.common import format_option, non_negative_int, positive_float, positive_int, workload_options
 from profiler_kit.cli.parallel import baseline_option, emit_rank_rows, parallel_option, run_ranks
 from profiler_kit.cli.sweep import run_with_progress
 from profiler_kit.names import OPTIMIZERS
@@ -75,7 +75,7 @@ def unsteady_note(df: pd.DataFrame) -> str | None:
 )
 @click.option(
     "--stable-pct",
-    type=click.FloatRange(min=0, min_open=True),
+    type=positive_float,
     default=2.0,
     show_default=True,
     help="How close two successive warm-up windows must be for the step time to count as settled.",

@@ -1,7 +1,9 @@
-"""Option parsing shared by the commands: comma lists, positive integers, the output format."""
+"""Option parsing shared by the commands: comma lists, numbers (SI suffixes, never NaN or infinity), the output
+format."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -110,8 +112,41 @@ def format_option(default: str = "table") -> Callable:
     return decorate
 
 
-positive_int = click.IntRange(min=1)
-non_negative_int = click.IntRange(min=0)
+class Number(click.ParamType):
+    """A count or amount: finite (NaN and infinity refused), SI suffixes k, M, G, T, P accepted (`23G`, `1.5T`),
+    at least `min` (above it when `min_open`); an int when `kind` is int (then `1.5k` is 1500, `1.5` refused)."""
+
+    SUFFIXES = {"k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
+
+    def __init__(self, kind: type = float, min: float | None = None, min_open: bool = False) -> None:
+        self.kind, self.min, self.min_open = kind, min, min_open
+        self.name = "integer" if kind is int else "number"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int | float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            number = float(value)
+        else:
+            text = str(value).strip().replace("_", "")
+            scale = self.SUFFIXES.get(text[-1:], 1.0)
+            try:
+                number = float(text[:-1] if scale != 1.0 else text) * scale
+            except ValueError:
+                self.fail(f"{value!r} is not a number (SI suffixes k, M, G, T, P are accepted)", param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        if self.kind is int:
+            if number != int(number):
+                self.fail(f"{value!r} is not a whole number", param, ctx)
+            number = int(number)
+        if self.min is not None and (number < self.min or (self.min_open and number == self.min)):
+            self.fail(f"{value!r} must be {'above' if self.min_open else 'at least'} {self.min:g}", param, ctx)
+        return number
+
+
+positive_int = Number(int, min=1)
+non_negative_int = Number(int, min=0)
+positive_float = Number(float, min=0, min_open=True)
+non_negative_float = Number(float, min=0)
 
 
 def model_name(name: str) -> str:
@@ -141,7 +176,7 @@ def workload_options(sweep: bool) -> Callable:
 
     options = [
         listed("--model", "small", pick(model_name), "Model preset (profiler-kit models)"),
-        listed("--ctx", "256", pick(int, True), "Context length in tokens"),
+        listed("--ctx", "256", pick(positive_int), "Context length in tokens"),
         listed("--mode", "train", pick(one_of(MODES)), "forward | forward-backward | train (forward+backward+AdamW)"),
         click.option("--batch-size", type=positive_int, default=4, show_default=True),
         click.option("--mixed-precision", is_flag=True, help="bf16 autocast."),

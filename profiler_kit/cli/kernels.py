@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from profiler_kit.cli.common import format_option, positive_int
+from profiler_kit.cli.common import format_option, non_negative_float, positive_float, positive_int
 from profiler_kit.kernels import DEFAULT_TOP, compare, load, summarize, summarize_trace
 from profiler_kit.kernels.ranks import rank_of, rank_traces, summarize_ranks
 from profiler_kit.kernels.timeline import timeline, write_trace
@@ -57,9 +57,9 @@ def kernels() -> None:
 @kernels.command("summarize", epilog=SOURCES_HELP)
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
 @_analysis_options
-@click.option("--flops-per-step", type=click.FloatRange(min=0, min_open=True), default=None, metavar="FLOPS",
+@click.option("--flops-per-step", type=positive_float, default=None, metavar="FLOPS",
               help="The model FLOPs of one step: TFLOP/s (and MFU with --peak-tflops) over the phases' GPU span.")
-@click.option("--peak-tflops", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--peak-tflops", type=positive_float, default=None,
               help="The GPU's peak TFLOP/s at the run's precision, for MFU.")
 def summarize_command(paths: tuple[Path, ...], top: int, nvtx: str | None, phases: tuple[str, ...], fmt: str,
                       flops_per_step: float | None, peak_tflops: float | None) -> None:
@@ -85,7 +85,7 @@ def summarize_command(paths: tuple[Path, ...], top: int, nvtx: str | None, phase
 @click.argument("a", type=click.Path(path_type=Path))
 @click.argument("b", type=click.Path(path_type=Path))
 @_analysis_options
-@click.option("--fail-above", "fail_above", type=click.FloatRange(min=0), metavar="PCT", default=None,
+@click.option("--fail-above", "fail_above", type=non_negative_float, metavar="PCT", default=None,
               help="Exit 1 when B's kernel time (total, or any phase or category both have) is more than PCT "
                    "percent above A's; the verdict is in the JSON's `gate`.")
 @click.pass_context

@@ -18,6 +18,7 @@ from profiler_kit.cli.common import (
     format_option,
     non_negative_int,
     one_of,
+    positive_float,
     positive_int,
     single,
     workload_options,
@@ -86,10 +87,10 @@ def _program_options(fn: Callable) -> Callable:
         click.option("--phase", "phases", metavar="NAME", multiple=True,
                      help="With -- COMMAND: an NVTX range to report as a phase (repeatable) [default: the "
                           "ranges the report holds, see `kernels summarize --help`]."),
-        click.option("--flops-per-step", type=click.FloatRange(min=0, min_open=True), default=None,
+        click.option("--flops-per-step", type=positive_float, default=None,
                      metavar="FLOPS", help="With -- COMMAND: the model FLOPs of one step, for TFLOP/s (and MFU "
                                            "with --peak-tflops) over the phases' GPU span."),
-        click.option("--peak-tflops", type=click.FloatRange(min=0, min_open=True), default=None,
+        click.option("--peak-tflops", type=positive_float, default=None,
                      help="With -- COMMAND: the GPU's peak TFLOP/s at the program's precision, for MFU."),
     ]
     for option in reversed(options):
