@@ -64,7 +64,8 @@ def test_si_suffixes():
 
 
 def test_flops_per_step_takes_an_si_suffix():
-    result = CliRunner().invoke(main, ["kernels", "summarize", str(BF16), "--flops-per-step", "23G", "--format", "json"])
+    result = CliRunner().invoke(main, ["kernels", "summarize", str(BF16), "--flops-per-step", "23G",
+                                       "--format", "json"])
     assert result.exit_code == 0, result.output
     plain = CliRunner().invoke(main, ["kernels", "summarize", str(BF16), "--flops-per-step", "23000000000",
                                       "--format", "json"])
