@@ -13,6 +13,10 @@ class ProfilerKitError(Exception):
     """A user-facing error: its message is printed as is, without a traceback."""
 
 
+class UsageProblem(ProfilerKitError):
+    """A user-facing error in how the command was asked for (an output that would overwrite an input): exit 2."""
+
+
 def first_line(exc: BaseException) -> str:
     """An exception in one line, for a result row or a note: `Type: first line of its message` (`Type` alone when
     the message is empty)."""

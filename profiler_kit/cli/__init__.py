@@ -10,7 +10,7 @@ import click
 from click.utils import make_default_short_help
 
 from profiler_kit import __version__
-from profiler_kit.errors import ProfilerKitError, first_line, literal
+from profiler_kit.errors import ProfilerKitError, UsageProblem, first_line, literal
 from profiler_kit.files import DEFAULT_MAX_INPUT_MB, MIB, InputLimits, set_limits
 
 # Exit status of an unexpected exception (a bug); ProfilerKitError and OS errors exit 1, usage errors 2.
@@ -29,7 +29,7 @@ class _Failure(click.ClickException):
 def _failure(exc: Exception) -> _Failure:
     """What the user reads for an exception that escaped a command."""
     if isinstance(exc, ProfilerKitError):
-        return _Failure(" ".join(str(exc).split()))
+        return _Failure(" ".join(str(exc).split()), 2 if isinstance(exc, UsageProblem) else 1)
     if isinstance(exc, OSError):
         where = f"{exc.filename}: " if exc.filename else ""
         return _Failure(f"{where}{exc.strerror or first_line(exc)}")

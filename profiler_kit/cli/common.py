@@ -4,6 +4,7 @@ format."""
 from __future__ import annotations
 
 import math
+import shlex
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,19 @@ from typing import Any
 import click
 
 from profiler_kit.render import FORMATS, OutputFormat
+
+
+class ProgramGroup(click.Group):
+    """A group whose first unknown word is a program named without `--` (as after `nsys profile`): a usage
+    error that says where the program goes, instead of "No such command"."""
+
+    def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple:
+        name = args[0] if args else ""
+        if name and not name.startswith("-") and self.get_command(ctx, name) is None:
+            subcommands = ", ".join(self.list_commands(ctx))
+            raise click.UsageError(f"{name!r} is not a subcommand ({subcommands}): put the program after `--`, "
+                                   f"as in `{ctx.command_path} -- {shlex.join(args)}`", ctx)
+        return super().resolve_command(ctx, args)
 
 
 def comma_list(kind: Callable[[str], Any] = str, positive: bool = False) -> Callable:
@@ -142,6 +156,9 @@ class Number(click.ParamType):
             self.fail(f"{value!r} must be {'above' if self.min_open else 'at least'} {self.min:g}", param, ctx)
         return number
 
+
+FORCE = click.option("-f", "--force", is_flag=True,
+                     help="Replace output files that exist (never an input of this command).")
 
 positive_int = Number(int, min=1)
 non_negative_int = Number(int, min=0)

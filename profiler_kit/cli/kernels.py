@@ -6,7 +6,16 @@ from pathlib import Path
 
 import click
 
-from profiler_kit.cli.common import comma_list, format_option, non_negative_float, one_of, positive_float, positive_int
+from profiler_kit.cli.common import (
+    FORCE,
+    comma_list,
+    format_option,
+    non_negative_float,
+    one_of,
+    positive_float,
+    positive_int,
+)
+from profiler_kit.files import check_output_paths
 from profiler_kit.kernels import DEFAULT_TOP, compare, load, summarize, summarize_trace
 from profiler_kit.kernels.compare import DEFAULT_GATES, DEFAULT_MIN_DELTA_SHARE, GATES
 from profiler_kit.kernels.ranks import rank_of, rank_traces, summarize_ranks
@@ -122,16 +131,18 @@ def compare_command(ctx: click.Context, a: Path, b: Path, top: int, nvtx: str | 
 @kernels.command("timeline", epilog=SOURCES_HELP)
 @click.argument("reports", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
-              help="The Chrome/Perfetto trace to write (.json, or .json.gz to compress); never replaced.")
+              help="The Chrome/Perfetto trace to write (.json, or .json.gz to compress).")
 @click.option("--phase", "phases", metavar="NAME", multiple=True,
               help="An NVTX range to show as a phase (repeatable) [default: as `kernels summarize`].")
-def timeline_command(reports: tuple[Path, ...], output: Path, phases: tuple[str, ...]) -> None:
+@FORCE
+def timeline_command(reports: tuple[Path, ...], output: Path, phases: tuple[str, ...], force: bool) -> None:
     """Write the attributed timeline for ui.perfetto.dev: one track per CUDA stream, one of phases (each
     kernel under the phase that launched it, autograd's thread included) and the NVTX ranges; one process
     track per report (e.g. per rank)."""
+    check_output_paths([output], reports, force)
     labels = [f"rank {rank_of(path, i)}" if len(reports) > 1 else path.name for i, path in enumerate(reports)]
     traces = [(label, load(path)) for label, path in zip(labels, reports, strict=True)]
-    write_trace(timeline(traces, list(phases) or None), output)
+    write_trace(timeline(traces, list(phases) or None), output, overwrite=force)
     say(f"wrote {output}: open it in ui.perfetto.dev")
 
 

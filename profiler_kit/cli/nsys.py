@@ -14,6 +14,7 @@ from click.core import ParameterSource
 from profiler_kit import distributed
 from profiler_kit.cli.attention import dtype_names, impl_names
 from profiler_kit.cli.common import (
+    ProgramGroup,
     comma_list,
     format_option,
     non_negative_int,
@@ -41,7 +42,7 @@ from profiler_kit.workload import WorkloadConfig
 COMMAND_KEY = "profiler_kit.command"
 
 
-class _CommandGroup(click.Group):
+class _CommandGroup(ProgramGroup):
     """A group that also takes `-- COMMAND [ARGS]...`: everything after `--` is the program to profile."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
