@@ -38,8 +38,10 @@ test: $(ENV)
 		|| echo "no nsys found and none installed into $(VENV)/nsys-debian: the tests that run nsys will skip"
 	$(PY) -m pytest -q
 
+# One intra-op thread and a longer warm-up keep CPU step times steady on a machine other processes share.
 demo: $(ENV)
-	$(PY) -m profiler_kit benchmark --model tiny --ctx 64,128 --mode forward,train --warmup 2 --steps 5 --device cpu
+	$(PY) -m profiler_kit benchmark --model tiny --ctx 64,128 --mode forward,train --warmup 5 --steps 10 \
+		--cpu-threads 1 --device cpu
 	$(PY) -m profiler_kit kernels summarize profiles/examples/small_ctx128_train_bf16.sqlite --top 8
 
 bench: $(ENV)
