@@ -79,7 +79,7 @@ def emit_rank_rows(rows: list[dict[str, Any]], columns: Sequence[str], display: 
     shown = list(view.default)
     shown[shown.index("status"):shown.index("status")] = RANK_DISPLAY_COLUMNS
     shown.append("scaling_efficiency_pct")
-    view = Shown(view.frame, shown)
+    view = Shown(view.frame, shown) if fmt in ("table", "markdown") else df  # machines get the rows as measured
     emit_tables([("benchmark", view)], fmt, json_obj={"results": records(df)} if fmt == "json" else None,
                 caption=caption)
     failed = df[df["status"] == "error"]
