@@ -153,7 +153,9 @@ class Number(click.ParamType):
                 self.fail(f"{value!r} is not a whole number", param, ctx)
             number = int(number)
         if self.min is not None and (number < self.min or (self.min_open and number == self.min)):
-            self.fail(f"{value!r} must be {'above' if self.min_open else 'at least'} {self.min:g}", param, ctx)
+            positive = (self.min == 0 and self.min_open) or (self.kind is int and self.min == 1)
+            bound = "positive" if positive else f"{'above' if self.min_open else 'at least'} {self.min:g}"
+            self.fail(f"{value!r} must be {bound}", param, ctx)
         return number
 
 
