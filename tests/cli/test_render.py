@@ -13,6 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from profiler_kit.cli import main
+from profiler_kit.cli.benchmark import DISPLAY_COLUMNS, display_rows
 from profiler_kit.render import emit_tables, to_markdown
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -41,18 +42,39 @@ def _headers(text: str) -> list[list[str]]:
     ["kernels", "compare", FP32, BF16],
     ["memory", "summarize", SNAPSHOT],
     ["models"],
-    ["benchmark", "--model", "tiny", "--ctx", "8", "--mode", "forward,train", "--batch-size", "1", "--device", "cpu",
-     "--warmup", "0", "--max-warmup", "0", "--steps", "2"],
-], ids=lambda a: " ".join(str(x)[-30:] for x in a[:3]) if isinstance(a, list) else str(a))
+], ids=lambda a: " ".join(str(x)[-30:] for x in a) if isinstance(a, list) else str(a))
 def test_tables_fit_the_width_with_unique_whole_headers(args, width):
     result = _cli(*args, width=width)
     assert result.exit_code == 0, result.output
-    assert max(map(len, result.stdout.splitlines())) <= width
-    headers = _headers(result.stdout)
+    _assert_fits(result.stdout, width)
+
+
+def _assert_fits(text: str, width: int) -> None:
+    assert max(map(len, text.splitlines())) <= width
+    headers = _headers(text)
     assert headers
     for row in headers:
         assert len(set(row)) == len(row), row
         assert all(cell and "…" not in cell for cell in row), row
+
+
+@pytest.fixture(scope="module")
+def benchmark_rows() -> pd.DataFrame:
+    """Rows of a real benchmark run of the tiny model (forward and train) on the CPU."""
+    result = _cli("benchmark", "--model", "tiny", "--ctx", "8", "--mode", "forward,train", "--batch-size", "1",
+                  "--device", "cpu", "--warmup", "0", "--max-warmup", "0", "--steps", "2", "--format", "json")
+    assert result.exit_code == 0, result.output
+    return pd.DataFrame(json.loads(result.stdout)["results"])
+
+
+@pytest.mark.parametrize("width", [80, 120, 200])
+def test_the_benchmark_table_fits_with_its_main_columns(benchmark_rows, capsys, monkeypatch, width):
+    monkeypatch.setenv("COLUMNS", str(width))
+    emit_tables([("benchmark", display_rows(benchmark_rows))], "table")
+    out = capsys.readouterr().out
+    _assert_fits(out, width)
+    if width >= 120:
+        assert _headers(out)[0] == DISPLAY_COLUMNS
 
 
 def test_wide_and_columns_choose_what_a_table_shows():
