@@ -1,8 +1,10 @@
 """Two kernel summaries side by side: per category, per phase and per kernel, time in each, delta, speedup.
 
 `speedup` is A's time over B's: above 1 means B is faster. With a threshold, the comparison is also a regression
-gate: it fails when B's total, or any phase or category that both reports have, takes more than that many
-percent longer than A's. Kernels are matched by name, so compare reports
+gate: it fails when one of its checks (by default the total and each phase both reports have; also each
+category or each kernel when asked) takes more than that many percent longer in B than in A and also more than
+an absolute floor (by default 1% of A's total), so that a tiny figure doubling never fails a run. Kernels are
+matched by name, so compare reports
 of the same kind (an nsys export with an nsys export): torch.profiler and nsys demangle templates differently.
 """
 
@@ -14,11 +16,18 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from profiler_kit.errors import ProfilerKitError
 from profiler_kit.kernels.categories import CATEGORIES
 from profiler_kit.kernels.summary import DEFAULT_TOP, NS_PER_MS, KernelSummary, display_name
 from profiler_kit.render import records
 
 TOTAL = "total"
+GATES = ("total", "phases", "categories", "kernels")
+DEFAULT_GATES = ("total", "phases")
+# The default floor: a check fails only when B is also this share of A's total above A.
+DEFAULT_MIN_DELTA_SHARE = 0.01
+# How many of the kernels that moved most a failure names.
+MOVERS = 3
 
 
 @dataclass
@@ -30,28 +39,60 @@ class Comparison:
     kernels: pd.DataFrame  # name, category, a_instances, b_instances, a_ns, b_ns (largest first)
     top: int = DEFAULT_TOP
     fail_above_pct: float | None = None
+    gates: tuple[str, ...] = DEFAULT_GATES
+    min_delta_ns: int | None = None  # None: DEFAULT_MIN_DELTA_SHARE of A's total
+
+    @property
+    def floor_ns(self) -> int:
+        """The absolute change below which no check fails."""
+        if self.min_delta_ns is not None:
+            return self.min_delta_ns
+        return int(self.a.total_ns * DEFAULT_MIN_DELTA_SHARE)
 
     def gate(self) -> pd.DataFrame:
-        """check (`total`, `phase <name>`, `category <name>`), a_ns, b_ns, change_pct, regressed: every figure
-        both reports have; `regressed` only with a threshold."""
-        both_c = self.categories[(self.categories["a_ns"] > 0) & (self.categories["b_ns"] > 0)]
-        both_p = self.phases[(self.phases["a_ns"] > 0) & (self.phases["b_ns"] > 0)]
-        checks = pd.DataFrame(
-            {
-                "check": [TOTAL if c == TOTAL else f"category {c}" for c in both_c["category"]]
-                + [f"phase {p}" for p in both_p["phase"]],
-                "a_ns": np.concatenate([both_c["a_ns"].to_numpy(), both_p["a_ns"].to_numpy()]).astype(np.int64),
-                "b_ns": np.concatenate([both_c["b_ns"].to_numpy(), both_p["b_ns"].to_numpy()]).astype(np.int64),
-            }
-        )
-        checks["change_pct"] = (checks["b_ns"] - checks["a_ns"]) * 100.0 / checks["a_ns"]
+        """check (`total`, `phase <name>`, `category <name>`, `kernel <name>`, as `gates` asks), a_ns, b_ns,
+        delta_ns, change_pct, regressed: every such figure both reports have; `regressed` (above the threshold
+        and the floor) only with a threshold."""
+        cats = self.categories[(self.categories["a_ns"] > 0) & (self.categories["b_ns"] > 0)]
+        parts = [
+            ("total", cats[cats["category"] == TOTAL].assign(check=TOTAL)),
+            ("phases", self.phases.assign(check="phase " + self.phases["phase"].astype(str))),
+            ("categories", cats[cats["category"] != TOTAL].assign(check="category " + cats["category"])),
+            ("kernels", self.kernels.assign(check="kernel " + self.kernels["name"].astype(str))),
+        ]
+        chosen = [frame[["check", "a_ns", "b_ns"]] for gate, frame in parts if gate in self.gates]
+        checks = pd.concat(chosen, ignore_index=True) if chosen else pd.DataFrame(columns=["check", "a_ns", "b_ns"])
+        checks = checks[(checks["a_ns"] > 0) & (checks["b_ns"] > 0)].reset_index(drop=True)
+        checks = checks.astype({"a_ns": np.int64, "b_ns": np.int64})
+        checks["delta_ns"] = checks["b_ns"] - checks["a_ns"]
+        checks["change_pct"] = checks["delta_ns"] * 100.0 / checks["a_ns"]
         limit = np.inf if self.fail_above_pct is None else self.fail_above_pct
-        checks["regressed"] = checks["change_pct"] > limit
+        checks["regressed"] = (checks["change_pct"] > limit) & (checks["delta_ns"] > self.floor_ns)
         return checks
 
     @property
     def failed(self) -> bool:
         return self.fail_above_pct is not None and bool(self.gate()["regressed"].any())
+
+    def failures(self) -> list[str]:
+        """One line per failed check: A, B, the change, and the kernels that moved most (of its category, when
+        the check is one)."""
+        lines = []
+        moved = self.kernels.assign(delta_ns=self.kernels["b_ns"] - self.kernels["a_ns"])
+        for row in self.gate().query("regressed").itertuples(index=False):
+            scope = moved
+            if row.check.startswith("category "):
+                scope = moved[moved["category"] == row.check.removeprefix("category ")]
+            elif row.check.startswith("kernel "):
+                scope = moved.iloc[0:0]
+            top = scope.nlargest(MOVERS, "delta_ns")
+            top = top[top["delta_ns"] > 0]
+            movers = ", ".join(f"{display_name(k.name)} {k.delta_ns / NS_PER_MS:+.3f} ms"
+                               for k in top.itertuples(index=False))
+            lines.append(f"{row.check}: A {row.a_ns / NS_PER_MS:.3f} ms, B {row.b_ns / NS_PER_MS:.3f} ms "
+                         f"({row.change_pct:+.1f}%, {row.delta_ns / NS_PER_MS:+.3f} ms)"
+                         + (f"; moved most: {movers}" if movers else ""))
+        return lines
 
     def category_table(self) -> pd.DataFrame:
         used = self.categories[(self.categories[["a_ns", "b_ns"]] > 0).any(axis=1)]
@@ -74,10 +115,12 @@ class Comparison:
         tables.append((f"Top {self.top} kernels (by the larger of A and B)", self.kernel_table(display)))
         if self.fail_above_pct is not None:
             gate = self.gate()
-            shown = gate.assign(a_ms=gate["a_ns"] / NS_PER_MS, b_ms=gate["b_ns"] / NS_PER_MS)
+            shown = gate.assign(a_ms=gate["a_ns"] / NS_PER_MS, b_ms=gate["b_ns"] / NS_PER_MS,
+                                delta_ms=gate["delta_ns"] / NS_PER_MS)
             verdict = "FAIL" if self.failed else "pass"
-            tables.append((f"Regression gate: B more than {self.fail_above_pct:g}% above A fails: {verdict}",
-                           shown[["check", "a_ms", "b_ms", "change_pct", "regressed"]]))
+            tables.append((f"Regression gate: B more than {self.fail_above_pct:g}% and "
+                           f"{self.floor_ns / NS_PER_MS:.3f} ms above A fails: {verdict}",
+                           shown[["check", "a_ms", "b_ms", "delta_ms", "change_pct", "regressed"]]))
         return tables
 
     def to_json(self) -> dict[str, Any]:
@@ -89,6 +132,8 @@ class Comparison:
             "top_kernels": records(_deltas(self.kernels.head(self.top), keep_ns=True)),
             "gate": None if self.fail_above_pct is None else {
                 "fail_above_pct": self.fail_above_pct,
+                "min_delta_ns": self.floor_ns,
+                "gates": list(self.gates),
                 "verdict": "fail" if self.failed else "pass",
                 "checks": records(self.gate()),
             },
@@ -104,9 +149,17 @@ class Comparison:
         return "\n".join([line] + [f"note: {n}" for n in self.notes])
 
 
-def compare(a: KernelSummary, b: KernelSummary, top: int = DEFAULT_TOP,
-            fail_above_pct: float | None = None) -> Comparison:
-    """A and B side by side; with `fail_above_pct`, also the regression gate."""
+def compare(a: KernelSummary, b: KernelSummary, top: int = DEFAULT_TOP, fail_above_pct: float | None = None,
+            gates: tuple[str, ...] = DEFAULT_GATES, min_delta_ns: int | None = None) -> Comparison:
+    """A and B side by side; with `fail_above_pct`, also the regression gate over `gates` (of GATES), whose
+    checks fail only above `min_delta_ns` (default: DEFAULT_MIN_DELTA_SHARE of A's total). A GPU report and a
+    trace without kernels (CPU operator time) measure different things: ProfilerKitError."""
+    if a.basis != b.basis:
+        raise ProfilerKitError(f"A is timed by {a.timed.lower()}, B by {b.timed.lower()}: compare reports of the "
+                               "same kind (GPU kernels with GPU kernels, a CPU trace with a CPU trace)")
+    unknown = set(gates) - set(GATES)
+    if unknown:
+        raise ValueError(f"unknown gate(s) {', '.join(sorted(unknown))}; choose from {', '.join(GATES)}")
     cat_a, cat_b = a.category_ns(), b.category_ns()
     categories = pd.DataFrame(
         {
@@ -136,7 +189,8 @@ def compare(a: KernelSummary, b: KernelSummary, top: int = DEFAULT_TOP,
         }
     )
     order = np.lexsort((kernels["name"].to_numpy(), -np.maximum(kernels["a_ns"], kernels["b_ns"]).to_numpy()))
-    return Comparison(a, b, categories, phases, kernels.iloc[order].reset_index(drop=True), top, fail_above_pct)
+    return Comparison(a, b, categories, phases, kernels.iloc[order].reset_index(drop=True), top, fail_above_pct,
+                      tuple(gates), min_delta_ns)
 
 
 def _deltas(frame: pd.DataFrame, keep_ns: bool = False) -> pd.DataFrame:
