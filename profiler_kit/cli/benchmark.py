@@ -49,6 +49,14 @@ def display_rows(df: pd.DataFrame) -> Shown:
     return Shown(shown, DISPLAY_COLUMNS)
 
 
+def _people_tables(df: pd.DataFrame, repeat: int) -> list[tuple[str, pd.DataFrame | Shown]]:
+    """The benchmark table for people, and with --repeat the spread of each config across the passes."""
+    tables: list[tuple[str, pd.DataFrame | Shown]] = [("benchmark", display_rows(df))]
+    if repeat > 1:
+        tables.append((f"across {repeat} passes (median step times)", bench.across_repeats(df)))
+    return tables
+
+
 def unsteady_note(df: pd.DataFrame) -> str | None:
     """A note naming the rows whose step time spread is over STEADY_SPREAD_PCT, or None."""
     spread = df["total_ms_std"] / df["total_ms"] * 100
@@ -170,15 +178,15 @@ def benchmark_cmd(
             f"the step time (noisy above {STEADY_SPREAD_PCT:g}%); device {df['device'].iloc[0]}"
             + (f"\nnote: {note}" if note else "")
         )
-        tables = [("benchmark", display_rows(df))]
-        if repeat > 1:
-            tables.append((f"across {repeat} passes (median step times)", bench.across_repeats(df)))
-        emit_tables(tables, fmt, caption=caption)
+        emit_tables(_people_tables(df, repeat), fmt, caption=caption)
+    elif fmt == "markdown":
+        if note:
+            say(f"note: {note}")
+        emit_tables(_people_tables(df, repeat), fmt)
     else:
         if note:
             say(f"note: {note}")
-        rows = display_rows(df) if fmt == "markdown" else df  # machines get the rows as measured
-        emit_tables([("benchmark", rows)], fmt, json_obj={"results": records(df)})
+        emit_tables([("benchmark", df)], fmt, json_obj={"results": records(df)})  # the rows as measured
     if writer:
         writer.check_all_written(lambda line: click.echo(line, err=True))
     failed = df[df["status"] == "error"]
