@@ -45,8 +45,9 @@ MIB = 1024**2
 # Ids that link a copy's events to each other: moved by the same step in every copy.
 TRACE_ID_ARGS = ("External id", "correlation", "Sequence number", "Fwd thread id", "Record function id")
 _FREES = ("free_requested", "free_completed")
-SCALE_COLUMNS = ["input", "rows", "size_mib", "command", "wall_s", "peak_rss_mib", "floor", "floor_s",
-                 "floor_rss_mib", "ratio", "torch_tool_s", "torch_tool_rss_mib", "status"]
+SCALE_COLUMNS = ["input", "rows", "size_mib", "command", "wall_s", "cpu_s", "peak_rss_mib", "floor", "floor_s",
+                 "floor_cpu_s", "floor_rss_mib", "ratio", "cpu_ratio", "torch_tool_s", "torch_tool_cpu_s",
+                 "torch_tool_rss_mib", "status"]
 
 
 @dataclass(frozen=True)
@@ -54,30 +55,32 @@ class Measurement:
     """One child process: its wall time, its peak resident memory and how it ended."""
 
     wall_s: float
+    cpu_s: float
     peak_rss_mib: float
     returncode: int
     error: str = ""
 
 
-# Runs argv[2:] as its child and writes its wall seconds and peak RSS (KiB) to the file argv[1]. A process's
+# Runs argv[2:] as its child and writes its wall seconds, CPU seconds (user + system: on a shared machine the
+# steadier of the two) and peak RSS (KiB) to the file argv[1]. A process's
 # peak RSS starts at its parent's size when it is spawned, so the command is spawned from this small process,
 # not from the benchmark (which holds pandas and the big inputs' builders).
 _WRAPPER = ("import resource, subprocess, sys, time; t = time.perf_counter(); rc = subprocess.call(sys.argv[2:]); "
-            "t = time.perf_counter() - t; open(sys.argv[1], 'w').write("
-            "f'{t} {resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}'); sys.exit(rc)")
+            "t = time.perf_counter() - t; u = resource.getrusage(resource.RUSAGE_CHILDREN); "
+            "open(sys.argv[1], 'w').write(f'{t} {u.ru_utime + u.ru_stime} {u.ru_maxrss}'); sys.exit(rc)")
 
 
 def measure(argv: list[str]) -> Measurement:
-    """Run `argv` with stdout discarded; its wall time, the peak RSS of that process alone (counted from a small
+    """Run `argv` with stdout discarded; its wall and CPU time, the peak RSS of that process alone (counted from a small
     launcher's size, ~10 MiB), its exit status and the last line it wrote on stderr when it failed."""
     with tempfile.TemporaryDirectory() as tmp:
         usage, err = Path(tmp) / "usage", Path(tmp) / "stderr"
         with open(err, "wb") as fh:
             rc = subprocess.call([sys.executable, "-c", _WRAPPER, str(usage), *argv], stdout=subprocess.DEVNULL,
                                  stderr=fh)
-        wall, rss_kib = usage.read_text().split()
+        wall, cpu, rss_kib = usage.read_text().split()
         lines = err.read_text(errors="replace").strip().splitlines()
-    return Measurement(float(wall), int(rss_kib) / 1024, rc, lines[-1] if rc and lines else "")
+    return Measurement(float(wall), float(cpu), int(rss_kib) / 1024, rc, lines[-1] if rc and lines else "")
 
 
 def _python(code: str, *args: str) -> list[str]:
@@ -284,9 +287,11 @@ def _row(name: str, rows: int, path: Path, command: str, run: Measurement, floor
               ((command, run), (floor, floor_run), ("torch", torch_run)) if m is not None and m.returncode]
     return {
         "input": name, "rows": rows, "size_mib": path.stat().st_size / MIB, "command": command,
-        "wall_s": run.wall_s, "peak_rss_mib": run.peak_rss_mib, "floor": floor, "floor_s": floor_run.wall_s,
-        "floor_rss_mib": floor_run.peak_rss_mib, "ratio": run.wall_s / floor_run.wall_s,
+        "wall_s": run.wall_s, "cpu_s": run.cpu_s, "peak_rss_mib": run.peak_rss_mib, "floor": floor,
+        "floor_s": floor_run.wall_s, "floor_cpu_s": floor_run.cpu_s, "floor_rss_mib": floor_run.peak_rss_mib,
+        "ratio": run.wall_s / floor_run.wall_s, "cpu_ratio": run.cpu_s / floor_run.cpu_s,
         "torch_tool_s": None if torch_run is None else torch_run.wall_s,
+        "torch_tool_cpu_s": None if torch_run is None else torch_run.cpu_s,
         "torch_tool_rss_mib": None if torch_run is None else torch_run.peak_rss_mib,
         "status": "; ".join(failed) or "ok",
     }

@@ -82,6 +82,8 @@ def test_a_snapshot_that_is_not_a_steady_step_is_refused(tmp_path):
 
 def test_measure_reads_the_child_alone():
     grow = measure([sys.executable, "-c", "b = bytearray(200 * 2**20); b[::4096] = b'x' * len(b[::4096])"])
+    spin = measure([sys.executable, "-c", "import time\nwhile time.process_time() < 0.5: pass"])
+    assert 0.5 <= spin.cpu_s <= spin.wall_s
     small = measure([sys.executable, "-c", "pass"])
     assert grow.returncode == small.returncode == 0
     assert small.peak_rss_mib < 100 < 200 < grow.peak_rss_mib < 300
@@ -101,5 +103,6 @@ def test_the_tool_prints_one_row_per_input(tmp_path):
     assert rows[0]["rows"] >= 1000 and rows[1]["rows"] >= 5000 and rows[2]["rows"] >= 2000
     for row in rows:
         assert row["ratio"] == pytest.approx(row["wall_s"] / row["floor_s"])
+        assert row["cpu_ratio"] == pytest.approx(row["cpu_s"] / row["floor_cpu_s"])
         assert row["peak_rss_mib"] > row["floor_rss_mib"] > 0
     assert sorted(p.suffix for p in tmp_path.iterdir()) == [".json", ".pickle", ".sqlite"]
