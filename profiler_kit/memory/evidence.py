@@ -11,6 +11,7 @@ stack without any Python frame, which only threads that run no Python have), the
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 import pandas as pd
 
@@ -33,6 +34,7 @@ _TENSOR_FILE = re.compile(r"(^|[/\\])torch[/\\]_tensor\.py$")
 _ZERO_GRAD_FILE = re.compile(r"(^|[/\\])torch[/\\](optim[/\\]optimizer|nn[/\\]modules[/\\]module)\.py$")
 
 
+@lru_cache(maxsize=4096)  # asked once per allocation about a few phase labels
 def phase_kind(label: str | None) -> str | None:
     """forward, backward or optimizer for a phase named like one (`backward #2`, `Optimizer.step#…`)."""
     if not label:
