@@ -12,7 +12,7 @@ Each builder repeats a real recording end to end, each copy shifted in time past
   events, which a steady step does not repeat, stay in the first copy; the recorder's sidecar, when there is
   one, gets each copy's phases as further steps.
 
-`measure` runs a command in a child process and reads its wall time and peak RSS (`getrusage`).
+`measure` runs a command in a child process and reads its wall time, CPU time and peak RSS (`getrusage`).
 The floors are what any tool must at least do with the same file: one SQL query joining kernels to their
 launches grouped by name; one `json.load` of the trace (the whole document, not a stream); `pickle.load` of the
 snapshot, and PyTorch's own `torch.cuda._memory_viz.trace` (text of every trace entry) beside it.
@@ -39,11 +39,12 @@ from profiler_kit.errors import ProfilerKitError
 from profiler_kit.kernels.nsys_sqlite import KERNEL_TABLE
 from profiler_kit.kernels.speedtest import build_repeated_export, reference_query
 from profiler_kit.memory.analyze import SEGMENT_SIGN, pick_device
-from profiler_kit.memory.snapshot import load_sidecar, load_snapshot, sidecar_path
+from profiler_kit.memory.snapshot import EMBEDDED_KEY, load_sidecar, load_snapshot, sidecar_path
 
 MIB = 1024**2
-# Ids that link a copy's events to each other: moved by the same step in every copy.
-TRACE_ID_ARGS = ("External id", "correlation", "Sequence number", "Fwd thread id", "Record function id")
+# Ids that link a copy's events to each other (launch ↔ kernel, operator ↔ its backward): moved by the same
+# step in every copy. Thread ids ("Fwd thread id") stay.
+TRACE_ID_ARGS = ("External id", "correlation", "Sequence number")
 _FREES = ("free_requested", "free_completed")
 SCALE_COLUMNS = ["input", "rows", "size_mib", "command", "wall_s", "cpu_s", "peak_rss_mib", "floor", "floor_s",
                  "floor_cpu_s", "floor_rss_mib", "ratio", "cpu_ratio", "torch_tool_s", "torch_tool_cpu_s",
@@ -62,17 +63,17 @@ class Measurement:
 
 
 # Runs argv[2:] as its child and writes its wall seconds, CPU seconds (user + system: on a shared machine the
-# steadier of the two) and peak RSS (KiB) to the file argv[1]. A process's
-# peak RSS starts at its parent's size when it is spawned, so the command is spawned from this small process,
-# not from the benchmark (which holds pandas and the big inputs' builders).
+# steadier of the two) and peak RSS (KiB) to the file argv[1]. A process's peak RSS starts at its parent's size
+# when it is spawned, so the command is spawned from this small process, not from the benchmark (which holds
+# pandas and the builders).
 _WRAPPER = ("import resource, subprocess, sys, time; t = time.perf_counter(); rc = subprocess.call(sys.argv[2:]); "
             "t = time.perf_counter() - t; u = resource.getrusage(resource.RUSAGE_CHILDREN); "
             "open(sys.argv[1], 'w').write(f'{t} {u.ru_utime + u.ru_stime} {u.ru_maxrss}'); sys.exit(rc)")
 
 
 def measure(argv: list[str]) -> Measurement:
-    """Run `argv` with stdout discarded; its wall and CPU time, the peak RSS of that process alone (counted from a small
-    launcher's size, ~10 MiB), its exit status and the last line it wrote on stderr when it failed."""
+    """Run `argv` with stdout discarded; its wall and CPU time, the peak RSS of that process alone (counted from a
+    small launcher's size, ~10 MiB), its exit status and the last line it wrote on stderr when it failed."""
     with tempfile.TemporaryDirectory() as tmp:
         usage, err = Path(tmp) / "usage", Path(tmp) / "stderr"
         with open(err, "wb") as fh:
@@ -269,8 +270,8 @@ def build_repeated_snapshot(source: Path, target: Path, entries: int) -> int:
     out = {**snapshot, "device_traces": traces}
     if isinstance(snapshot.get("external_annotations"), list):
         out["external_annotations"] = _shift_annotations(snapshot["external_annotations"], copies, dt)
-    if isinstance(snapshot.get("profiler_kit"), dict):
-        out["profiler_kit"] = _repeated_sidecar(snapshot["profiler_kit"], copies, dt)
+    if isinstance(snapshot.get(EMBEDDED_KEY), dict):
+        out[EMBEDDED_KEY] = _repeated_sidecar(snapshot[EMBEDDED_KEY], copies, dt)
     with open(target, "wb") as fh:
         pickle.dump(out, fh, protocol=pickle.HIGHEST_PROTOCOL)
     meta, _ = load_sidecar(source)
