@@ -51,7 +51,8 @@ test-gpu-slow: $(ENV)
 
 # The README's and docs' GPU figures, re-run on this commit (tools/results.py --list names the parts).
 results: $(ENV)
-	PYTHONPATH=$(CURDIR) $(PY) tools/results.py $(if $(filter render,$(ONLY)),--render,$(if $(ONLY),--only $(ONLY)))
+	PYTHONPATH=$(CURDIR) $(PY) tools/results.py $(if $(filter render,$(ONLY)),--render,$(if $(ONLY),--only $(ONLY))) \
+		$(if $(COMMIT),--commit $(COMMIT))
 
 # One intra-op thread and a longer warm-up keep CPU step times steady on a machine other processes share.
 demo: $(ENV)

@@ -72,10 +72,12 @@ def command_text(args: tuple[str, ...]) -> str:
 # ------------------------------------------------------------------------------------------------ running
 
 
-def stamp() -> dict:
-    """What every row of this run records: commit (with -dirty when tracked files differ), date, torch, GPU."""
-    git = lambda *a: subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True).stdout.strip()  # noqa: E731
-    commit = git("rev-parse", "--short=10", "HEAD") + ("-dirty" if git("status", "--porcelain", "-uno") else "")
+def stamp(commit: str | None = None) -> dict:
+    """What every row of this run records: the commit (given, or git's HEAD with -dirty when tracked files differ),
+    date, torch, GPU."""
+    if commit is None:
+        git = lambda *a: subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True).stdout.strip()  # noqa: E731
+        commit = git("rev-parse", "--short=10", "HEAD") + ("-dirty" if git("status", "--porcelain", "-uno") else "")
     import torch
 
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
@@ -311,6 +313,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--only", help=f"comma-separated parts to run: {', '.join(PARTS)} (default: all)")
     parser.add_argument("--render", action="store_true", help="only rewrite the blocks from the stored rows")
     parser.add_argument("--list", action="store_true", help="print the parts, their commands and durations")
+    parser.add_argument("--commit", help="the commit the code being measured is (default: git's HEAD); for a copy "
+                        "of the tree whose git metadata is not the tree's")
     args = parser.parse_args(argv)
     if args.list:
         for name, part in PARTS.items():
@@ -323,7 +327,7 @@ def main(argv: list[str] | None = None) -> None:
         unknown = [n for n in names if n not in PARTS]
         if unknown:
             parser.error(f"unknown part(s) {', '.join(unknown)}; choose from {', '.join(PARTS)}")
-        base = stamp()
+        base = stamp(args.commit)
         for name in names:
             write_rows(name, run_part(name, base))
     for page in render():
