@@ -15,10 +15,12 @@ MODE ?= forward
 MIXED ?= 0
 MIXED_FLAG := $(if $(filter 1 yes true,$(MIXED)),--mixed-precision,)
 
-.PHONY: help install test demo bench lint nsys memory attention leaderboard clean
+.PHONY: help install test test-gpu test-gpu-slow results demo bench lint nsys memory attention leaderboard clean
 
 help:
 	@echo "make demo | test | install | bench | lint | nsys MODEL=xl CTX=256 [MODE=train] [MIXED=1]"
+	@echo "make test-gpu | test-gpu-slow [ARGS='tests/attention -x']   (on a GPU box without the venv: PY=python3)"
+	@echo "make results [ONLY=leaderboard,optimizers]   (GPU; ONLY=render rewrites the docs from docs/data/results)"
 	@echo "make memory MODEL=xl CTX=256 [MODE=train] [MIXED=1] | attention | leaderboard"
 
 $(STAMP): pyproject.toml
@@ -33,10 +35,23 @@ install: $(STAMP)
 
 # Tests that run nsys use the one profiler-kit finds, else Debian's 2022.4, installed into $(VENV)/nsys-debian.
 test: $(ENV)
-	@$(PY) -c "from profiler_kit.nsys_tool import find_nsys; find_nsys()" 2>/dev/null \
+	@$(PY) -c "from profiler_kit.recording.nsys import find_nsys; find_nsys()" 2>/dev/null \
 		|| bash tools/install_nsys_debian.sh $(VENV)/nsys-debian >/dev/null \
 		|| echo "no nsys found and none installed into $(VENV)/nsys-debian: the tests that run nsys will skip"
 	$(PY) -m pytest -q
+
+# Tests marked gpu, on a CUDA machine: the fast ones (a few minutes on one H100), then the ones marked gpu_slow
+# (autotuning, torch.compile, large models, nsys recording). ARGS narrows them, e.g. ARGS=tests/attention.
+PYTEST_GPU := PYTHONPATH=$(CURDIR) $(PY) -m pytest -q -rs --durations=15
+test-gpu: $(ENV)
+	$(PYTEST_GPU) -m "gpu and not gpu_slow" $(ARGS)
+
+test-gpu-slow: $(ENV)
+	$(PYTEST_GPU) -m gpu_slow $(ARGS)
+
+# The README's and docs' GPU figures, re-run on this commit (tools/results.py --list names the parts).
+results: $(ENV)
+	PYTHONPATH=$(CURDIR) $(PY) tools/results.py $(if $(filter render,$(ONLY)),--render,$(if $(ONLY),--only $(ONLY)))
 
 demo: $(ENV)
 	$(PY) -m profiler_kit benchmark --model tiny --ctx 64,128 --mode forward,train --warmup 2 --steps 5 --device cpu
@@ -45,8 +60,9 @@ demo: $(ENV)
 bench: $(ENV)
 	$(PY) -m profiler_kit benchmark --model $(MODEL) --ctx $(CTX) --mode $(MODE) $(MIXED_FLAG)
 
+# Remade on every call: --force replaces the earlier recording of the config once the new one is complete.
 nsys: $(ENV)
-	$(PY) -m profiler_kit nsys --model $(MODEL) --ctx $(CTX) --mode $(MODE) $(MIXED_FLAG) $(if $(NSYS),--nsys "$(NSYS)")
+	$(PY) -m profiler_kit nsys --model $(MODEL) --ctx $(CTX) --mode $(MODE) $(MIXED_FLAG) --force $(if $(NSYS),--nsys "$(NSYS)")
 
 memory: $(ENV)
 	$(PY) -m profiler_kit memory --model $(MODEL) --ctx $(CTX) --mode $(MODE) $(MIXED_FLAG)

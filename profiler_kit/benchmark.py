@@ -63,12 +63,12 @@ COLUMNS = (
     "tokens_per_s",
     "model_tflops",
     "mfu_pct",
-    "peak_allocated_mb",
-    "peak_reserved_mb",
+    "peak_allocated_mib",
+    "peak_reserved_mib",
     "params",
     "message",
 )
-MB = 2**20
+MIB = 2**20
 STABLE_WINDOW = 5
 # How PyTorch's CPU allocator reports a failed allocation ("DefaultCPUAllocator: can't allocate memory: you
 # tried to allocate N bytes").
@@ -287,8 +287,8 @@ def run_config(
         row["model_tflops"] = flops / seconds / 1e12
         row["mfu_pct"] = mfu_pct(row["model_tflops"], row["device"], cfg.mixed_precision)
         if device.type == "cuda":
-            row["peak_allocated_mb"] = torch.cuda.max_memory_allocated(device) / MB
-            row["peak_reserved_mb"] = torch.cuda.max_memory_reserved(device) / MB
+            row["peak_allocated_mib"] = torch.cuda.max_memory_allocated(device) / MIB
+            row["peak_reserved_mib"] = torch.cuda.max_memory_reserved(device) / MIB
         row["status"] = "ok"
     except torch.OutOfMemoryError as exc:
         row.update(status="oom", message=str(exc).splitlines()[0])

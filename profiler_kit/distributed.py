@@ -11,6 +11,7 @@ aggregate's over world_size × the baseline's.
 
 from __future__ import annotations
 
+import importlib
 import os
 import statistics
 from collections.abc import Callable, Iterable, Sequence
@@ -73,6 +74,11 @@ def join(device: torch.device) -> tuple[torch.device, RankInfo]:
         device = torch.device("cuda", info.local_rank)
         torch.cuda.set_device(device)
     if not dist.is_initialized():
+        # torch.distributed.nn.functional binds the world group as its functions' default argument when first
+        # imported (DDP imports it); imported after the group opens, it keeps the group alive past
+        # destroy_process_group, and gloo's worker threads then release tensors during interpreter shutdown,
+        # which aborts the process. Imported before, it binds None.
+        importlib.import_module("torch.distributed.nn.functional")
         if device.type == "cuda":
             dist.init_process_group("nccl", device_id=device)
         else:
@@ -150,8 +156,8 @@ def aggregate_row(rank_rows: Sequence[dict[str, Any]], tokens_per_rank_step: int
 
 
 def _numeric_columns(row: dict[str, Any]) -> list[str]:
-    """Time (`*_ms*`) and memory (`*_mb`) columns of a benchmark row."""
-    return [c for c in row if "_ms" in c or c.endswith("_mb")]
+    """Time (`*_ms*`) and memory (`*_mib`) columns of a benchmark row."""
+    return [c for c in row if "_ms" in c or c.endswith("_mib")]
 
 
 def with_scaling(row: dict[str, Any], baseline_tokens_per_s: float | None) -> dict[str, Any]:

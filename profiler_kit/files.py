@@ -16,6 +16,7 @@ import gzip
 import json
 import os
 import stat
+import time
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -220,3 +221,85 @@ def check_output(path: str | os.PathLike) -> Path:
     if not existed:
         path.unlink(missing_ok=True)
     return path
+
+
+class Reservation:
+    """A recording output held by this run: a lock file `.<name>.lock` beside it, made create-exclusive and
+    holding this process's id, removed by `release` (or leaving the `with` block)."""
+
+    def __init__(self, path: Path, lock: Path) -> None:
+        self.path, self.lock = path, lock
+
+    def release(self) -> None:
+        self.lock.unlink(missing_ok=True)
+
+    def __enter__(self) -> Reservation:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+# A lock younger than this whose process id cannot be read yet is being made by another run.
+LOCK_WRITE_S = 10
+
+
+def _holder(lock: Path) -> int | None:
+    """The live process that holds `lock` (0 when its id is not written yet), or None when the lock is stale:
+    its process is gone, or it never got an id."""
+    try:
+        text = lock.read_text().strip()
+        if not text.isdigit():
+            return 0 if time.time() - lock.stat().st_mtime < LOCK_WRITE_S else None
+    except OSError:
+        return None
+    pid = int(text)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        return pid  # alive, another user's
+    return pid
+
+
+def reserve_output(path: str | os.PathLike, force: bool, others: tuple[Path, ...] = ()) -> Reservation:
+    """Hold the recording output `path` (and `others`, files of the same recording) for this run from its
+    start: a concurrent run with the same output fails here at once, and so does an existing output unless
+    `force` (then it is replaced once the new recording is complete). A lock left by a run that died is
+    taken over."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        check_output(path)  # says why in one line
+    lock = path.with_name(f".{path.name}.lock")
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            pid = _holder(lock)
+            if pid is not None:
+                who = f" (process {pid})" if pid else ""
+                raise ProfilerKitError(f"{path}: another run{who} is recording it; wait for it or pass another "
+                                       "--output") from None
+            lock.unlink(missing_ok=True)
+            continue
+        except OSError as exc:
+            raise ProfilerKitError(f"{path}: cannot be written ({exc.strerror or exc})") from None
+        with os.fdopen(fd, "w") as fh:
+            fh.write(str(os.getpid()))
+        break
+    else:
+        raise ProfilerKitError(f"{path}: another run keeps taking it; pass another --output")
+    reservation = Reservation(path, lock)
+    try:
+        existing = [p for p in (path, *others) if p.exists() or p.is_symlink()]
+        if existing and not force:
+            raise ProfilerKitError(f"{', '.join(map(str, existing))} already exists; pass another --output, or "
+                                   "--force to replace it once the new recording is complete")
+        check_output(path)  # only now: it may create and remove `path`, which no other run may then be making
+    except ProfilerKitError:
+        reservation.release()
+        raise
+    return reservation

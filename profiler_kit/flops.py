@@ -7,11 +7,13 @@ full T×T product, which is what naive attention and SDPA's math path compute (a
 its own benchmark counts that separately). Plus the LM head 2·d·V per token. Backward is twice the forward (grads
 w.r.t. inputs and weights), so forward+backward (and a train step) is three times the forward.
 
-Peaks are dense (no sparsity) tensor-core rates for bf16 and plain FP32 (CUDA-core) rates from NVIDIA's
-datasheets: A100 (A100 datasheet, SXM 80GB), H100 SXM5 and PCIe (H100 datasheet, "Tensor Core GPU" table, dense
-figures are half the sparse ones printed with an asterisk), H200 (H200 datasheet; same compute as H100 SXM),
-L40S and RTX 4090 (Ada datasheets). fp32 runs use the FP32 figure: PyTorch keeps `allow_tf32` off for matmuls by
-default.
+Peaks are dense (no sparsity) rates in TFLOP/s from NVIDIA's datasheets, which print tensor-core rates with 2:4
+sparsity (marked with an asterisk): the dense rate is half of those. bf16, fp16 and tf32 are tensor-core rates with
+fp32 accumulation (what PyTorch's matmuls use); fp32 is the plain CUDA-core rate. Sources: H100 SXM5 and PCIe (H100
+datasheet and Hopper whitepaper), H200 SXM (H200 datasheet; the same compute as H100 SXM), A100 (A100 datasheet; SXM
+and PCIe alike), L4 (L4 datasheet), B200 (HGX B200 datasheet, per GPU at 1000 W), L40S and RTX 4090 (Ada datasheet
+and whitepaper; the 4090's fp16 rate with fp32 accumulation is half its fp16-accumulate rate). fp32 runs use the
+fp32 figure: PyTorch keeps `allow_tf32` off for matmuls by default.
 """
 
 from __future__ import annotations
@@ -44,17 +46,21 @@ class GpuPeak:
     name: str
     pattern: str  # regex on torch.cuda.get_device_name()
     bf16_tflops: float
+    fp16_tflops: float
+    tf32_tflops: float
     fp32_tflops: float
 
 
 # Ordered: the first pattern that matches the device name wins (PCIe before the generic H100 entry).
 GPU_PEAKS: tuple[GpuPeak, ...] = (
-    GpuPeak("H100 PCIe", r"H100.*PCIe", 756.0, 51.2),
-    GpuPeak("H100 SXM", r"H100", 989.4, 66.9),
-    GpuPeak("H200", r"H200", 989.4, 66.9),
-    GpuPeak("A100", r"A100", 312.0, 19.5),
-    GpuPeak("L40S", r"L40S", 362.05, 91.6),
-    GpuPeak("RTX 4090", r"4090", 165.2, 82.6),
+    GpuPeak("H100 PCIe", r"H100.*PCIe", 756.0, 756.0, 378.0, 51.2),
+    GpuPeak("H100 SXM", r"H100", 989.4, 989.4, 494.7, 66.9),
+    GpuPeak("H200", r"H200", 989.4, 989.4, 494.7, 66.9),
+    GpuPeak("A100", r"A100", 312.0, 312.0, 156.0, 19.5),
+    GpuPeak("B200", r"B200", 2250.0, 2250.0, 1100.0, 80.0),
+    GpuPeak("L40S", r"L40S", 362.05, 362.05, 183.0, 91.6),
+    GpuPeak("L4", r"\bL4\b", 121.0, 121.0, 60.0, 30.3),
+    GpuPeak("RTX 4090", r"4090", 165.2, 165.2, 82.6, 82.6),
 )
 
 

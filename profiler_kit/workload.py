@@ -1,6 +1,6 @@
 """One training-step workload shared by the benchmark, the nsys/torch profilers and the memory recorder.
 
-A step runs `forward`, then `backward`, then `optimizer_step` (AdamW), each in an NVTX range of that name, as far
+A step runs `forward`, then `backward`, then `optimizer_step` (AdamW), each in a phase range of that name, as far
 as the mode asks. Callers observe phase boundaries through `on_phase_end(phase)`: the benchmark records a CUDA
 event there, the memory recorder reads the allocator's peak.
 """
@@ -16,8 +16,8 @@ import torch
 from profiler_kit import distributed
 from profiler_kit.errors import ProfilerKitError
 from profiler_kit.model import ATTENTION_IMPLS, TransformerLM
-from profiler_kit.nvtx_ranges import nvtx_range, set_enabled
 from profiler_kit.presets import DEFAULT_BATCH_SIZE, from_name
+from profiler_kit.recording.ranges import nvtx_range, set_enabled
 
 MODES = ("forward", "forward-backward", "train")
 PHASES = ("forward", "backward", "optimizer_step")
@@ -158,18 +158,18 @@ class Workload:
         if self.cfg.cuda_graphs:
             torch.compiler.cudagraph_mark_step_begin()
         self.model.zero_grad(set_to_none=True)
-        with nvtx_range("forward"):
+        with nvtx_range("forward", marked=True):
             with self.autocast():
                 loss = self.forward_fn(self.inputs, self.targets)
         if on_phase_end:
             on_phase_end("forward")
         if "backward" in self.phases:
-            with nvtx_range("backward"):
+            with nvtx_range("backward", marked=True):
                 loss.backward()
             if on_phase_end:
                 on_phase_end("backward")
         if self.optimizer_step is not None:
-            with nvtx_range("optimizer_step"):
+            with nvtx_range("optimizer_step", marked=True):
                 self.optimizer_step()
             if on_phase_end:
                 on_phase_end("optimizer_step")

@@ -3,7 +3,7 @@
 `profiler-kit memory --model M --ctx C --mode MODE [--mixed-precision]` writes a JSON sidecar,
 M_ctxC_MODE[_bf16].json, beside each snapshot; this reads the sidecars of every (ctx, mode) pair, both
 precisions, and prints one row per pair: peak allocated and reserved bytes, and the peak of each phase, in GB
-(10⁹ bytes). docs/memory.md holds the table made from docs/data/memory/.
+(10⁹ bytes). docs/memory.md gives the commands that record the sidecars.
 """
 
 from __future__ import annotations

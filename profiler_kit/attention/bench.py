@@ -21,10 +21,10 @@ FLOPs follow the FlashAttention-2 paper: a forward is 4·B·H·N²·d (two N×N�
 (five matmuls), both halved when causal; forward+backward is 3.5×.
 
 Memory (CUDA only; None elsewhere), in MiB of allocated memory, measured on one forward/backward run after a
-warm-up run (which compiles and autotunes): `mem_inputs_mb` after q, k, v and the output gradient exist;
-`mem_before_bwd_mb` after the forward; `saved_mb` their difference, i.e. the output plus everything autograd
-keeps for the backward; `fwd_peak_mb`/`bwd_peak_mb` the allocator's peak during each pass (absolute, inputs
-included). `saved_analytic_mb` is the same quantity derived by hand (see `saved_bytes`), so the two columns
+warm-up run (which compiles and autotunes): `mem_inputs_mib` after q, k, v and the output gradient exist;
+`mem_before_bwd_mib` after the forward; `saved_mib` their difference, i.e. the output plus everything autograd
+keeps for the backward; `fwd_peak_mib`/`bwd_peak_mib` the allocator's peak during each pass (absolute, inputs
+included). `saved_analytic_mib` is the same quantity derived by hand (see `saved_bytes`), so the two columns
 side by side show whether an implementation keeps what it should.
 
 The implementations of a shape take the same inputs (seed 0). Each config fails on its own: an OOM gives status
@@ -74,13 +74,13 @@ QUANTILES = (0.5, 0.2, 0.8)
 # do_bench estimates the per-call time from this many calls before sizing warm-up and repetitions.
 ESTIMATE_CALLS = 5
 LSE_BYTES = 4  # every flash-style kernel keeps its logsumexp in fp32
-MB = 2**20
+MIB = 2**20
 
 KEY_COLUMNS = ("impl", "dtype", "causal", "batch", "heads", "seq", "d")
 TIMING_COLUMNS = tuple(f"{t}_{s}" for t in TIMINGS for s in ("ms", "p20_ms", "p80_ms"))
 TFLOPS_COLUMNS = tuple(f"{t}_tflops" for t in TIMINGS)
-MEMORY_COLUMNS = ("mem_inputs_mb", "mem_before_bwd_mb", "saved_mb", "saved_analytic_mb", "fwd_peak_mb",
-                  "bwd_peak_mb")
+MEMORY_COLUMNS = ("mem_inputs_mib", "mem_before_bwd_mib", "saved_mib", "saved_analytic_mib", "fwd_peak_mib",
+                  "bwd_peak_mib")
 # What changes a measurement besides its config; `--resume` counts a row as done only when these match.
 # Beyond these a sweep would run for days, or its inputs fit no device: refused before any work.
 MAX_MEASURE_MS = 600_000
@@ -256,9 +256,9 @@ def _measure_memory(fn: AttentionFn, q: torch.Tensor, k: torch.Tensor, v: torch.
     del out
     for t in (q, k, v):
         t.grad = None
-    return {"mem_inputs_mb": inputs / MB, "mem_before_bwd_mb": before_bwd / MB,
-            "saved_mb": (before_bwd - inputs) / MB, "fwd_peak_mb": fwd_peak / MB,
-            "bwd_peak_mb": bwd_peak / MB}
+    return {"mem_inputs_mib": inputs / MIB, "mem_before_bwd_mib": before_bwd / MIB,
+            "saved_mib": (before_bwd - inputs) / MIB, "fwd_peak_mib": fwd_peak / MIB,
+            "bwd_peak_mib": bwd_peak / MIB}
 
 
 def _inputs(cfg: AttentionConfig, device: torch.device) -> tuple[torch.Tensor, ...]:
@@ -341,8 +341,8 @@ def _new_row(cfg: AttentionConfig, measured_with: dict) -> dict:
     row: dict = dict.fromkeys(COLUMNS)
     row.update({k: getattr(cfg, k) for k in KEY_COLUMNS})
     row.update(measured_with, message="",
-               saved_analytic_mb=saved_bytes(cfg.impl, cfg.batch_heads, cfg.seq, cfg.d, DTYPES[cfg.dtype],
-                                             cfg.causal) / MB)
+               saved_analytic_mib=saved_bytes(cfg.impl, cfg.batch_heads, cfg.seq, cfg.d, DTYPES[cfg.dtype],
+                                             cfg.causal) / MIB)
     return row
 
 

@@ -23,8 +23,8 @@ from profiler_kit.workload import resolve_device
 KEY_VIEW = ["impl", "dtype", "seq", "d", "status"]
 TIMING_VIEW = [*KEY_VIEW, "fwd_ms", "bwd_ms", "fwd_bwd_ms", "fwd_bwd_p20_ms", "fwd_bwd_p80_ms",
                "fwd_tflops", "bwd_tflops", "fwd_bwd_tflops"]
-MEMORY_VIEW = [*KEY_VIEW, "mem_inputs_mb", "mem_before_bwd_mb", "saved_mb", "saved_analytic_mb",
-               "fwd_peak_mb", "bwd_peak_mb", "message"]
+MEMORY_VIEW = [*KEY_VIEW, "mem_inputs_mib", "mem_before_bwd_mib", "saved_mib", "saved_analytic_mib",
+               "fwd_peak_mib", "bwd_peak_mib", "message"]
 LEADERBOARD_IMPLS = "flash-triton,sdpa-flash,sdpa-cudnn,sdpa-efficient"
 
 

@@ -42,7 +42,7 @@ DISPLAY_COLUMNS = [
     "host_cpu_ms",
     "tokens_per_s",
     "mfu_pct",
-    "peak_allocated_mb",
+    "peak_allocated_mib",
 ]
 
 

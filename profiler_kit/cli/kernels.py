@@ -1,4 +1,4 @@
-"""`profiler-kit kernels summarize|compare`: where GPU time goes, from any kernel report."""
+"""`profiler-kit kernels summarize|compare|whatif|timeline`: where GPU time goes, from any kernel report."""
 
 from __future__ import annotations
 
@@ -7,9 +7,12 @@ from pathlib import Path
 import click
 
 from profiler_kit.cli.common import format_option, positive_int
+from profiler_kit.errors import ProfilerKitError
 from profiler_kit.kernels import DEFAULT_TOP, compare, load, summarize, summarize_trace
+from profiler_kit.kernels.phases import RULE as PHASE_RULE
 from profiler_kit.kernels.ranks import rank_of, rank_traces, summarize_ranks
 from profiler_kit.kernels.timeline import timeline, write_trace
+from profiler_kit.kernels.whatif import Speedup, what_if
 from profiler_kit.render import console_err, emit_report
 
 SOURCES_HELP = (
@@ -34,10 +37,7 @@ _ANALYSIS_OPTIONS = (
         "phases",
         metavar="NAME",
         multiple=True,
-        help="An NVTX range to report as a phase (repeatable). Default: forward, backward, optimizer_step when "
-        "the report has them (the built-in model); else the ranges directly inside the outermost ranges of each "
-        "process's main thread (`step` holding `fwd`, `bwd`, `opt` gives fwd, bwd, opt), or those outermost "
-        "ranges when nothing is nested in them; `warmup` is never a phase.",
+        help=f"An NVTX range to report as a phase (repeatable). {PHASE_RULE}",
     ),
     format_option(),
 )
@@ -64,7 +64,10 @@ def kernels() -> None:
 def summarize_command(paths: tuple[Path, ...], top: int, nvtx: str | None, phases: tuple[str, ...], fmt: str,
                       flops_per_step: float | None, peak_tflops: float | None) -> None:
     """Summarize the kernels of one report: by category, per kernel, per phase, and where the GPU idles in
-    each phase (launch-bound when idle above half of the phase's GPU span).
+    each phase (launch-bound when idle above half of the phase's GPU span; one long gap, such as start-up or
+    autotuning, is named instead). A report whose phases sit in a repeating range (`step`, `ProfilerStep#N`)
+    gets a per-step table, warm-up steps apart, and the idle verdicts come from the steady steps. A range
+    outside the phases holding more than 5% of the time is named in a note.
 
     Several reports are the ranks of one job (`<stem>.rank<R>.json.gz`, else in the order given): a table per
     rank, the merged categories, communication per phase (overlapped by compute elsewhere, and exposed) and
@@ -98,6 +101,34 @@ def compare_command(ctx: click.Context, a: Path, b: Path, top: int, nvtx: str | 
     if comparison.failed:
         console_err.print(f"regression: B is more than {fail_above:g}% above A", soft_wrap=True)
         ctx.exit(1)
+
+
+@kernels.command("whatif", epilog=SOURCES_HELP)
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--speedup", "speedups", metavar="CATEGORY_OR_KERNEL=FACTOR", multiple=True,
+              help="Kernels of this category (matmul, attention, ...), launched inside NVTX ranges named NAME "
+                   "(range:NAME), else whose name contains this text, run FACTOR times faster (repeatable; the "
+                   "last that matches a kernel wins).")
+@click.option("--no-launch-gaps", is_flag=True,
+              help="Predict a run whose launches never hold the GPU back (CUDA graphs): within each step, every "
+                   "kernel is ready when the step's first one is.")
+@click.option("--phase", "phases", metavar="NAME", multiple=True,
+              help="An NVTX range to report as a phase (repeatable) [default: as `kernels summarize`].")
+@format_option()
+def whatif_command(path: Path, speedups: tuple[str, ...], no_launch_gaps: bool, phases: tuple[str, ...],
+                   fmt: str) -> None:
+    """Predict the time of each phase and step if some kernels ran faster, or launches left no gaps.
+
+    Each stream's kernels are replayed in their measured order: a kernel starts at the latest of its launch
+    (as measured) plus the launch latency, the end of the previous kernel on its stream plus the queue gap, and
+    the end of what it waited for on another stream; latency and gap are measured in the report. With no
+    change the replay gives the measured times back. JSON: `measured_ms` and `predicted_ms` per phase and step."""
+    try:
+        changes = [Speedup.parse(text) for text in speedups]
+    except ProfilerKitError as err:
+        raise click.BadParameter(str(err), param_hint="--speedup") from None
+    summary = summarize_trace(load(path), phases=list(phases) or None)
+    emit_report(what_if(summary, changes, launch_gaps=not no_launch_gaps), fmt)
 
 
 @kernels.command("timeline", epilog=SOURCES_HELP)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from click.core import ParameterSource
@@ -24,17 +25,19 @@ from profiler_kit.cli.common import (
 )
 from profiler_kit.cli.parallel import parallel_option
 from profiler_kit.errors import ProfilerKitError
-from profiler_kit.profiling import (
-    BACKENDS,
+from profiler_kit.recording.builtin import (
     AttentionProfileConfig,
     ProfileResult,
     profile,
     profile_attention,
     workload_flops,
 )
+from profiler_kit.recording.runner import BACKENDS, ProgramRun, Window, nothing_recorded, run_program
 from profiler_kit.render import console_err, emit_report
-from profiler_kit.runner import ProgramRun, run_program
 from profiler_kit.workload import WorkloadConfig
+
+if TYPE_CHECKING:
+    from profiler_kit.kernels.summary import KernelSummary
 
 # Where the command to profile starts on the command line; click would read its words as a subcommand.
 COMMAND_KEY = "profiler_kit.command"
@@ -63,6 +66,8 @@ def _recording_options(fn: Callable) -> Callable:
                      help="The nsys executable (default: $NSYS, PATH, CUDA and Nsight install folders)."),
         click.option("--output-dir", type=click.Path(file_okay=False, path_type=Path),
                      default=Path("profiles"), show_default=True),
+        click.option("-f", "--force", is_flag=True,
+                     help="Replace existing recordings of the same name once the new one is complete."),
         click.option("--top", type=positive_int, default=15, show_default=True,
                      help="Kernels in the summary."),
         format_option(),
@@ -109,23 +114,26 @@ PROGRAM_ONLY = ("output", "nsys_args", "capture", "phases", "flops_per_step", "p
 @click.pass_context
 def nsys(click_ctx: click.Context, model: str, ctx: int, mode: str, batch_size: int, mixed_precision: bool,
          compile_: bool, cuda_graphs: bool, attention: str, device: str, seed: int, nvtx: bool, optimizer: str,
-         parallel: str, warmup: int, steps: int, backend: str, nsys_path: Path | None, output_dir: Path, top: int,
-         fmt: str, output: Path | None, nsys_args: str, capture: bool, phases: tuple[str, ...],
+         parallel: str, warmup: int, steps: int, backend: str, nsys_path: Path | None, output_dir: Path,
+         force: bool, top: int, fmt: str, output: Path | None, nsys_args: str, capture: bool, phases: tuple[str, ...],
          flops_per_step: float | None, peak_tflops: float | None) -> None:
     """Profile one training-step config, or any program given after `--`: kernels per phase, under Nsight
     Systems or torch.profiler.
 
     \b
     Built-in workload: writes <output-dir>/<model>_ctx<ctx>_<mode>[_bf16].nsys-rep and .sqlite (or .json.gz
-    with --backend torch). On a GPU only the profiled steps are recorded (cudaProfilerApi capture range); on a
-    CPU, the whole run.
+    with --backend torch). It is recorded as a program, the same way as -- COMMAND: only the profiled steps
+    (under nsys on a CPU, which has no capture range, the whole run).
 
     \b
     Any program: profiler-kit nsys [--backend torch] [-o OUT] -- python train.py ARGS (or torchrun ...).
-    Records the steps the program marks with profiler_kit.capture, else the whole run; with --backend torch
-    the program runs under torch.profiler without a change to its code (one OUT.rank<R>.json.gz per torchrun
-    worker), and a trace without GPU kernels is summarized by CPU operator time. Exits with the program's
-    exit status."""
+    Records the program's window: the steps it marks with profiler_kit.capture, else what it opens with
+    torch.cuda.profiler.start() and stop(), else the whole run; the summary says which, and how many steps.
+    With --backend torch the program runs under torch.profiler without a change to its code (one
+    OUT.rank<R>.json.gz per torchrun worker); its torch.cuda.nvtx and nvtx-package ranges are in the trace
+    too, and a trace without GPU kernels is summarized by CPU operator time. Existing recordings are kept
+    unless --force. A recording with no kernels and no operators is an error that says why. Exits with the
+    program's exit status (128 + N when a signal N ended it)."""
     given = [p for p in click_ctx.command.params
              if click_ctx.get_parameter_source(p.name) == ParameterSource.COMMANDLINE]
     command = click_ctx.meta.get(COMMAND_KEY)
@@ -137,14 +145,15 @@ def nsys(click_ctx: click.Context, model: str, ctx: int, mode: str, batch_size: 
                                    f"`nsys {sub}` takes its own after its name")
         return
     if command is not None:
-        builtin = [p.opts[0] for p in given if p.name not in (*PROGRAM_ONLY, "backend", "nsys_path", "top", "fmt")]
+        shared = (*PROGRAM_ONLY, "backend", "nsys_path", "force", "top", "fmt")
+        builtin = [p.opts[0] for p in given if p.name not in shared]
         if builtin:
             raise click.UsageError(f"{', '.join(builtin)}: options of the built-in workload, not of -- COMMAND")
         try:
             extra = tuple(shlex.split(nsys_args))
         except ValueError as exc:  # an unbalanced quote
             raise click.BadParameter(f"{exc} in {nsys_args!r}", param_hint="--nsys-args") from None
-        run = run_program(command, backend, output, nsys_path, extra, capture)
+        run = run_program(command, backend, output, nsys_path, extra, capture, force)
         click_ctx.exit(_report_program(run, fmt, top, list(phases) or None, flops_per_step, peak_tflops))
     misplaced = [p.opts[0] for p in given if p.name in PROGRAM_ONLY]
     if misplaced:
@@ -152,7 +161,7 @@ def nsys(click_ctx: click.Context, model: str, ctx: int, mode: str, batch_size: 
     cfg = WorkloadConfig(model, ctx, mode, batch_size, mixed_precision, compile_, attention, device, seed,
                          nvtx, optimizer, parallel=parallel, cuda_graphs=cuda_graphs)
     try:
-        result = profile(cfg, warmup, steps, backend, output_dir, nsys_path)
+        result = profile(cfg, warmup, steps, backend, output_dir, nsys_path, force)
     finally:
         distributed.leave()
     rank = distributed.torchrun_rank().rank if parallel != "none" else 0
@@ -182,7 +191,7 @@ def nsys(click_ctx: click.Context, model: str, ctx: int, mode: str, batch_size: 
 @_recording_options
 def attention_cmd(impls: list[str] | None, batch: int, heads: int | None, seq: int, d: int, dtype: str,
                   causal: bool, device: str, warmup: int, steps: int, backend: str, nsys_path: Path | None,
-                  output_dir: Path, top: int, fmt: str) -> None:
+                  output_dir: Path, force: bool, top: int, fmt: str) -> None:
     """Profile each attention implementation's forward and backward on one shape.
 
     NVTX ranges: <impl> holding <impl>.forward and <impl>.backward. Implementations that cannot run the shape
@@ -191,24 +200,35 @@ def attention_cmd(impls: list[str] | None, batch: int, heads: int | None, seq: i
     from profiler_kit.attention.registry import BENCH_IMPLS
 
     cfg = AttentionProfileConfig(tuple(impls or BENCH_IMPLS), dtype, causal, batch, heads, seq, d, device)
-    result = profile_attention(cfg, warmup, steps, backend, output_dir, nsys_path)
+    result = profile_attention(cfg, warmup, steps, backend, output_dir, nsys_path, force)
     _report(result, fmt, top)
 
 
 def _report(result: ProfileResult, fmt: str, top: int, with_flops: Callable | None = None) -> None:
-    what = {"cudaProfilerApi": "the profiled steps (cudaProfilerApi capture range)",
-            "none": "the whole run, warm-up included",
-            "torch.profiler": "the profiled steps (torch.profiler)"}
-    console_err.print(f"recorded {what[result.capture]} on {result.device}: "
-                      + ", ".join(str(p) for p in result.paths), soft_wrap=True)
-    print_summary(result, fmt, top, with_flops)
+    console_err.print(f"{result.window.describe()} on {result.device}: " + ", ".join(map(str, result.paths)),
+                      soft_wrap=True, markup=False, highlight=False)
+    from profiler_kit.kernels import summarize
+
+    summary = summarize(result.summary_source, top=top, phases=list(result.phases))
+    _refuse_empty(summary, result.backend, result.window)
+    summary.notes.append(result.window.describe())
+    if with_flops is not None:
+        with_flops(summary)
+    emit_report(summary, fmt)
+
+
+def _refuse_empty(summary: KernelSummary, backend: str, window: Window) -> None:
+    """A recording without kernels and without operators is an error that says why."""
+    if not len(summary.kernels):
+        raise ProfilerKitError(f"{summary.path}: {nothing_recorded(backend, window)}")
 
 
 def _report_program(run: ProgramRun, fmt: str, top: int, phases: list[str] | None, flops_per_step: float | None,
                     peak_tflops: float | None) -> int:
     """Summarize what a program's run recorded; the exit status to leave with: the program's."""
     if run.files:
-        console_err.print("recorded: " + ", ".join(str(p) for p in run.files), soft_wrap=True)
+        console_err.print(f"{run.window.describe()}: " + ", ".join(str(p) for p in run.files), soft_wrap=True,
+                          markup=False, highlight=False)
     if run.exit_code != 0:
         kept = "the summary covers what was recorded" if run.sources else "nothing was recorded"
         console_err.print(f"the program exited with status {run.exit_code}; {kept}", soft_wrap=True)
@@ -221,30 +241,19 @@ def _report_program(run: ProgramRun, fmt: str, top: int, phases: list[str] | Non
 
     ranks = rank_traces(list(run.sources))
     if len(ranks) > 1 or ".rank" in run.sources[0].name:
-        emit_report(summarize_ranks(ranks, top=top, phases=phases), fmt)
+        ranked = summarize_ranks(ranks, top=top, phases=phases)
+        for summary in ranked.summaries:
+            summary.notes.append(run.window.describe())
+        emit_report(ranked, fmt)
         return run.exit_code
     summary = summarize_trace(ranks[0][1], top=top, phases=phases)
+    if run.exit_code == 0:
+        _refuse_empty(summary, run.backend, run.window)
+    summary.notes.append(run.window.describe())
     if flops_per_step is not None:
         summary.add_flops(per_step=flops_per_step, peak_tflops=peak_tflops)
     emit_report(summary, fmt)
     return run.exit_code
-
-
-def print_summary(result: ProfileResult, fmt: str, top: int, with_flops: Callable | None = None) -> None:
-    """The kernel summary of a recording, by the kernel-summary engine (`profiler_kit.kernels`); `with_flops`
-    adds the FLOP rates to it."""
-    try:
-        from profiler_kit.kernels import summarize
-    except ModuleNotFoundError as exc:
-        if exc.name != "profiler_kit.kernels":
-            raise
-        console_err.print("[yellow]no kernel summary: profiler_kit.kernels is not part of this checkout yet",
-                          soft_wrap=True)
-        return
-    summary = summarize(result.summary_source, top=top, phases=list(result.phases))
-    if with_flops is not None:
-        with_flops(summary)
-    emit_report(summary, fmt)
 
 
 COMMANDS = [nsys]

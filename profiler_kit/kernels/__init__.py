@@ -3,9 +3,9 @@
 
 from profiler_kit.kernels.categories import CATEGORIES, categorize, category_of
 from profiler_kit.kernels.compare import Comparison, compare
+from profiler_kit.kernels.phases import BUILTIN_PHASES
 from profiler_kit.kernels.sources import load
 from profiler_kit.kernels.summary import (
-    DEFAULT_PHASES,
     DEFAULT_TOP,
     KernelSummary,
     summarize,
@@ -13,8 +13,8 @@ from profiler_kit.kernels.summary import (
 )
 
 __all__ = [
+    "BUILTIN_PHASES",
     "CATEGORIES",
-    "DEFAULT_PHASES",
     "DEFAULT_TOP",
     "Comparison",
     "KernelSummary",

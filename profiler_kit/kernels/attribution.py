@@ -15,6 +15,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from profiler_kit.kernels.trace import NO_LAUNCH
+
 
 class RangeIndex:
     """NVTX ranges with their nesting depth and parent, answering containment queries layer by layer."""
@@ -51,6 +53,26 @@ class RangeIndex:
     def names(self) -> pd.Series:
         return self.ranges["name"]
 
+    def marked(self) -> np.ndarray:
+        """Which ranges `profiler_kit.phase` opened (the readers' `marked` column; none without it)."""
+        if "marked" not in self.ranges.columns:
+            return np.zeros(len(self.ranges), dtype=bool)
+        return self.ranges["marked"].to_numpy(dtype=bool)
+
+    def nearest_in(self, among: np.ndarray) -> np.ndarray:
+        """For every range, the innermost range of its thread that encloses it and is in the boolean mask
+        `among`, or -1: one step up the parent chain per nesting level."""
+        found = np.full(len(self.ranges), -1, dtype=np.int64)
+        current = self.parent.copy()
+        pending = np.flatnonzero(current >= 0)
+        while len(pending):
+            hit = among[current[pending]]
+            found[pending[hit]] = current[pending[hit]]
+            pending = pending[~hit]
+            current[pending] = self.parent[current[pending]]
+            pending = pending[current[pending] >= 0]
+        return found
+
     def children_of(self, range_ids: np.ndarray) -> np.ndarray:
         """Ranges whose parent is one of `range_ids`."""
         return np.flatnonzero(np.isin(self.parent, range_ids))
@@ -84,3 +106,29 @@ def _locate(starts: np.ndarray, ends: np.ndarray, times: np.ndarray) -> np.ndarr
     inside = idx >= 0
     inside[inside] = times[inside] <= ends[idx[inside]]
     return np.where(inside, idx, -1)
+
+
+def launched(kernels: pd.DataFrame) -> np.ndarray:
+    """Row positions of the kernels whose launch is known."""
+    return np.flatnonzero(kernels["launch_ns"].to_numpy() != NO_LAUNCH)
+
+
+def launches_in(kernels: pd.DataFrame, index: RangeIndex, range_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(kernel row, range id) pairs: each kernel launched inside each of `range_ids` (any thread of its
+    process)."""
+    rows = launched(kernels)
+    points, owners = index.containing(kernels["launch_ns"].to_numpy()[rows], kernels["process"].to_numpy()[rows],
+                                      range_ids)
+    return rows[points], owners
+
+
+def membership(
+    kernels: pd.DataFrame, index: RangeIndex, range_ids: np.ndarray, labels: list[str]
+) -> tuple[np.ndarray, np.ndarray]:
+    """(kernel row, label) pairs, each once, for every range of `range_ids` containing a kernel's launch; a
+    range's label is the position of its name in `labels`."""
+    rows, ids = launches_in(kernels, index, range_ids)
+    range_label = pd.Index(labels).get_indexer(index.names())
+    # Nested ranges of one name, or ranges of several threads, can hold a launch more than once.
+    keys = np.unique(rows * len(labels) + range_label[ids])
+    return keys // len(labels), keys % len(labels)

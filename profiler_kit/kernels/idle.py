@@ -6,7 +6,8 @@ totals) run on the GPU over a span from the first one's start to the last one's 
 is busy for the union of those kernels' intervals (overlapping streams count once) and idle for the rest. A
 phase whose GPU is idle for most of its span waits for the CPU to launch work: it is launch-bound, and
 larger batches, fewer and larger kernels (torch.compile) or CUDA graphs help; a busy one is bound by the
-kernels themselves.
+kernels themselves. A phase whose idle time is mostly one gap waited once (start-up, compilation, autotuning):
+that gap is named with its size and place, and the verdict is made on the rest of the span.
 
 Communication is the `communication` category: NCCL kernels on GPUs, the collectives' own time on CPUs (gloo's
 `gloo:all_reduce` spans on the process group's thread). Per phase, the part of it that runs while compute runs
@@ -16,64 +17,130 @@ overlapped; the rest is exposed: the step waits for it.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pandas as pd
 
-from profiler_kit.kernels.attribution import RangeIndex
-from profiler_kit.kernels.trace import NO_LAUNCH
+from profiler_kit.kernels.attribution import RangeIndex, launches_in
+from profiler_kit.kernels.categories import COMMUNICATION
 
-COMMUNICATION = "communication"
 # Above this share of idle time in a phase's GPU span, the phase is launch-bound.
 LAUNCH_BOUND_PCT = 50.0
 LARGEST_GAPS = 3
+# One gap that holds at least this share of a phase's idle time, is this many times the next largest gap and
+# lasts at least DOMINANT_GAP_MIN_NS is one pause (start-up, compilation, autotuning), not launch overhead.
+DOMINANT_GAP_SHARE = 0.5
+DOMINANT_GAP_FACTOR = 10
+DOMINANT_GAP_MIN_NS = 1_000_000
+ONE_GAP = "one long gap"
 COLUMNS = ("phase", "ranges", "wall_ns", "gpu_span_ns", "busy_ns", "idle_ns", "idle_pct", "largest_gaps_ns",
-           "verdict")
+           "verdict", "dominant_gap")
 
 
-def _busy_and_gaps(starts: np.ndarray, ends: np.ndarray) -> tuple[int, np.ndarray]:
-    """Length of the union of intervals, and the gaps between its pieces."""
-    order = np.argsort(starts, kind="stable")
-    starts, ends = starts[order], ends[order]
-    reach = np.maximum.accumulate(ends)
-    gaps = starts[1:] - reach[:-1]
-    gaps = gaps[gaps > 0]
-    return int(reach[-1] - starts[0] - gaps.sum()), gaps
+def _gaps_before(starts: np.ndarray, ends: np.ndarray, owners: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The order that sorts the kernels by owner, then start, and in that order the idle time before each
+    kernel: how far its start lies past the end of every earlier kernel of its owner (0 for an owner's first)."""
+    order = np.lexsort((starts, owners))
+    owner, start = owners[order], starts[order]
+    reach = pd.Series(ends[order]).groupby(owner).cummax().to_numpy()
+    later = np.r_[False, owner[1:] == owner[:-1]] if len(owner) else np.empty(0, dtype=bool)
+    gap = np.zeros(len(order), dtype=np.int64)
+    gap[later] = np.maximum(start[later] - reach[np.flatnonzero(later) - 1], 0)
+    return order, gap
 
 
-def launches_in(kernels: pd.DataFrame, index: RangeIndex, range_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(kernel row, range id) pairs: each kernel launched inside each of `range_ids` (any thread of its
-    process)."""
-    launch = kernels["launch_ns"].to_numpy()
-    launched = np.flatnonzero(launch != NO_LAUNCH)
-    points, owners = index.containing(launch[launched], kernels["process"].to_numpy()[launched], range_ids)
-    return launched[points], owners
+def spans_by_owner(starts: np.ndarray, ends: np.ndarray, owners: np.ndarray) -> pd.DataFrame:
+    """Per owner (a range holding kernels, all at once): `span_ns` from its first kernel's start to its last
+    one's end, `busy_ns` the union of its kernels (streams that overlap count once), its largest idle gap
+    `gap_ns` with `gap_before`, the position (in the inputs) of the kernel that ends it, and `first_ns`."""
+    order, gap = _gaps_before(starts, ends, owners)
+    owner = owners[order]
+    heads = np.flatnonzero(np.r_[True, owner[1:] != owner[:-1]]) if len(owner) else np.empty(0, dtype=np.int64)
+    if not len(heads):
+        return pd.DataFrame(columns=["owner", "span_ns", "busy_ns", "gap_ns", "gap_before", "first_ns"], dtype=np.int64)
+    first = starts[order][heads]
+    span = np.maximum.reduceat(ends[order], heads) - first
+    largest = np.lexsort((-gap, owner))[heads]
+    return pd.DataFrame({"owner": owner[heads], "span_ns": span, "busy_ns": span - np.add.reduceat(gap, heads),
+                         "gap_ns": gap[largest], "gap_before": order[largest], "first_ns": first})
 
 
-def phase_idle(kernels: pd.DataFrame, index: RangeIndex, phases: list[str]) -> pd.DataFrame:
+def _largest_gaps(gap: np.ndarray, labels: np.ndarray) -> dict[int, list[int]]:
+    """The LARGEST_GAPS largest gaps of each label, largest first."""
+    gaps = pd.DataFrame({"label": labels, "gap": gap})
+    gaps = gaps[gaps["gap"] > 0].sort_values(["label", "gap"], ascending=[True, False])
+    top = gaps[gaps.groupby("label").cumcount() < LARGEST_GAPS]
+    return {int(label): [int(g) for g in group] for label, group in top.groupby("label")["gap"]}
+
+
+def phase_idle(kernels: pd.DataFrame, index: RangeIndex, phases: list[str],
+               among: np.ndarray | None = None) -> pd.DataFrame:
     """One row per phase: its ranges, their CPU wall time, the GPU span of their kernels, busy and idle time,
-    idle share, the largest idle gaps and the verdict (`launch-bound` or `gpu-bound`; empty without kernels)."""
-    starts_all = kernels["start_ns"].to_numpy()
-    ends_all = starts_all + kernels["total_ns"].to_numpy()
-    names = index.names().to_numpy()
-    rows = []
-    for phase in phases:
-        ids = np.flatnonzero(names == phase)
-        members, owners = launches_in(kernels, index, ids)
-        wall = int((index.ranges["end_ns"].to_numpy()[ids] - index.ranges["start_ns"].to_numpy()[ids]).sum())
-        span = busy = 0
-        gaps: list[np.ndarray] = []
-        for owner in np.unique(owners):
-            mine = members[owners == owner]
-            piece_busy, piece_gaps = _busy_and_gaps(starts_all[mine], ends_all[mine])
-            span += int(ends_all[mine].max() - starts_all[mine].min())
-            busy += piece_busy
-            gaps.append(piece_gaps)
-        all_gaps = np.sort(np.concatenate(gaps))[::-1] if gaps else np.empty(0, dtype=np.int64)
-        idle_pct = (span - busy) * 100.0 / span if span else float("nan")
-        verdict = "" if not span else "launch-bound" if idle_pct > LAUNCH_BOUND_PCT else "gpu-bound"
-        rows.append((phase, len(ids), wall, span, busy, span - busy, idle_pct,
-                     [int(g) for g in all_gaps[:LARGEST_GAPS]], verdict))
-    return pd.DataFrame(rows, columns=list(COLUMNS))
+    idle share, the largest idle gaps and the verdict (`launch-bound`, `gpu-bound`, or `one long gap` when one
+    gap holds most of the idle time and the rest of the span is busy; empty without kernels). `dominant_gap`
+    describes that one gap of a phase idle above LAUNCH_BOUND_PCT (else None). `among`: a mask of the ranges to
+    consider (those of the steady steps), all by default. Every phase at once: no loop over ranges."""
+    label_of = pd.Index(phases).get_indexer(index.names())
+    chosen = label_of >= 0 if among is None else (label_of >= 0) & among
+    ids = np.flatnonzero(chosen)
+    members, owners = launches_in(kernels, index, ids)
+    starts = kernels["start_ns"].to_numpy()[members]
+    ends = starts + kernels["total_ns"].to_numpy()[members]
+    pieces = spans_by_owner(starts, ends, owners)
+    pieces["label"] = label_of[pieces["owner"].to_numpy(dtype=np.int64)]
+    order, gap = _gaps_before(starts, ends, owners)
+    largest = _largest_gaps(gap, label_of[owners[order]])
+    lengths = (index.ranges["end_ns"] - index.ranges["start_ns"]).to_numpy()
+    count = len(phases)
+    wall, span, busy = (np.zeros(count, dtype=np.int64) for _ in range(3))
+    np.add.at(wall, label_of[ids], lengths[ids])
+    np.add.at(span, pieces["label"].to_numpy(dtype=np.int64), pieces["span_ns"].to_numpy(dtype=np.int64))
+    np.add.at(busy, pieces["label"].to_numpy(dtype=np.int64), pieces["busy_ns"].to_numpy(dtype=np.int64))
+    idle_pct = np.divide((span - busy) * 100.0, span, out=np.full(count, np.nan), where=span > 0)
+    verdict = np.where(span == 0, "", np.where(idle_pct > LAUNCH_BOUND_PCT, "launch-bound", "gpu-bound"))
+    verdict = verdict.astype(object)
+    gaps = [largest.get(label, []) for label in range(count)]
+    dominant: list[dict[str, Any] | None] = [None] * count
+    for label in np.flatnonzero(verdict == "launch-bound"):
+        found = _dominant_gap(pieces[pieces["label"] == label], int(span[label]), int(span[label] - busy[label]),
+                              gaps[label], index)
+        if found is not None:
+            after = found.pop("gap_before")
+            found["offset_ns"] = int(starts[after]) - found["gap_ns"] - found.pop("first_ns")
+            found["next_kernel"] = str(kernels["name"].iloc[members[after]])
+            if found["rest_idle_pct"] <= LAUNCH_BOUND_PCT:
+                verdict[label] = ONE_GAP
+            dominant[label] = found
+    return pd.DataFrame({"phase": list(phases), "ranges": np.bincount(label_of[ids], minlength=count),
+                         "wall_ns": wall, "gpu_span_ns": span, "busy_ns": busy, "idle_ns": span - busy,
+                         "idle_pct": idle_pct, "largest_gaps_ns": gaps, "verdict": verdict,
+                         "dominant_gap": dominant}, columns=list(COLUMNS))
+
+
+def _dominant_gap(pieces: pd.DataFrame, span: int, idle: int, gaps: list[int],
+                  index: RangeIndex) -> dict[str, Any] | None:
+    """The largest gap of one phase (`gaps`: its largest, largest first) when it is one pause (DOMINANT_GAP_*):
+    its size, share, the range it lies in (`range` of `ranges` of that name, by start), the idle share of the
+    phase's span without it, and (for the caller) the kernel after it and the start of that range's span."""
+    if not gaps or gaps[0] < max(DOMINANT_GAP_SHARE * idle, DOMINANT_GAP_MIN_NS):
+        return None
+    if len(gaps) > 1 and gaps[0] < DOMINANT_GAP_FACTOR * gaps[1]:
+        return None
+    top = pieces.loc[pieces["gap_ns"].idxmax()]
+    gap = int(top["gap_ns"])
+    owner = int(top["owner"])
+    names, starts = index.names().to_numpy(), index.ranges["start_ns"].to_numpy()
+    same_name = names == names[owner]
+    return {
+        "gap_ns": gap,
+        "share_of_idle_pct": gap * 100.0 / idle,
+        "range": int(np.sum(starts[same_name] <= starts[owner])),
+        "ranges": int(same_name.sum()),
+        "rest_idle_pct": (idle - gap) * 100.0 / (span - gap) if span > gap else 0.0,
+        "gap_before": int(top["gap_before"]),
+        "first_ns": int(top["first_ns"]),
+    }
 
 
 def covered_ns(starts: np.ndarray, ends: np.ndarray, q_starts: np.ndarray, q_ends: np.ndarray) -> np.ndarray:
@@ -109,9 +176,10 @@ def communication(kernels: pd.DataFrame, index: RangeIndex | None, phases: list[
     is_comm = (kernels["category"] == COMMUNICATION).to_numpy()
     compute = ~is_comm & (kernels["outermost"].to_numpy() if "outermost" in kernels.columns else True)
     streams, processes = kernels["stream"].to_numpy(), kernels["process"].to_numpy()
-    names = index.names().to_numpy()
-    for phase in phases:
-        members, _ = launches_in(kernels, index, np.flatnonzero(names == phase))
+    label_of = pd.Index(phases).get_indexer(index.names())
+    all_members, owners = launches_in(kernels, index, np.flatnonzero(label_of >= 0))
+    for label, phase in enumerate(phases):
+        members = all_members[label_of[owners] == label]
         comm = np.unique(members[is_comm[members]])
         overlapped = 0
         for proc, stream in {(processes[i], streams[i]) for i in comm}:
@@ -127,5 +195,5 @@ def phase_wall(index: RangeIndex | None, phases: list[str]) -> dict[str, int]:
     """CPU wall time of each phase: the total length of its ranges."""
     if index is None:
         return {p: 0 for p in phases}
-    lengths = index.ranges["end_ns"] - index.ranges["start_ns"]
-    return {p: int(lengths[(index.names() == p).to_numpy()].sum()) for p in phases}
+    walls = (index.ranges["end_ns"] - index.ranges["start_ns"]).groupby(index.names().to_numpy()).sum()
+    return {p: int(walls.get(p, 0)) for p in phases}

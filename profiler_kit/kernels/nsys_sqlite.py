@@ -32,9 +32,12 @@ NAME_COLUMNS = ("demangledName", "shortName", "name")
 PROCESS_MASK = ~0xFFFFFF
 # Names of the API calls that launch kernels contain this (SQL LIKE pattern).
 LAUNCH_CALLS = "%Launch%"
-# ENUM_NSYS_EVENT_TYPE's id for NvtxPushPopRange, stable across schema versions; read from the enum when
-# the export has it.
+# ENUM_NSYS_EVENT_TYPE's ids for NvtxPushPopRange and NvtxDomainCreate, stable across schema versions; read
+# from the enum when the export has it.
 PUSH_POP_EVENT = 59
+DOMAIN_CREATE_EVENT = 75
+# The NVTX domain of the ranges `profiler_kit.phase` opens.
+PHASE_DOMAIN = "profiler_kit"
 SOURCE = "nsys-sqlite"
 # Columns an export must have for its tables to be read at all.
 REQUIRED_COLUMNS = {KERNEL_TABLE: {"start", "end"}, NVTX_TABLE: {"start", "end", "eventType"},
@@ -219,16 +222,17 @@ def _names(con: sqlite3.Connection, cells: np.ndarray) -> pd.Categorical:
     return pd.Categorical.from_codes(codes, categories=names)
 
 
-def _push_pop_event(con: sqlite3.Connection, schema: dict[str, set[str]]) -> int:
+def _event_type(con: sqlite3.Connection, schema: dict[str, set[str]], name: str, default: int) -> int:
     if "ENUM_NSYS_EVENT_TYPE" in schema:
-        row = con.execute("SELECT id FROM ENUM_NSYS_EVENT_TYPE WHERE name = 'NvtxPushPopRange'").fetchone()
+        row = con.execute("SELECT id FROM ENUM_NSYS_EVENT_TYPE WHERE name = ?", (name,)).fetchone()
         if row:
             return int(row[0])
-    return PUSH_POP_EVENT
+    return default
 
 
 def _ranges(con: sqlite3.Connection, schema: dict[str, set[str]], notes: list[str]) -> pd.DataFrame:
-    """NVTX push/pop ranges; a range never popped (no end) lasts to the end of the report."""
+    """NVTX push/pop ranges; a range never popped (no end) lasts to the end of the report. `marked`: pushed in
+    the PHASE_DOMAIN domain, whose id the domain's create event gives per process."""
     cols = schema[NVTX_TABLE]
     text = "n.text" if "text" in cols else "NULL"
     if "textId" in cols and "StringIds" in schema:
@@ -237,12 +241,17 @@ def _ranges(con: sqlite3.Connection, schema: dict[str, set[str]], notes: list[st
         name, join = text, ""
     tid = "coalesce(n.globalTid, 0)" if "globalTid" in cols else "0"
     usable = f"{_time('n.start')} AND (n.end IS NULL OR ({_time('n.end')} AND n.end >= n.start))"
-    event = _push_pop_event(con, schema)
+    event = _event_type(con, schema, "NvtxPushPopRange", PUSH_POP_EVENT)
+    domain = "n.domainId" if "domainId" in cols else "NULL"
     rows = con.execute(
-        f"SELECT n.start, n.end, {name}, {tid}, {usable} FROM {NVTX_TABLE} AS n {join} "
+        f"SELECT n.start, n.end, {name}, {tid}, {usable}, {domain} FROM {NVTX_TABLE} AS n {join} "
         f"WHERE n.eventType = ? AND {name} IS NOT NULL",
         (event,),
     ).fetchall()
+    phase_domains = set(con.execute(
+        f"SELECT {domain}, {tid} & {PROCESS_MASK} FROM {NVTX_TABLE} AS n {join} WHERE n.eventType = ? AND {name} = ?",
+        (_event_type(con, schema, "NvtxDomainCreate", DOMAIN_CREATE_EVENT), PHASE_DOMAIN),
+    ).fetchall())
     bad = sum(1 for row in rows if not row[4])
     if bad:
         notes.append(f"skipped {bad:,} of {len(rows):,} NVTX ranges without a usable start and end time")
@@ -256,7 +265,10 @@ def _ranges(con: sqlite3.Connection, schema: dict[str, set[str]], notes: list[st
     last = max(int(starts.max(initial=0)), max(known_ends, default=0))
     ends = np.array([last if row[1] is None else row[1] for row in rows], dtype=np.int64)
     tids = np.array([row[3] for row in rows], dtype=np.int64)
-    return range_frame([row[2] for row in rows], starts, ends, tids & PROCESS_MASK, tids)
+    ranges = range_frame([row[2] for row in rows], starts, ends, tids & PROCESS_MASK, tids)
+    ranges["marked"] = [(row[5], tid & PROCESS_MASK) in phase_domains for row, tid in zip(rows, tids.tolist(),
+                                                                                        strict=True)]
+    return ranges
 
 
 def _memory_ops(con: sqlite3.Connection, schema: dict[str, set[str]], notes: list[str]) -> pd.DataFrame:

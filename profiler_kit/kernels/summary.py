@@ -5,11 +5,14 @@
 
     {"schema_version", "environment", "source", "time_basis", "kernel_count", "total_ns", "mfu",
      "categories": {category: ns}, "memory_ops_ns", "phases": {phase: {"total_ns", "categories"}},
+     "phase_rule", "steps": [{"step", "state", "wall_ms", "kernel_ms", "idle_pct", "<phase>_ms"}],
      "idle": {phase: {"ranges", "wall_ns", "gpu_span_ns", "busy_ns", "idle_ns", "idle_pct", "largest_gaps_ns",
-     "verdict"}}, "top_kernels": [{"name", "category", "instances", "total_ns"}]}
+     "verdict", "dominant_gap"}}, "top_kernels": [{"name", "category", "instances", "total_ns"}]}
 
-All times are integer nanoseconds, `categories` lists every category and sums exactly to `total_ns` (kernel
-time only; memory operations are apart), and `phases` is empty when the source has no NVTX ranges.
+All times are integer nanoseconds (the per-step table's are milliseconds, as its names say), `categories`
+lists every category and sums exactly to `total_ns` (kernel time only; memory operations are apart), and
+`phases` is empty when the source has no NVTX ranges. `phase_rule` says which rule of `kernels.phases` chose
+the phases; `steps` is empty without a repeating outer range (`kernels.steps`).
 `time_basis` is `gpu_kernels`, or `cpu_ops` for a trace without kernels (a CPU run), whose tables then hold
 CPU operator self time. `idle` (GPU span, busy and idle time of each phase's kernels) is empty without kernel
 timestamps; `mfu` is null unless FLOPs per step were given. With
@@ -28,15 +31,14 @@ import numpy as np
 import pandas as pd
 
 from profiler_kit.errors import ProfilerKitError
-from profiler_kit.kernels.attribution import RangeIndex
-from profiler_kit.kernels.categories import CATEGORIES, categorize
+from profiler_kit.kernels.attribution import RangeIndex, launched, membership
+from profiler_kit.kernels.categories import CATEGORIES, categorize, optimizer_work
 from profiler_kit.kernels.idle import phase_idle
+from profiler_kit.kernels.phases import PhaseChoice, choose_phases, left_out
 from profiler_kit.kernels.sources import load
-from profiler_kit.kernels.trace import NO_LAUNCH, KernelTrace
+from profiler_kit.kernels.steps import WARMUP, WARMUP_FACTOR, find_steps, step_table
+from profiler_kit.kernels.trace import KernelTrace
 
-DEFAULT_PHASES = ("forward", "backward", "optimizer_step")
-# Top-level ranges that hold no step of the program, left out when phases are found in a report.
-NOT_PHASES = ("warmup",)
 # What the times are: GPU kernel durations, or (a trace without kernels) CPU operator self times.
 GPU_KERNELS, CPU_OPS = "gpu_kernels", "cpu_ops"
 DEFAULT_TOP = 10
@@ -71,6 +73,8 @@ class KernelSummary:
     step_mfu: dict[str, float | None] | None = None  # over all phases, from FLOPs per step (`add_flops`)
     attributed: pd.DataFrame | None = None  # one row per execution, with its category (what `kernels` sums)
     index: RangeIndex | None = None  # the report's NVTX ranges, nested
+    phase_rule: str = "none"  # which rule chose the phases (kernels.phases.choose_phases)
+    steps: pd.DataFrame | None = None  # one row per step (kernels.steps.step_table); None without steps
 
     def add_flops(self, per_phase: dict[str, float] | None = None, per_step: float | None = None,
                   peak_tflops: float | None = None) -> None:
@@ -92,8 +96,13 @@ class KernelSummary:
 
     @property
     def timed(self) -> str:
-        """What the tables time, for titles."""
-        return "Kernel time" if self.basis == GPU_KERNELS else "CPU operator self time"
+        """What the tables time, within a sentence."""
+        return "kernel time" if self.basis == GPU_KERNELS else "CPU operator self time"
+
+    @property
+    def counted(self) -> str:
+        """What the tables count: kernels, or (a trace without kernels) CPU operators."""
+        return "kernels" if self.basis == GPU_KERNELS else "operators"
 
     @property
     def kernel_count(self) -> int:
@@ -114,11 +123,11 @@ class KernelSummary:
         """phase → {"total_ns", "categories"}, in the order the phases were asked for."""
         if self.phases is None:
             return {}
-        out = {}
-        for phase in self.phase_names:
-            rows = self.phases[self.phases["phase"] == phase]
-            out[phase] = {"total_ns": int(rows["total_ns"].sum()), "categories": _category_ns(rows)}
-        return out
+        wide = self.phases.pivot_table(index="phase", columns="category", values="total_ns", aggfunc="sum",
+                                       fill_value=0, observed=False)
+        wide = wide.reindex(index=self.phase_names, columns=list(CATEGORIES), fill_value=0).astype(np.int64)
+        return {phase: {"total_ns": sum(row), "categories": dict(zip(CATEGORIES, row, strict=True))}
+                for phase, row in zip(self.phase_names, wide.to_numpy().tolist(), strict=True)}
 
     def to_json(self) -> dict[str, Any]:
         obj: dict[str, Any] = {
@@ -129,6 +138,8 @@ class KernelSummary:
             "categories": self.category_ns(),
             "memory_ops_ns": self.memory_ops_ns,
             "phases": self.phase_ns(),
+            "phase_rule": self.phase_rule,
+            "steps": [] if self.steps is None else self.steps.to_dict("records"),
             "mfu": self.step_mfu,
             "idle": {} if self.idle is None else {
                 r["phase"]: {k: v for k, v in r.items() if k != "phase"} for r in self.idle.to_dict("records")
@@ -155,7 +166,7 @@ class KernelSummary:
 
     def category_table(self) -> pd.DataFrame:
         grouped = self.kernels.groupby("category").agg(
-            kernels=("instances", "sum"), total_ns=("total_ns", "sum")
+            **{self.counted: ("instances", "sum")}, total_ns=("total_ns", "sum")
         )
         table = grouped.reindex([c for c in CATEGORIES if c in grouped.index]).reset_index()
         return _with_ms(table, self.total_ns)
@@ -176,7 +187,7 @@ class KernelSummary:
 
     def phase_table(self) -> pd.DataFrame:
         outside = [OUTSIDE_PHASES] if (self.phases["phase"] == OUTSIDE_PHASES).any() else []
-        return _split_table(self.phases, "phase", self.total_ns, [*self.phase_names, *outside])
+        return _split_table(self.phases, "phase", self.total_ns, [*self.phase_names, *outside], self.counted)
 
     def idle_table(self) -> pd.DataFrame:
         table = self.idle.copy()
@@ -190,12 +201,12 @@ class KernelSummary:
 
     def sub_range_table(self) -> pd.DataFrame:
         order = list(dict.fromkeys(self.sub_ranges["sub_range"]))
-        return _split_table(self.sub_ranges, "sub_range", self.total_ns, order)
+        return _split_table(self.sub_ranges, "sub_range", self.total_ns, order, self.counted)
 
     def tables(self, display: bool = False) -> list[tuple[str, pd.DataFrame]]:
         where = f" inside `{self.nvtx}`" if self.nvtx else ""
         by_category = (
-            f"{self.timed} by category{where} ({self.source}: {self.path.name})",
+            f"{self.timed[0].upper()}{self.timed[1:]} by category{where} ({self.source}: {self.path.name})",
             self.category_table(),
         )
         if self.kernel_count == 0:
@@ -207,13 +218,14 @@ class KernelSummary:
         items = "kernels" if self.basis == GPU_KERNELS else "CPU operators"
         tables = [by_category, (f"Top {self.top} {items}{where}", self.top_table(display))]
         if self.phase_names:
-            tables.append((f"Per phase{where}: share of each phase's {self.timed[0].lower()}{self.timed[1:]}",
-                           self.phase_table()))
+            tables.append((f"Per phase{where}: share of each phase's {self.timed}", self.phase_table()))
+        if self.steps is not None:
+            tables.append((f"Per step{where}: warm-up against the steady state", self.steps))
         if self.idle is not None:
             tables.append((f"Where the GPU idles, per phase{where} (launch-bound: idle above half the GPU span)",
                            self.idle_table()))
         if self.sub_ranges is not None:
-            tables.append((f"`{self.nvtx}` split by its sub-ranges: kernel time", self.sub_range_table()))
+            tables.append((f"`{self.nvtx}` split by its sub-ranges: {self.timed}", self.sub_range_table()))
         if self.memory_ops is not None and len(self.memory_ops):
             memory = self.memory_ops.assign(total_ms=self.memory_ops["total_ns"] / NS_PER_MS)
             scope = "whole report, " if self.nvtx else ""
@@ -230,8 +242,7 @@ class KernelSummary:
             lines_mfu = []
         lines = [
             f"{self.kernel_count} {'kernels' if self.basis == GPU_KERNELS else 'CPU operator calls'}, "
-            f"{self.total_ns / NS_PER_MS:.3f} ms of {self.timed[0].lower()}{self.timed[1:]}; "
-            f"memory operations: {memory}"
+            f"{self.total_ns / NS_PER_MS:.3f} ms of {self.timed}; memory operations: {memory}"
         ]
         return "\n".join(lines + lines_mfu + [f"note: {n}" for n in self.notes])
 
@@ -270,36 +281,68 @@ def summarize_trace(
     index = RangeIndex(trace.ranges) if has_ranges and "launch_ns" in kernels.columns else None
     if index is not None and index.overlapping:
         notes.append("some NVTX ranges of one thread overlap without nesting; kernels in them may be missed")
+    if index is not None:
+        kernels = optimizer_work(kernels, index)
     sub_ranges = None
     if nvtx is not None:
         kernels, sub_ranges = _inside(kernels, index, trace, nvtx)
-    phase_rows, phase_names = _phases(kernels, index, phases, notes) if index is not None else (None, [])
-    timestamped = basis == GPU_KERNELS and "start_ns" in kernels.columns
-    idle = phase_idle(kernels, index, phase_names) if timestamped and phase_names else None
-    if nvtx is not None and phase_rows is not None:
-        empty = [p for p in phase_names if p not in set(phase_rows.loc[phase_rows["total_ns"] > 0, "phase"])]
+    choice = choose_phases(index, phases) if index is not None else PhaseChoice([], "none")
+    notes += choice.notes
+    summary = KernelSummary(
+        source=trace.source, path=trace.path, kernels=by_name(kernels), phases=None, phase_names=choice.names,
+        memory_ops=trace.memory_ops, ranges=_range_list(trace.ranges) if trace.ranges is not None else None,
+        top=top, nvtx=nvtx, sub_ranges=sub_ranges, notes=notes, basis=basis, attributed=kernels, index=index,
+        phase_rule=choice.rule,
+    )
+    if index is not None:
+        _add_phases(summary, asked=phases is not None)
+    return summary
+
+
+def _add_phases(summary: KernelSummary, asked: bool) -> None:
+    """The phase totals, the per-step table, where the GPU idles (on the steady steps) and the notes about
+    them, into `summary` (whose `attributed` kernels and `index` are set)."""
+    kernels, index, notes, names = summary.attributed, summary.index, summary.notes, summary.phase_names
+    summary.phases, rows, labels = _phases(kernels, index, names, asked, notes)
+    in_phase = labels < len(names)
+    timestamped = summary.basis == GPU_KERNELS and "start_ns" in kernels.columns
+    steps = find_steps(index, names)
+    steady = None
+    if len(steps):
+        summary.steps = step_table(kernels, index, steps, names, rows[in_phase], labels[in_phase], timestamped)
+        if summary.basis == CPU_OPS:  # operators' time, and no GPU to idle
+            summary.steps = summary.steps.rename(columns={"kernel_ms": "operator_ms"}).drop(columns="idle_pct")
+        warm = (summary.steps["state"] == WARMUP).to_numpy()
+        if timestamped and warm.any() and not warm.all():
+            is_steady = np.zeros(len(index.ranges), dtype=bool)
+            is_steady[steps[~warm]] = True
+            steady = index.nearest_in(is_steady) >= 0
+            notes.append(f"where the GPU idles is judged on the {int((~warm).sum())} steady steps of "
+                         f"{len(steps)}: the first {int(warm.sum())} took over {WARMUP_FACTOR:g}× the later "
+                         "steps' median wall time (warm-up)")
+    if timestamped and names:
+        summary.idle = phase_idle(kernels, index, names, steady)
+        gaps = summary.idle[summary.idle["dominant_gap"].notna()]
+        notes += [_gap_note(phase, gap) for phase, gap in zip(gaps["phase"], gaps["dominant_gap"], strict=True)]
+    if summary.nvtx is not None:
+        empty = [p for p in names if p not in set(summary.phases.loc[summary.phases["total_ns"] > 0, "phase"])]
         if empty:
             notes.append(
-                f"no kernel inside {nvtx!r} falls in {', '.join(empty)}: kernels are attributed to the ranges open "
-                "when they were launched, and e.g. PyTorch's autograd thread runs a layer's backward outside the "
-                "forward's per-layer ranges"
+                f"no kernel inside {summary.nvtx!r} falls in {', '.join(empty)}: kernels are attributed to the "
+                "ranges open when they were launched, and e.g. PyTorch's autograd thread runs a layer's backward "
+                "outside the forward's per-layer ranges"
             )
-    return KernelSummary(
-        source=trace.source,
-        path=trace.path,
-        kernels=by_name(kernels),
-        phases=phase_rows,
-        phase_names=phase_names,
-        memory_ops=trace.memory_ops,
-        ranges=_range_list(trace.ranges) if trace.ranges is not None else None,
-        top=top,
-        nvtx=nvtx,
-        sub_ranges=sub_ranges,
-        notes=notes,
-        basis=basis,
-        idle=idle,
-        attributed=kernels,
-        index=index,
+    notes += left_out(kernels, index, names, steps, rows[~in_phase], int(kernels["total_ns"].sum()),
+                      summary.timed)
+
+
+def _gap_note(phase: str, gap: dict[str, Any]) -> str:
+    """What one gap that holds most of a phase's idle time is, where it is, and the idle share without it."""
+    return (
+        f"{phase}: one idle gap of {gap['gap_ns'] / NS_PER_MS:.1f} ms holds {gap['share_of_idle_pct']:.0f}% of "
+        f"its idle time (range {gap['range']} of {gap['ranges']}, {gap['offset_ns'] / NS_PER_MS:.1f} ms into "
+        f"its GPU span, before {display_name(gap['next_kernel'])}): start-up, compilation or autotuning, not "
+        f"launch overhead; without it the GPU idles {gap['rest_idle_pct']:.0f}% of the span"
     )
 
 
@@ -310,26 +353,6 @@ def by_name(kernels: pd.DataFrame) -> pd.DataFrame:
     )
     grouped = grouped.astype({"name": str, "category": str})
     return grouped.sort_values(["total_ns", "name"], ascending=[False, True], ignore_index=True)
-
-
-def _launched(kernels: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Row positions, launch times and processes of the kernels whose launch is known."""
-    rows = np.flatnonzero(kernels["launch_ns"].to_numpy() != NO_LAUNCH)
-    return rows, kernels["launch_ns"].to_numpy()[rows], kernels["process"].to_numpy()[rows]
-
-
-def _membership(
-    kernels: pd.DataFrame, index: RangeIndex, range_ids: np.ndarray, labels: list[str]
-) -> tuple[np.ndarray, np.ndarray]:
-    """(kernel row, label) pairs, each once, for every range of `range_ids` containing a kernel's launch; a
-    range's label is the position of its name in `labels`."""
-    rows, launches, processes = _launched(kernels)
-    points, ids = index.containing(launches, processes, range_ids)
-    range_label = pd.Index(labels).get_indexer(index.names())
-    # Nested ranges of one name, or ranges of several threads, can hold a launch more than once.
-    keys = np.sort(rows[points] * len(labels) + range_label[ids])
-    keys = keys[np.r_[True, keys[1:] != keys[:-1]]] if len(keys) else keys
-    return keys // len(labels), keys % len(labels)
 
 
 def _ids_named(index: RangeIndex, names: list[str]) -> np.ndarray:
@@ -364,49 +387,25 @@ def _totals(
 
 
 def _phases(
-    kernels: pd.DataFrame, index: RangeIndex, phases: list[str] | tuple[str, ...] | None, notes: list[str]
-) -> tuple[pd.DataFrame, list[str]]:
-    """Kernel totals per phase and category (kernels in no phase under OUTSIDE_PHASES), and the phases:
-    those asked for, else those `found_phases` finds."""
-    present = set(index.names())
-    if phases is None:
-        wanted = found_phases(index)
-    else:
-        wanted = list(dict.fromkeys(phases))
-        missing = [p for p in wanted if p not in present]
+    kernels: pd.DataFrame, index: RangeIndex, names: list[str], asked: bool, notes: list[str]
+) -> tuple[pd.DataFrame, np.ndarray, np.ndarray]:
+    """Kernel totals per phase and category (kernels in no phase under OUTSIDE_PHASES), and the (kernel row,
+    phase position) pairs behind them, OUTSIDE_PHASES being position len(names)."""
+    if asked:
+        present = set(index.names())
+        missing = [p for p in names if p not in present]
         if missing:
             notes.append(f"no NVTX range named {', '.join(missing)} in this report")
-    labels = [*wanted, OUTSIDE_PHASES]
-    rows, codes = _membership(kernels, index, _ids_named(index, wanted), labels)
-    if wanted:
-        launched = _launched(kernels)[0]
+    labels = [*names, OUTSIDE_PHASES]
+    rows, codes = membership(kernels, index, _ids_named(index, names), labels)
+    if names:
+        all_launched = launched(kernels)
         in_phase = np.zeros(len(kernels), dtype=bool)
         in_phase[rows] = True
-        outside = launched[~in_phase[launched]]
+        outside = all_launched[~in_phase[all_launched]]
         rows = np.concatenate([rows, outside])
-        codes = np.concatenate([codes, np.full(len(outside), len(wanted))])
-    return _totals(kernels, rows, codes, labels, "phase"), wanted
-
-
-def found_phases(index: RangeIndex) -> list[str]:
-    """The phases of a report that names none: the built-in DEFAULT_PHASES when it has any of them; else, on
-    each process's main thread (the one whose outermost ranges last longest), the ranges directly inside the
-    outermost ones (`step` ⊃ `fwd`, `bwd`, `opt` gives fwd, bwd, opt), or the outermost ones when nothing is
-    inside them; `warmup` is never a phase. Names in the order they first start."""
-    present = set(index.names())
-    builtin = [p for p in DEFAULT_PHASES if p in present]
-    if builtin:
-        return builtin
-    ranges = index.ranges
-    top = index.depth == 0
-    span = (ranges["end_ns"] - ranges["start_ns"]).where(top, 0)
-    per_thread = span.groupby([ranges["process"], ranges["thread"]]).sum()
-    main = per_thread.groupby(level=0).idxmax().to_list()
-    on_main = pd.MultiIndex.from_frame(ranges[["process", "thread"]]).isin(main)
-    outer = top & on_main & ~ranges["name"].isin(NOT_PHASES).to_numpy()
-    inner = on_main & np.isin(index.parent, np.flatnonzero(outer))
-    chosen = inner if inner.any() else outer
-    return list(dict.fromkeys(ranges.loc[chosen].sort_values("start_ns", kind="stable")["name"]))
+        codes = np.concatenate([codes, np.full(len(outside), len(names))])
+    return _totals(kernels, rows, codes, labels, "phase"), rows, codes
 
 
 def _inside(
@@ -424,10 +423,10 @@ def _inside(
         names = list(dict.fromkeys(index.names()))
         listed = ", ".join(names[:LISTED_RANGES]) + (", …" if len(names) > LISTED_RANGES else "")
         raise ProfilerKitError(f"--nvtx {nvtx}: no NVTX range of that name; the report has: {listed}")
-    inside = _membership(kernels, index, targets, [nvtx])[0]
+    inside = membership(kernels, index, targets, [nvtx])[0]
     children = index.children_of(targets)
     labels = [*dict.fromkeys(index.names().to_numpy()[children]), f"(rest of {nvtx})"]
-    child_rows, child_codes = _membership(kernels, index, children, labels)
+    child_rows, child_codes = membership(kernels, index, children, labels)
     # Sub-ranges of one range never overlap; across threads a launch may fall in two, the first one counts.
     label_of = np.full(len(kernels), len(labels) - 1)
     label_of[child_rows[::-1]] = child_codes[::-1]
@@ -456,10 +455,10 @@ def _with_ms(table: pd.DataFrame, total_ns: int) -> pd.DataFrame:
     return table.drop(columns="total_ns")
 
 
-def _split_table(rows: pd.DataFrame, label: str, total_ns: int, order: list[str]) -> pd.DataFrame:
-    """One row per label of `order`: kernels, total_ms, share of all kernel time, then each category's share
-    of the row."""
-    per_label = rows.groupby(label).agg(kernels=("instances", "sum"), total_ns=("total_ns", "sum"))
+def _split_table(rows: pd.DataFrame, label: str, total_ns: int, order: list[str], counted: str) -> pd.DataFrame:
+    """One row per label of `order`: how many kernels (`counted`), total_ms, share of all the time, then each
+    category's share of the row."""
+    per_label = rows.groupby(label).agg(**{counted: ("instances", "sum")}, total_ns=("total_ns", "sum"))
     per_label = per_label.reindex(order, fill_value=0)
     per_label.index.name = label
     wide = rows.pivot_table(index=label, columns="category", values="total_ns", aggfunc="sum", fill_value=0)

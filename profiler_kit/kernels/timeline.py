@@ -4,7 +4,9 @@ One process track per report (per rank when several reports are given; per proce
 several), holding one thread track per CUDA stream with each kernel as a complete (`X`) event, one `phases`
 track whose events span the GPU time of the kernels launched inside each phase range, and the CPU threads'
 NVTX ranges. A kernel's `args.phase` names the phase it was launched in, so kernels that PyTorch's autograd
-thread launched sit under `backward`. Times are microseconds on each report's own clock.
+thread launched sit under `backward`. A trace without kernels (a CPU run) shows its CPU operators instead, each
+call on its thread's track under that thread's ranges, and the `phases` track spans the operators of each
+phase range. Phases follow the rule of `kernels.phases`. Times are microseconds on each report's own clock.
 """
 
 from __future__ import annotations
@@ -19,10 +21,9 @@ import pandas as pd
 
 from profiler_kit.errors import ProfilerKitError
 from profiler_kit.files import replaced_when_complete
-from profiler_kit.kernels.attribution import RangeIndex
-from profiler_kit.kernels.categories import categorize
-from profiler_kit.kernels.idle import launches_in
-from profiler_kit.kernels.summary import found_phases
+from profiler_kit.kernels.attribution import RangeIndex, launches_in
+from profiler_kit.kernels.categories import categorize, optimizer_work
+from profiler_kit.kernels.phases import choose_phases
 from profiler_kit.kernels.trace import KernelTrace
 
 NS_PER_US = 1_000
@@ -51,7 +52,9 @@ def _complete(pid: int, tid: int, name: str, start_ns: int, dur_ns: int, cat: st
 
 
 def _one(trace: KernelTrace, label: str, first_pid: int, phases: list[str] | None) -> list[dict[str, Any]]:
-    kernels = trace.kernels
+    kernels, kind = trace.kernels, "kernel"
+    if not len(kernels) and trace.cpu_ops is not None and len(trace.cpu_ops):
+        kernels, kind = trace.cpu_ops, "cpu_op"
     if "start_ns" not in kernels.columns:
         raise ProfilerKitError(f"{trace.path}: {trace.source} has no kernel timestamps; a timeline needs an nsys "
                                "report/.sqlite export or a torch.profiler trace")
@@ -63,35 +66,41 @@ def _one(trace: KernelTrace, label: str, first_pid: int, phases: list[str] | Non
     for proc, pid in pid_of.items():
         events.append(_meta(pid, None, "process_name", label if len(processes) == 1 else f"{label} pid {proc}"))
         events.append(_meta(pid, PHASES_TID, "thread_name", "phases"))
+    starts = kernels["start_ns"].to_numpy()
+    # Kernels run for their duration; an operator's call lasts to its end (its self time is less).
+    ends = kernels["end_ns"].to_numpy() if kind == "cpu_op" else starts + kernels["total_ns"].to_numpy()
     phase_of = np.full(len(kernels), "", dtype=object)
     index = RangeIndex(ranges) if len(ranges) else None
+    category = categorize(kernels["name"].astype(str), kind)
     if index is not None and len(kernels):
+        kernels = kernels.assign(category=category)
+        category = optimizer_work(kernels, index)["category"]
         names = index.names().to_numpy()
-        for phase in phases if phases is not None else found_phases(index):
-            members, owners = launches_in(kernels, index, np.flatnonzero(names == phase))
-            phase_of[members] = phase
-            starts = kernels["start_ns"].to_numpy()[members]
-            ends = starts + kernels["total_ns"].to_numpy()[members]
-            for owner in np.unique(owners):
-                mine = owners == owner
-                pid = pid_of[int(index.ranges["process"].iloc[owner])]
-                first = int(starts[mine].min())
-                events.append(_complete(pid, PHASES_TID, phase, first, int(ends[mine].max()) - first, "phase"))
-    streams = sorted(set(kernels["stream"]))
-    tid_of = {stream: STREAM_TID_BASE + i for i, stream in enumerate(streams)}
+        chosen = choose_phases(index, phases).names
+        members, owners = launches_in(kernels, index, np.flatnonzero(np.isin(names, chosen)))
+        phase_of[members] = names[owners]
+        # One event per phase range: the span of the work launched inside it.
+        spans = pd.DataFrame({"owner": owners, "start": starts[members], "end": ends[members]}).groupby("owner")
+        for owner, first, last in spans.agg(first=("start", "min"), last=("end", "max")).itertuples():
+            pid = pid_of[int(index.ranges["process"].iloc[owner])]
+            events.append(_complete(pid, PHASES_TID, str(names[owner]), int(first), int(last - first), "phase"))
     threads = sorted(set(zip(ranges["process"], ranges["thread"], strict=True)))
+    if kind == "cpu_op":
+        threads = sorted(set(threads) | set(zip(kernels["process"], kernels["stream"], strict=True)))
     thread_tid = {key: THREAD_TID_BASE + i for i, key in enumerate(threads)}
-    for pid in pid_of.values():
-        for stream, tid in tid_of.items():
-            events.append(_meta(pid, tid, "thread_name", f"stream {stream}"))
+    if kind == "cpu_op":
+        track = [thread_tid[key] for key in zip(kernels["process"], kernels["stream"], strict=True)]
+    else:
+        tid_of = {stream: STREAM_TID_BASE + i for i, stream in enumerate(sorted(set(kernels["stream"])))}
+        track = [tid_of[stream] for stream in kernels["stream"]]
+        for pid in pid_of.values():
+            for stream, tid in tid_of.items():
+                events.append(_meta(pid, tid, "thread_name", f"stream {stream}"))
     for (proc, thread), tid in thread_tid.items():
         events.append(_meta(pid_of[proc], tid, "thread_name", f"thread {int(thread) & OS_TID_MASK}"))
-    category = categorize(kernels["name"].astype(str))
-    for row, (name, start, dur, proc, stream) in enumerate(
-        kernels[["name", "start_ns", "total_ns", "process", "stream"]].itertuples(index=False)
-    ):
-        events.append(_complete(pid_of[proc], tid_of[stream], str(name), int(start), int(dur), str(category[row]),
-                                {"phase": phase_of[row]} if phase_of[row] else None))
+    for row, (name, proc) in enumerate(kernels[["name", "process"]].itertuples(index=False)):
+        events.append(_complete(pid_of[proc], track[row], str(name), int(starts[row]), int(ends[row] - starts[row]),
+                                str(category[row]), {"phase": phase_of[row]} if phase_of[row] else None))
     for name, start, end, proc, thread in ranges[["name", "start_ns", "end_ns", "process", "thread"]].itertuples(
             index=False):
         events.append(_complete(pid_of[proc], thread_tid[(proc, thread)], str(name), int(start), int(end - start),

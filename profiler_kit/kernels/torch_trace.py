@@ -4,7 +4,8 @@ Complete events (`"ph": "X"`) carry microsecond `ts`/`dur` with nanosecond decim
 `gpu_memcpy` and `gpu_memset`; the CPU calls that launched it are `cuda_runtime` (cudaLaunchKernel) and
 `cuda_driver` (cuLaunchKernel, used by Triton) events, linked to the GPU events by `args.correlation`.
 `record_function` ranges (our NVTX ranges under the torch backend) are `user_annotation` events on the CPU
-thread that opened them.
+thread that opened them; those named in the trace's metadata `"profiler_kit": {"phases": [...]}` were opened
+with `profiler_kit.phase` (column `marked`).
 
 Fields are checked once as they are read: events without a name or usable times are skipped with a note
 (`_usable`); ids that are not what torch.profiler writes (`_check_ids`) make the trace an error naming the event
@@ -44,7 +45,7 @@ def load_torch_trace(obj: object, path: Path) -> KernelTrace:
         columns=["cat", "name", "pid", "tid", "ts", "dur", "args"],
     )
     try:
-        return _load(events, path)
+        return _load(events, path, _phase_names(obj))
     except (KeyError, TypeError, ValueError) as exc:
         raise ProfilerKitError(f"{path}: a Chrome trace with malformed events ({exc!r})") from None
 
@@ -65,6 +66,13 @@ def _usable(events: pd.DataFrame, what: str, times: tuple[str, ...], notes: list
         notes.append(f"skipped {int((~ok).sum()):,} of {len(ok):,} {what} events without a name or a finite, "
                      f"non-negative {'/'.join(times)}")
     return events[ok]
+
+
+def _phase_names(obj: dict) -> list[str]:
+    """The names the recorder listed as opened with `profiler_kit.phase`; none when the trace has no list."""
+    meta = obj.get("profiler_kit")
+    phases = meta.get("phases") if isinstance(meta, dict) else None
+    return [p for p in phases if isinstance(p, str)] if isinstance(phases, list) else []
 
 
 def _missing(value: object) -> bool:
@@ -103,7 +111,7 @@ def _arg(events: pd.DataFrame, field: str, missing: int) -> np.ndarray:
     return _ids(events["args"].map(lambda a: a.get(field) if isinstance(a, dict) else None), missing)
 
 
-def _load(events: pd.DataFrame, path: Path) -> KernelTrace:
+def _load(events: pd.DataFrame, path: Path, phase_names: list[str]) -> KernelTrace:
     notes: list[str] = []
     kernels = _usable(events[events["cat"] == "kernel"], "kernel", ("ts", "dur"), notes)
     launches = _usable(events[events["cat"].isin(LAUNCH_CATEGORIES)], "launch", ("ts",), notes)
@@ -120,6 +128,7 @@ def _load(events: pd.DataFrame, path: Path) -> KernelTrace:
     )
     annotations = _usable(events[events["cat"] == RANGE_CATEGORY], "range", ("ts", "dur"), notes)
     ranges = event_ranges(annotations)
+    ranges["marked"] = ranges["name"].isin(phase_names)
     memory = _usable(events[events["cat"].isin(MEMORY_CATEGORIES)], "memory", ("dur",), notes)
     # A trace with no CUDA activity at all (a CPU run) cannot say whether memory was copied.
     cuda_traced = len(kernels) or len(launches) or len(memory)

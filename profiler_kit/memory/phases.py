@@ -4,7 +4,9 @@ Phases come from the recorder's metadata when the snapshot has it (each phase's 
 also stamps the trace's `time_us`), else from the snapshot's `external_annotations`: every `record_function`
 range that was open while history was recorded (`profiler_kit.phase`, PyTorch's own `Optimizer.step#AdamW.step`,
 any user range) has a START and an END entry there, and each outermost range becomes a phase. A range whose name
-repeats gets a `#k` suffix, so each occurrence keeps its own peak.
+repeats gets a `#k` suffix, so each occurrence keeps its own peak. When neither names a forward or a backward
+phase (a plain script's snapshot has at most PyTorch's `Optimizer.step#…` ranges), the phases between its ranges
+are inferred from the stacks of what is allocated and freed (`inferred_spans`).
 """
 
 from __future__ import annotations
@@ -15,10 +17,15 @@ import numpy as np
 import pandas as pd
 
 from profiler_kit.memory.analyze import BEFORE_TRACE, MIB, Reconstruction
+from profiler_kit.memory.evidence import BACKWARD_CALL, ENGINE, MODULE_INIT, OPTIMIZER, PYTHON, phase_kind
 
 BEFORE_TRACE_LABEL = "before trace"
 AFTER_STEPS_LABEL = "after the steps"
 OUTSIDE_LABEL = "outside phases"
+INFERRED_SOURCE = "inferred"
+# Kinds of evidence an entry of the trace gives about the phase it runs in.
+_FORWARD, _BACKWARD, _OPTIMIZER = 1, 2, 3
+_INFERRED_LABELS = {_FORWARD: "forward", _BACKWARD: "backward", _OPTIMIZER: "optimizer step"}
 PHASE_COLUMNS = [
     "phase", "source", "start_event", "end_event", "peak_allocated_mib", "peak_reserved_mib",
     "counter_peak_allocated_mib", "completed",
@@ -110,6 +117,70 @@ def annotation_spans(recon: Reconstruction, snapshot: dict) -> list[PhaseSpan]:
 def phase_spans(recon: Reconstruction, snapshot: dict, meta: dict | None) -> list[PhaseSpan]:
     """The recorder's phases when its metadata is there, else the snapshot's annotated ranges."""
     return metadata_spans(recon, meta) or annotation_spans(recon, snapshot)
+
+
+def _entry_kinds(recon: Reconstruction, made: list[frozenset[str]], freed: list[frozenset[str]]
+                 ) -> np.ndarray:
+    """Per trace entry: backward where the autograd engine or the `backward()` call allocates or frees, optimizer
+    where `torch/optim` allocates, forward where other Python code allocates (not a module's constructor or its
+    move to the device); 0 elsewhere."""
+    n = recon.n_entries
+    kinds = np.zeros(n, dtype=np.int8)
+    a = recon.allocations
+    for start, end, m, f in zip(a["start"], a["end"], made, freed, strict=True):
+        if start >= 0:
+            if ENGINE in m or BACKWARD_CALL in m:
+                kinds[start] = _BACKWARD
+            elif OPTIMIZER in m:
+                kinds[start] = _OPTIMIZER
+            elif PYTHON in m and MODULE_INIT not in m:  # building or moving the model is not its forward
+                kinds[start] = _FORWARD
+        if end < n and (ENGINE in f or BACKWARD_CALL in f):
+            kinds[end] = _BACKWARD
+    return kinds
+
+
+def inferred_spans(recon: Reconstruction, spans: list[PhaseSpan], made: list[frozenset[str]],
+                   freed: list[frozenset[str]]) -> list[PhaseSpan]:
+    """`spans` plus the forward, backward and optimizer steps inferred between them, when no span names a forward
+    or a backward and the stacks show a backward (`made`/`freed`: each allocation's marks, from
+    `evidence.allocation_marks`). A forward runs from the first entry that Python code allocates in to the
+    backward's first entry; a backward (an optimizer step) from its first to its last entry of autograd
+    (optimizer) work, so that what is kept after it (gradients, optimizer state) outlives it."""
+    if any(phase_kind(s.label) in ("forward", "backward") for s in spans) or recon.n_entries == 0:
+        return spans
+    kinds = _entry_kinds(recon, made, freed)
+    covered = np.zeros(recon.n_entries + 1, dtype=bool)
+    for span in spans:
+        covered[span.start:span.end] = True
+    kinds[covered[:-1]] = 0
+    if not (kinds == _BACKWARD).any():
+        return spans
+    runs: list[list[int]] = []  # [kind, first entry, last entry]
+    for i in np.flatnonzero(kinds):
+        if runs and runs[-1][0] == kinds[i] and not covered[runs[-1][2]:i].any():
+            runs[-1][2] = int(i)
+        else:
+            runs.append([int(kinds[i]), int(i), int(i)])
+    ends = []
+    for k, (kind, first, last) in enumerate(runs):
+        if kind != _FORWARD:
+            ends.append(last + 1)
+            continue
+        stop = runs[k + 1][1] if k + 1 < len(runs) else recon.n_entries
+        inside = np.flatnonzero(covered[first:stop])
+        ends.append(first + int(inside[0]) if len(inside) else stop)
+    counts: dict[int, int] = {}
+    for kind, _, _ in runs:
+        counts[kind] = counts.get(kind, 0) + 1
+    seen: dict[int, int] = {}
+    inferred = []
+    for (kind, first, _), end in zip(runs, ends, strict=True):
+        seen[kind] = seen.get(kind, 0) + 1
+        name = _INFERRED_LABELS[kind]
+        label = f"{name} #{seen[kind]}" if counts[kind] > 1 else name
+        inferred.append(PhaseSpan(label, first, end, source=INFERRED_SOURCE))
+    return sorted(spans + inferred, key=lambda s: s.start)
 
 
 def phase_at(spans: list[PhaseSpan], index: int) -> str | None:

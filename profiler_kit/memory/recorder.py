@@ -25,7 +25,6 @@ import json
 import os
 import pickle
 import re
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +33,7 @@ import torch
 
 from profiler_kit.errors import ProfilerKitError
 from profiler_kit.memory.snapshot import EMBEDDED_KEY, SIDECAR_FORMAT, SIDECAR_VERSION, sidecar_path
+from profiler_kit.memory.storages import STORAGES_KEY, capture_storages, trace_clock_us
 from profiler_kit.workload import Workload, WorkloadConfig, release, synchronize
 
 # One train step of xl at ctx 512 logs a few tens of thousands of events; this keeps a couple of steps.
@@ -113,8 +113,8 @@ class _PhaseMeter:
             "peak_allocated_bytes": torch.cuda.max_memory_allocated(self.device),
             "peak_reserved_bytes": torch.cuda.max_memory_reserved(self.device),
             "allocated_bytes": torch.cuda.memory_allocated(self.device),
-            # The clock of the trace's time_us (CLOCK_REALTIME in µs), so the analysis can place phases on it.
-            "end_time_us": time.time_ns() // 1000,
+            # On the trace's clock, so the analysis can place phases on it.
+            "end_time_us": trace_clock_us(),
             "completed": completed,
         })
         torch.cuda.reset_peak_memory_stats(self.device)
@@ -139,25 +139,11 @@ def _start_history(max_entries: int) -> None:
     torch.cuda.memory._record_memory_history(enabled="all", **kwargs)
 
 
-def _storage_address(tensor: torch.Tensor) -> int:
-    return tensor.untyped_storage().data_ptr()
-
-
-def tensor_roles(workload: Workload) -> dict[str, list[int]]:
-    """Storage addresses of the parameters, their gradients and the optimizer's moments (the state tensors
-    shaped like their parameter; AdamW's scalar `step` is left out)."""
-    params = list(workload.model.parameters())
-    optimizer_state = workload.optimizer.state.items() if workload.optimizer is not None else []
-    return {
-        "parameter": [_storage_address(p) for p in params],
-        "gradient": [_storage_address(p.grad) for p in params if p.grad is not None],
-        "adamw_state": [
-            _storage_address(value)
-            for param, state in optimizer_state
-            for value in state.values()
-            if torch.is_tensor(value) and value.shape == param.shape
-        ],
-    }
+def storages_at_snapshot(workload: Workload) -> list[dict]:
+    """The recorder's list of storages (`storages.py`): the parameters, their gradients and the optimizer's state
+    as they are when the snapshot is taken."""
+    optimizers = [workload.optimizer] if workload.optimizer is not None else []
+    return [capture_storages(workload.model.parameters(), optimizers, label="the snapshot")]
 
 
 def linear_weight_numels(workload: Workload) -> list[int]:
@@ -248,7 +234,7 @@ def record(
             "phases": meter.rows,
             "warmup_oom": warmup_oom,
             "oom": oom,
-            "tensor_roles": tensor_roles(workload),
+            STORAGES_KEY: storages_at_snapshot(workload),
             "linear_weight_numels": linear_weight_numels(workload),
         }
         side_text = json.dumps(sidecar, indent=1) + "\n"

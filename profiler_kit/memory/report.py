@@ -9,8 +9,9 @@ from pathlib import Path
 import pandas as pd
 
 from profiler_kit.memory.analyze import MIB, Reconstruction, reconstruct
-from profiler_kit.memory.phases import PhaseSpan, phase_at, phase_peaks, phase_spans
-from profiler_kit.memory.roles import UNKNOWN, assign_roles, roles_at
+from profiler_kit.memory.evidence import allocation_marks
+from profiler_kit.memory.phases import INFERRED_SOURCE, PhaseSpan, inferred_spans, phase_at, phase_peaks, phase_spans
+from profiler_kit.memory.roles import UNKNOWN, evidence_summary, infer_roles, roles_at, sizes_are_rounded
 from profiler_kit.memory.snapshot import load_metadata, load_snapshot
 from profiler_kit.memory.tables import expected_vs_measured, frame_with_optional_ints, top_allocations
 from profiler_kit.render import records
@@ -26,6 +27,7 @@ class MemoryReport:
     recon: Reconstruction
     spans: list[PhaseSpan]
     roles: pd.Series
+    evidence: pd.Series
     summary: pd.DataFrame
     phases: pd.DataFrame | None
     roles_at_peak: pd.DataFrame
@@ -114,7 +116,7 @@ def _summary_table(recon: Reconstruction, spans: list[PhaseSpan], meta: dict | N
     return frame_with_optional_ints(rows, list(rows[0]), ("peak_event",))
 
 
-def _notes(recon: Reconstruction, spans: list[PhaseSpan], top: pd.DataFrame, by_role: pd.DataFrame,
+def _notes(recon: Reconstruction, spans: list[PhaseSpan], top: pd.DataFrame, roles: pd.DataFrame,
            meta: dict | None) -> list[str]:
     notes = []
     if recon.n_entries == 0:
@@ -142,10 +144,17 @@ def _notes(recon: Reconstruction, spans: list[PhaseSpan], top: pd.DataFrame, by_
     if top["where"].isna().any():
         notes.append("'where' is empty for allocations made with no Python frame outside torch on the stack, "
                      "e.g. by the autograd engine's thread in backward, or before the trace began")
-    unknown = by_role.set_index("role").loc[UNKNOWN]
-    if unknown["size_bytes"]:
-        notes.append(f"{unknown['share_pct']:.0f}% of the bytes at the peak have role 'unknown': no stack, "
-                     "phase or recorder list says what they hold (e.g. tensors made before the trace began)")
+    if any(s.source == INFERRED_SOURCE for s in spans):
+        notes.append("phases with source 'inferred' are not named in the snapshot: a backward runs from the first "
+                     "to the last allocation or free of the autograd engine, a forward from the first allocation "
+                     "by Python code before it")
+    alive = recon.alive_at(recon.peak_index)
+    unknown = roles.loc[alive.index, "role"] == UNKNOWN
+    unknown_bytes = int(alive.loc[unknown, "size_bytes"].sum())
+    if unknown_bytes:
+        share = 100 * unknown_bytes / recon.peak_allocated_bytes
+        reasons = evidence_summary(alive.loc[unknown, "size_bytes"], roles.loc[alive.index[unknown], "evidence"])
+        notes.append(f"{share:.0f}% of the bytes at the peak have role 'unknown': {reasons}")
     return notes
 
 
@@ -153,22 +162,24 @@ def analyze(snapshot: dict, meta: dict | None = None, top: int = DEFAULT_TOP, de
             source: str = "", meta_source: str | None = None) -> MemoryReport:
     """Analyse an in-memory snapshot (with the recorder's metadata, when it wrote some)."""
     recon = reconstruct(snapshot, device)
-    spans = phase_spans(recon, snapshot, meta)
-    roles = assign_roles(recon, spans, meta)
+    marks = allocation_marks(recon.allocations)
+    spans = inferred_spans(recon, phase_spans(recon, snapshot, meta), *marks)
+    roles = infer_roles(recon, spans, meta, sizes_are_rounded(snapshot), marks)
     top_df = top_allocations(recon, roles, spans, top)
-    by_role = roles_at(recon, roles, recon.peak_index)
+    by_role = roles_at(recon, roles["role"], recon.peak_index, roles["evidence"])
     config = (meta or {}).get("config")
     return MemoryReport(
         source=source,
         recon=recon,
         spans=spans,
-        roles=roles,
+        roles=roles["role"],
+        evidence=roles["evidence"],
         summary=_summary_table(recon, spans, meta),
         phases=phase_peaks(recon, spans),
         roles_at_peak=by_role,
         top=top_df,
-        expected=expected_vs_measured(recon, roles, config) if config else None,
-        notes=_notes(recon, spans, top_df, by_role, meta),
+        expected=expected_vs_measured(recon, roles["role"], config) if config else None,
+        notes=_notes(recon, spans, top_df, roles, meta),
         meta=meta,
         meta_source=meta_source,
     )
@@ -177,7 +188,11 @@ def analyze(snapshot: dict, meta: dict | None = None, top: int = DEFAULT_TOP, de
 def analyze_file(path: str | Path, top: int = DEFAULT_TOP, device: int | None = None,
                  use_sidecar: bool = True) -> MemoryReport:
     """Load a snapshot pickle and analyse it with the recorder's metadata: `<stem>.json` beside it (unless
-    `use_sidecar` is off), else what the recorder stored inside the snapshot."""
+    `use_sidecar` is off, or it is not the recorder's: then a note says so), else what the recorder stored inside
+    the snapshot."""
     snapshot = load_snapshot(path)
-    meta, meta_source = load_metadata(path, snapshot, use_sidecar)
-    return analyze(snapshot, meta, top, device, source=str(path), meta_source=meta_source)
+    meta, meta_source, note = load_metadata(path, snapshot, use_sidecar)
+    report = analyze(snapshot, meta, top, device, source=str(path), meta_source=meta_source)
+    if note:
+        report.notes.insert(0, note)
+    return report

@@ -1,27 +1,45 @@
-"""What each allocation of a snapshot holds, decided from evidence about it, never from its size alone.
+"""What each allocation of a snapshot holds, decided from evidence about it, with that evidence in words.
 
 Evidence, strongest first:
-- the recorder's own list of storages (parameters, gradients, optimizer moments) alive when it took the snapshot;
-- the allocation's stack: PyTorch's autocast cast cache (`cached_cast`), the autograd engine's thread, the
-  optimizer's code (`torch/optim`), a module's `__init__`;
+- the recorder's list of storages (`storages.py`: parameters, gradients, optimizer state, with the moment each
+  list was taken): an allocation alive then at a listed address, of the listed size, has the listed role;
+- the allocation's stacks (`evidence.py`): PyTorch's autocast cast cache, the autograd engine's thread, the
+  optimizer's code, a module's `__init__`, `zero_grad` freeing it (a `.grad`);
 - the phase it was allocated in and whether it outlived that phase: made and freed in one phase is a temporary;
   made in a forward phase and kept is an activation or a tensor saved for backward; made in backward and kept is a
   gradient; made in an optimizer step and kept is optimizer state;
 - for the recorder's mixed-precision runs, the model's parameter list: a bf16 tensor of a Linear weight's size made
   by `nn.Linear` in forward and released in backward is autocast's weight copy (the Linear's output, e.g. the
-  logits, may have the same size, but the step still holds it after backward).
-With none of these (e.g. a tensor alive before the trace began, with no stack), the role is `unknown`.
+  logits, may have the same size, but the step still holds it after backward);
+- without the recorder's list, blocks alive since before the trace and never freed are the program's persistent
+  state. Matched to the gradients of the trace by size, they divide into parameters and optimizer state: per
+  gradient of a size, one block of that size is its parameter and the next k its optimizer state, k read from the
+  counts (Adam keeps 2 tensors per parameter, SGD with momentum 1). Which of the same-size blocks is the parameter is
+  not recorded, so only the bytes per role are certain.
+What none of these explains is `unknown`, with the reason.
 """
 
 from __future__ import annotations
 
-import re
+from collections import Counter
 
 import numpy as np
 import pandas as pd
 
 from profiler_kit.memory.analyze import BEFORE_TRACE, MIB, Reconstruction
+from profiler_kit.memory.evidence import (
+    AUTOCAST,
+    ENGINE,
+    LINEAR,
+    MODULE_INIT,
+    OPTIMIZER,
+    ZERO_GRAD,
+    Marks,
+    allocation_marks,
+    phase_kind,
+)
 from profiler_kit.memory.phases import PhaseSpan
+from profiler_kit.memory.storages import Capture, read_captures
 
 PARAMETER = "parameter"
 GRADIENT = "gradient"
@@ -31,42 +49,14 @@ AUTOCAST_COPY = "autocast weight copy"
 TEMPORARY = "temporary"
 UNKNOWN = "unknown"
 ROLES = (PARAMETER, GRADIENT, OPTIMIZER_STATE, ACTIVATION, AUTOCAST_COPY, TEMPORARY, UNKNOWN)
-# The recorder's names for the storages it lists.
-RECORDED_ROLES = {"parameter": PARAMETER, "gradient": GRADIENT, "adamw_state": OPTIMIZER_STATE}
+LISTED_ROLES = {"parameter": PARAMETER, "gradient": GRADIENT, "optimizer_state": OPTIMIZER_STATE}
 BF16_BYTES = 2
-_OPTIM_FILE = re.compile(r"(^|[/\\])torch[/\\]optim[/\\]")
-_MODULES_FILE = re.compile(r"(^|[/\\])torch[/\\]nn[/\\](modules[/\\]|parameter\.py)")
-_LINEAR_FILE = re.compile(r"(^|[/\\])torch[/\\]nn[/\\]modules[/\\]linear\.py$")
-
-
-def phase_kind(label: str | None) -> str | None:
-    """forward, backward or optimizer for a phase named like one (`backward #2`, `Optimizer.step#…`)."""
-    if not label:
-        return None
-    name = label.lower()
-    for kind, words in (("optimizer", ("optimizer",)), ("backward", ("backward",)), ("forward", ("forward",))):
-        if any(w in name for w in words):
-            return kind
-    return None
-
-
-def _frame_evidence(frames: list[dict]) -> set[str]:
-    found = set()
-    for frame in frames:
-        name, filename = str(frame.get("name", "")), str(frame.get("filename", ""))
-        if "cached_cast" in name:
-            found.add("autocast")
-        elif "autograd::Engine::" in name:
-            found.add("engine")
-        elif _OPTIM_FILE.search(filename):
-            found.add("optimizer")
-        elif _MODULES_FILE.search(filename) and name in ("__init__", "reset_parameters", "__new__"):
-            found.add("module_init")
-    if frames:
-        innermost = next((f for f in frames if str(f.get("filename", "")).endswith(".py")), None)
-        if innermost is not None and _LINEAR_FILE.search(str(innermost["filename"])):
-            found.add("linear")
-    return found
+BLOCK_ROUND = 512  # the caching allocator's block granularity
+MAX_STATE_PER_PARAMETER = 2  # Adam's exp_avg and exp_avg_sq
+STEP_COUNTER_BYTES = (4, 8)  # fused or capturable Adam keeps each parameter's step as a float32 (or float64) tensor
+BEFORE_TRACE_KEPT = "alive before the trace and never freed"
+_STATE_NAMES = {1: "1 optimizer-state tensor (e.g. SGD's momentum)", 2: "2 optimizer-state tensors (Adam's "
+                "exp_avg, exp_avg_sq)"}
 
 
 def _span_index(spans: list[PhaseSpan], starts: np.ndarray) -> np.ndarray:
@@ -77,67 +67,171 @@ def _span_index(spans: list[PhaseSpan], starts: np.ndarray) -> np.ndarray:
     return out
 
 
-def assign_roles(recon: Reconstruction, spans: list[PhaseSpan], meta: dict | None) -> pd.Series:
-    """One role from `ROLES` per row of `recon.allocations`."""
+def sizes_are_rounded(snapshot: dict) -> bool:
+    """True when the snapshot's blocks lack `requested_size`, so their sizes are the allocator's rounded ones."""
+    return any("requested_size" not in block for seg in snapshot.get("segments", []) for block in seg["blocks"]
+               if block.get("state") != "inactive")
+
+
+def infer_roles(recon: Reconstruction, spans: list[PhaseSpan], meta: dict | None, rounded_sizes: bool = False,
+                marks: Marks | None = None) -> pd.DataFrame:
+    """Per row of `recon.allocations`: `role` (one of `ROLES`) and `evidence` (why, in words); `marks` are
+    `evidence.allocation_marks(recon.allocations)` when the caller has them."""
     meta = meta or {}
-    by_address = {
-        addr: RECORDED_ROLES.get(role, role)
-        for role, addresses in (meta.get("tensor_roles") or {}).items()
-        for addr in addresses
-    }
     config = meta.get("config") or {}
     bf16_weights = {n * BF16_BYTES for n in meta.get("linear_weight_numels") or []} \
         if config.get("mixed_precision") else set()
     a = recon.allocations
+    made, freed = marks or allocation_marks(a)
     span_idx = _span_index(spans, a["start"].to_numpy())
     end_idx = _span_index(spans, a["end"].to_numpy())
-    roles = []
-    columns = ["addr", "size_bytes", "start", "end", "frames", "free_frames", "alive_at_end"]
-    for (addr, size, start, end, frames, free_frames, alive_at_end), k, k_end in zip(
-            a[columns].itertuples(index=False), span_idx, end_idx, strict=True):
-        if alive_at_end and addr in by_address:
-            roles.append(by_address[addr])
-            continue
-        made, freed = _frame_evidence(frames), _frame_evidence(free_frames)
+    roles, evidence = [], []
+    columns = ["size_bytes", "start", "end", "alive_at_end"]
+    for (size, start, end, alive_at_end), m, f, k, k_end in zip(
+            a[columns].itertuples(index=False), made, freed, span_idx, end_idx, strict=True):
         span = spans[k] if k >= 0 else None
-        freed_in_backward = "engine" in freed or (k_end >= 0 and phase_kind(spans[k_end].label) == "backward")
-        roles.append(_role(made, "engine" in freed, freed_in_backward, span, start, end, size, bool(alive_at_end),
-                           bf16_weights))
-    return pd.Series(roles, index=a.index, dtype=object)
+        freed_in_backward = ENGINE in f or (k_end >= 0 and phase_kind(spans[k_end].label) == "backward")
+        role, why = _role(m, f, freed_in_backward, span, start, end, size, bool(alive_at_end), bf16_weights)
+        roles.append(role)
+        evidence.append(why)
+    out = pd.DataFrame({"role": roles, "evidence": evidence}, index=a.index, dtype=object)
+    captures = read_captures(meta)
+    if captures:
+        _apply_list(recon, captures, out, rounded_sizes)
+    else:
+        _persistent_state(a, out, rounded_sizes)
+    return out
 
 
-def _role(made: set[str], freed_by_engine: bool, freed_in_backward: bool, span: PhaseSpan | None, start: int,
-          end: int, size: int, alive_at_end: bool, bf16_weights: set[int]) -> str:
-    """The role one allocation's evidence supports (see the module docstring), `unknown` when none does."""
+def assign_roles(recon: Reconstruction, spans: list[PhaseSpan], meta: dict | None, rounded_sizes: bool = False
+                 ) -> pd.Series:
+    """One role from `ROLES` per row of `recon.allocations`."""
+    return infer_roles(recon, spans, meta, rounded_sizes)["role"]
+
+
+def _role(made: frozenset[str], freed: frozenset[str], freed_in_backward: bool, span: PhaseSpan | None, start: int,
+          end: int, size: int, alive_at_end: bool, bf16_weights: set[int]) -> tuple[str, str]:
+    """The role one allocation's evidence supports (see the module docstring), and that evidence."""
     kind = phase_kind(span.label) if span else None
     outlives = end >= span.end if span else alive_at_end
-    if "autocast" in made or (kind == "forward" and "linear" in made and size in bf16_weights
-                              and freed_in_backward):
-        return AUTOCAST_COPY
+    if AUTOCAST in made:
+        return AUTOCAST_COPY, "made by autocast's cast cache"
+    if kind == "forward" and LINEAR in made and size in bf16_weights and freed_in_backward:
+        return AUTOCAST_COPY, "a Linear weight's size in bf16, made by nn.Linear in forward, freed in backward"
+    if ZERO_GRAD in freed:
+        return GRADIENT, "freed by zero_grad"
     if start == BEFORE_TRACE:
-        return _role_before_trace(made)
+        if MODULE_INIT in made:
+            return PARAMETER, "made before the trace by a module's constructor or its move to the device"
+        if OPTIMIZER in made:
+            return OPTIMIZER_STATE, "made before the trace by torch/optim"
+        if alive_at_end:
+            return UNKNOWN, BEFORE_TRACE_KEPT
+        return UNKNOWN, "made before the trace (no stack), freed in it, not by zero_grad"
+    if MODULE_INIT in made and outlives:
+        return PARAMETER, "made by a module's constructor or its move to the device"
     if span is not None and not outlives:
-        return TEMPORARY
-    if "engine" in made:  # made by the autograd engine: freed there it was an intermediate, else a gradient
-        return TEMPORARY if freed_by_engine else GRADIENT
+        return TEMPORARY, f"made and freed in {span.label}"
+    if ENGINE in made:  # made by the autograd engine: freed there it was an intermediate, else a gradient
+        if ENGINE in freed:
+            return TEMPORARY, "made and freed by the autograd engine"
+        return GRADIENT, "made by the autograd engine, kept after it"
     if kind == "backward":
-        return GRADIENT
-    if "optimizer" in made or kind == "optimizer":  # optimizer state lives on; what the step frees was scratch
-        return OPTIMIZER_STATE if outlives else TEMPORARY
-    if freed_by_engine or kind == "forward":  # kept until backward released it: saved for backward
-        return ACTIVATION
-    if "module_init" in made:
-        return PARAMETER
-    return UNKNOWN
+        return GRADIENT, f"made in {span.label}, kept after it"
+    if OPTIMIZER in made or kind == "optimizer":  # optimizer state lives on; what the step frees was scratch
+        where = "by torch/optim" if OPTIMIZER in made else f"in {span.label}"
+        return (OPTIMIZER_STATE, f"made {where}, kept after it") if outlives else \
+            (TEMPORARY, f"made {where}, freed in the step")
+    if ENGINE in freed:
+        return ACTIVATION, "freed by the autograd engine: saved for backward"
+    if kind == "forward":
+        return ACTIVATION, f"made in {span.label}, kept after it"
+    where = f"made in {span.label}" if span else "made outside any phase"
+    return UNKNOWN, f"{where}; no stack or phase says what it holds"
 
 
-def _role_before_trace(evidence: set[str]) -> str:
-    """Tensors older than the trace: only their stack (kept when history was on as they were made) can tell."""
-    if "module_init" in evidence:
-        return PARAMETER
-    if "optimizer" in evidence:
-        return OPTIMIZER_STATE
-    return UNKNOWN
+def _size_key(size, rounded: bool):
+    """A size (int or Series) comparable between the trace (requested bytes) and blocks (rounded when
+    `rounded`)."""
+    return -(-size // BLOCK_ROUND) * BLOCK_ROUND if rounded else size
+
+
+def _set(out: pd.DataFrame, rows, role: str, why: str) -> None:
+    out.loc[rows, "role"] = role
+    out.loc[rows, "evidence"] = why
+
+
+def _apply_list(recon: Reconstruction, captures: list[Capture], out: pd.DataFrame, rounded: bool) -> None:
+    """Give each allocation alive at a capture's moment at a listed address, of the listed size, that role (the
+    captures in time order: the first one that lists an allocation names it)."""
+    a = recon.allocations
+    keys = _size_key(a["size_bytes"], rounded)
+    times = None if recon.time_us is None else np.maximum.accumulate(recon.time_us)
+    rows_at = a.groupby("addr").groups
+    listed: set = set()  # the first capture that names an allocation gives its evidence
+    for capture in captures:
+        if capture.time_us is None:
+            moment = recon.n_entries
+        elif times is None:
+            continue
+        else:  # entries up to the capture's time happened before it
+            moment = int(np.searchsorted(times, capture.time_us, side="right"))
+        for addr, (kind, size) in capture.storages.items():
+            for idx in rows_at.get(addr, ()):
+                alive = a.at[idx, "start"] < moment <= a.at[idx, "end"]
+                if alive and idx not in listed and (size is None or keys[idx] == _size_key(size, rounded)):
+                    listed.add(idx)
+                    label = f" taken at {capture.label}" if capture.label else ""
+                    _set(out, idx, LISTED_ROLES[kind], f"in the recorder's list of {kind.replace('_', ' ')} "
+                         f"storages{label}")
+    kept = (out["role"] == UNKNOWN) & (out["evidence"] == BEFORE_TRACE_KEPT)
+    out.loc[kept, "evidence"] = f"{BEFORE_TRACE_KEPT}; not in the recorder's list"
+
+
+def _max_alive(starts: np.ndarray, ends: np.ndarray) -> int:
+    """Most allocations alive at one moment (a free at an entry happens before an allocation at a later one)."""
+    events = sorted([(int(s), 1) for s in starts] + [(int(e), -1) for e in ends])
+    return int(np.cumsum([d for _, d in events]).max(initial=0))
+
+
+def _persistent_state(a: pd.DataFrame, out: pd.DataFrame, rounded: bool) -> None:
+    """Blocks alive before the trace and never freed, divided by size into parameters and optimizer state against
+    the gradients the trace shows (see the module docstring); the rest keeps `unknown` with its reason."""
+    keys = _size_key(a["size_bytes"], rounded)
+    kept = (out["role"] == UNKNOWN) & (out["evidence"] == BEFORE_TRACE_KEPT)
+    grads = out["role"] == GRADIENT
+    if not grads.any():
+        out.loc[kept, "evidence"] = f"{BEFORE_TRACE_KEPT}; the trace has no gradient to match its size against"
+        return
+    per_size = {key: _max_alive(a.loc[rows, "start"].to_numpy(), a.loc[rows, "end"].to_numpy())
+                for key, rows in a[grads].groupby(keys[grads]).groups.items()}
+    blocks = {key: sorted(rows, key=lambda idx: a.at[idx, "addr"])
+              for key, rows in a[kept].groupby(keys[kept]).groups.items()}
+    votes: Counter[int] = Counter()
+    for key, n in per_size.items():
+        if len(blocks.get(key, ())) >= n:
+            votes[min(len(blocks[key]) // n - 1, MAX_STATE_PER_PARAMETER)] += n
+    state_per_param = votes.most_common(1)[0][0] if votes else 0
+    group = 1 + state_per_param
+    matched = 0
+    for key, rows in blocks.items():
+        n = per_size.get(key, 0)
+        if n == 0:
+            out.loc[rows, "evidence"] = f"{BEFORE_TRACE_KEPT}; no gradient of the trace has its size"
+            continue
+        share = (f"{BEFORE_TRACE_KEPT}; sized like a gradient: per gradient, its parameter and "
+                 f"{_STATE_NAMES.get(state_per_param, 'no optimizer state')}")
+        params, state = rows[:n], rows[n:n * group]
+        _set(out, params, PARAMETER, share)
+        _set(out, state, OPTIMIZER_STATE, share)
+        out.loc[rows[n * group:], "evidence"] = (f"{BEFORE_TRACE_KEPT}; more blocks of its size than parameters "
+                                                  f"and their optimizer state ({group} per gradient)")
+        matched += len(params)
+    counters = [idx for key in STEP_COUNTER_BYTES for idx in blocks.get(key, ()) if not rounded]
+    if state_per_param and counters and len(counters) == matched and not any(per_size.get(k) for k in
+                                                                             STEP_COUNTER_BYTES):
+        _set(out, counters, OPTIMIZER_STATE, f"{BEFORE_TRACE_KEPT}, one scalar tensor per matched parameter: "
+             "Adam's step counters (fused or capturable)")
 
 
 def role_series(recon: Reconstruction, roles: pd.Series) -> dict[str, np.ndarray]:
@@ -156,8 +250,20 @@ def role_series(recon: Reconstruction, roles: pd.Series) -> dict[str, np.ndarray
     return out
 
 
-def roles_at(recon: Reconstruction, roles: pd.Series, index: int) -> pd.DataFrame:
-    """Count and bytes of each role alive after entry `index`, with its share of all allocated bytes."""
+def evidence_summary(sizes: pd.Series, evidence: pd.Series, most: int = 3) -> str:
+    """The evidence of some allocations, the most bytes first: `freed by zero_grad (17, 5.4 MiB); …`."""
+    by_reason = sizes.groupby(evidence).agg(["count", "sum"]).sort_values("sum", ascending=False, kind="stable")
+    parts = [f"{reason} ({n:,}, {total / MIB:,.1f} MiB)" for reason, n, total in
+             by_reason.head(most).itertuples()]
+    if len(by_reason) > most:
+        parts.append(f"{len(by_reason) - most} more")
+    return "; ".join(parts)
+
+
+def roles_at(recon: Reconstruction, roles: pd.Series, index: int, evidence: pd.Series | None = None
+             ) -> pd.DataFrame:
+    """Count and bytes of each role alive after entry `index`, with its share of all allocated bytes and, given
+    each allocation's `evidence`, what it rests on."""
     a = recon.allocations
     alive = (a["start"] <= index) & (a["end"] > index)
     total = int(a.loc[alive, "size_bytes"].sum())
@@ -165,8 +271,11 @@ def roles_at(recon: Reconstruction, roles: pd.Series, index: int) -> pd.DataFram
     for role in ROLES:
         sel = alive & (roles == role)
         size = int(a.loc[sel, "size_bytes"].sum())
-        rows.append({"role": role, "count": int(sel.sum()), "size_mib": size / MIB,
-                     "share_pct": 100.0 * size / total if total else 0.0, "size_bytes": size})
+        row = {"role": role, "count": int(sel.sum()), "size_mib": size / MIB,
+               "share_pct": 100.0 * size / total if total else 0.0, "size_bytes": size}
+        if evidence is not None:
+            row["evidence"] = evidence_summary(a.loc[sel, "size_bytes"], evidence[sel]) if sel.any() else None
+        rows.append(row)
     return pd.DataFrame(rows)
 
 

@@ -224,45 +224,59 @@ def sidecar_path(snapshot_path: str | Path) -> Path:
     return Path(snapshot_path).with_suffix(".json")
 
 
-def _check_metadata(data: object, where: str, remedy: str) -> dict:
+def _metadata_problem(data: object) -> str | None:
+    """Why `data` is not metadata this tool reads, or None."""
     if not isinstance(data, dict) or data.get("format") != SIDECAR_FORMAT:
-        raise ProfilerKitError(f"{where} is not profiler-kit memory metadata; {remedy}")
+        return "is not profiler-kit memory metadata"
     if data.get("version") != SIDECAR_VERSION:
-        raise ProfilerKitError(f"{where}: version {data.get('version')!r}; this tool reads {SIDECAR_VERSION}")
+        return f"is version {data.get('version')!r} of profiler-kit memory metadata; this tool reads {SIDECAR_VERSION}"
     try:
         conform(data, METADATA, "the metadata")
     except ValueError as exc:
-        raise ProfilerKitError(f"{where}: {exc}") from None
-    return data
+        return f"has the wrong shape: {exc}"
+    return None
 
 
-def load_sidecar(snapshot_path: str | Path) -> dict | None:
-    """The recorder's JSON sidecar beside a snapshot, or None when there is none (a foreign snapshot)."""
+def load_sidecar(snapshot_path: str | Path) -> tuple[dict | None, str | None]:
+    """The recorder's JSON sidecar beside a snapshot, and a note when a file there is not one. A `.json` with the
+    snapshot's name may be anything (e.g. a report written with `--format json > run.json`): empty, unreadable,
+    not JSON or not the recorder's metadata, it is ignored and the note says why. (None, None) when there is
+    none (a foreign snapshot)."""
     path = sidecar_path(snapshot_path)
-    if not path.is_file():
-        return None
-    data = parse_json(read_bytes(path), path)
-    return _check_metadata(data, f"{path} (beside the snapshot)",
-                           f"move it to summarize {Path(snapshot_path).name} alone")
+    if not path.exists() and not path.is_symlink():
+        return None, None
+    ignored = f"{path.name} beside the snapshot is ignored"
+    try:
+        data = read_bytes(path)
+        if not data.strip():
+            return None, f"{ignored}: it is empty"
+        parsed = parse_json(data, path)
+    except ProfilerKitError as exc:
+        return None, f"{ignored}: {exc}"
+    problem = _metadata_problem(parsed)
+    return (None, f"{ignored}: it {problem}") if problem else (parsed, None)
 
 
 def embedded_metadata(snapshot: dict) -> dict | None:
     """The metadata the recorder stores inside its snapshots (the sidecar's content), or None."""
     if EMBEDDED_KEY not in snapshot:
         return None
-    return _check_metadata(snapshot[EMBEDDED_KEY], f"the snapshot's {EMBEDDED_KEY!r} entry",
-                           "it was not written by profiler-kit")
+    problem = _metadata_problem(snapshot[EMBEDDED_KEY])
+    if problem:
+        raise ProfilerKitError(f"the snapshot's {EMBEDDED_KEY!r} entry {problem}; it was not written by this "
+                               "profiler-kit")
+    return snapshot[EMBEDDED_KEY]
 
 
 def load_metadata(snapshot_path: str | Path, snapshot: dict, use_sidecar: bool = True
-                  ) -> tuple[dict | None, str | None]:
-    """The recorder's metadata and where it came from: the sidecar when present (and used), else the snapshot
-    itself."""
-    sidecar = load_sidecar(snapshot_path) if use_sidecar else None
+                  ) -> tuple[dict | None, str | None, str | None]:
+    """The recorder's metadata, where it came from (the sidecar when present and used, else the snapshot
+    itself), and a note when a file in the sidecar's place was ignored."""
+    sidecar, note = load_sidecar(snapshot_path) if use_sidecar else (None, None)
     if sidecar is not None:
-        return sidecar, "sidecar"
+        return sidecar, "sidecar", None
     try:
         embedded = embedded_metadata(snapshot)
     except ProfilerKitError as exc:
         raise ProfilerKitError(f"{snapshot_path}: {exc}") from None
-    return embedded, None if embedded is None else "snapshot"
+    return embedded, None if embedded is None else "snapshot", note

@@ -9,17 +9,26 @@ import pandas as pd
 
 from profiler_kit.memory.analyze import BEFORE_TRACE, MIB, Reconstruction, first_user_frame, short_path
 from profiler_kit.memory.phases import PhaseSpan, phase_at
-from profiler_kit.memory.roles import ACTIVATION, AUTOCAST_COPY, GRADIENT, OPTIMIZER_STATE, PARAMETER
+from profiler_kit.memory.roles import (
+    ACTIVATION,
+    AUTOCAST_COPY,
+    GRADIENT,
+    OPTIMIZER_STATE,
+    PARAMETER,
+    STEP_COUNTER_BYTES,
+)
 from profiler_kit.presets import count_parameters, from_name
 from profiler_kit.workload import phases_for
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2}
-TOP_COLUMNS = ["rank", "size_mib", "size_bytes", "role", "allocated_in", "where", "function", "user_metadata"]
+TOP_COLUMNS = ["rank", "size_mib", "size_bytes", "role", "evidence", "allocated_in", "where", "function",
+               "user_metadata"]
 
 
-def top_allocations(recon: Reconstruction, roles: pd.Series, spans: list[PhaseSpan], n: int) -> pd.DataFrame:
-    """The n largest allocations alive at the peak, with their role, the phase that allocated them, the first
-    frame outside torch and the user metadata set when they were made."""
+def top_allocations(recon: Reconstruction, roles: pd.DataFrame, spans: list[PhaseSpan], n: int) -> pd.DataFrame:
+    """The n largest allocations alive at the peak, with their role and its evidence (`roles`: the columns role and
+    evidence per allocation), the phase that allocated them, the first frame outside torch and the user metadata
+    set when they were made."""
     alive = recon.alive_at(recon.peak_index).sort_values("size_bytes", ascending=False, kind="stable").head(n)
     rows = []
     for rank, (idx, row) in enumerate(alive.iterrows(), start=1):
@@ -28,7 +37,8 @@ def top_allocations(recon: Reconstruction, roles: pd.Series, spans: list[PhaseSp
             "rank": rank,
             "size_mib": row["size_bytes"] / MIB,
             "size_bytes": int(row["size_bytes"]),
-            "role": roles[idx],
+            "role": roles.at[idx, "role"],
+            "evidence": roles.at[idx, "evidence"],
             "allocated_in": phase_at(spans, int(row["start"])),
             "where": f"{short_path(frame['filename'])}:{frame['line']}" if frame else None,
             "function": frame["name"] if frame else None,
@@ -121,6 +131,8 @@ def expected_vs_measured(recon: Reconstruction, roles: pd.Series, config: dict) 
         match = roles == exp.role
         if exp.role == ACTIVATION:
             match &= a["size_bytes"].isin(set(exp.sizes))
+        elif exp.role == OPTIMIZER_STATE:  # the moments, not a fused AdamW's scalar step counters
+            match &= ~a["size_bytes"].isin(STEP_COUNTER_BYTES)
         total_at_peak = int(a.loc[match & at_peak, "size_bytes"].sum())
         state = exp.role in (PARAMETER, GRADIENT, OPTIMIZER_STATE)
         rows.append({

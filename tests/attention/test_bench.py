@@ -48,7 +48,7 @@ def test_json_stdout_is_pure_json_with_one_full_row_per_config(sweep):
         assert list(row) == list(bench.COLUMNS)
         assert (row["dtype"], row["causal"], row["batch"], row["heads"], row["d"]) == ("fp32", True, 1, 2, 16)
         assert row["device"] == "cpu"
-        assert all(row[c] is None for c in bench.MEMORY_COLUMNS if c != "saved_analytic_mb")  # CUDA only
+        assert all(row[c] is None for c in bench.MEMORY_COLUMNS if c != "saved_analytic_mib")  # CUDA only
 
 
 def test_failing_impl_is_an_error_row_and_the_others_still_run(sweep):
@@ -369,14 +369,15 @@ def gpu_config(impl: str, dtype: str = "bf16", **shape) -> bench.AttentionConfig
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("impl", ["naive", "flash-triton", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient"])
+@pytest.mark.parametrize("impl", ["naive", pytest.param("flash-triton", marks=pytest.mark.gpu_slow), "sdpa-flash",
+                                  "sdpa-cudnn", "sdpa-efficient"])  # flash-triton autotunes
 def test_gpu_measured_saved_memory_matches_the_analytic_size(impl):
     row = bench.run_config(gpu_config(impl), 5, 20)
     assert row["status"] == "ok", row["message"]
     # SDPA backends also keep RNG seed/offset tensors: a few 512-byte allocator blocks.
-    assert row["saved_mb"] == pytest.approx(row["saved_analytic_mb"], rel=0.01)
-    assert row["mem_inputs_mb"] < row["mem_before_bwd_mb"] <= row["fwd_peak_mb"]
-    assert row["mem_inputs_mb"] < row["bwd_peak_mb"]
+    assert row["saved_mib"] == pytest.approx(row["saved_analytic_mib"], rel=0.01)
+    assert row["mem_inputs_mib"] < row["mem_before_bwd_mib"] <= row["fwd_peak_mib"]
+    assert row["mem_inputs_mib"] < row["bwd_peak_mib"]
     for timing in bench.TIMINGS:
         assert 0 < row[f"{timing}_p20_ms"] <= row[f"{timing}_ms"] <= row[f"{timing}_p80_ms"]
     if impl == "flash-triton":  # the row names the configs the autotuner ran, e.g. "fwd 128x64 w8 s3; dkdv …"
@@ -384,15 +385,16 @@ def test_gpu_measured_saved_memory_matches_the_analytic_size(impl):
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_slow  # flash-triton autotunes
 def test_gpu_rounds_share_the_inputs_and_give_all_memory_back():
     torch.cuda.empty_cache()
     before, reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
     rows = bench.run_shape([gpu_config(impl) for impl in ("flash-triton", "sdpa-flash", "sdpa-cudnn")], 5, 30,
                            rounds=3)
     assert [(row["status"], row["rounds"]) for row in rows] == [("ok", 3)] * 3, [r["message"] for r in rows]
-    assert len({row["mem_inputs_mb"] for row in rows}) == 1  # one set of inputs, measured alike for each
+    assert len({row["mem_inputs_mib"] for row in rows}) == 1  # one set of inputs, measured alike for each
     for row in rows:
-        assert row["saved_mb"] == pytest.approx(row["saved_analytic_mb"], rel=0.01)
+        assert row["saved_mib"] == pytest.approx(row["saved_analytic_mib"], rel=0.01)
         for timing in bench.TIMINGS:
             assert 0 < row[f"{timing}_p20_ms"] <= row[f"{timing}_ms"] <= row[f"{timing}_p80_ms"]
     # Nothing stays allocated, and nothing stays cached: the inputs were dropped before the cache was emptied.
@@ -417,6 +419,7 @@ def test_gpu_oom_is_a_row_and_its_memory_is_given_back():
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_slow  # torch.compile
 def test_compiled_backward_can_be_replayed_for_timing():
     """The backward-alone timing replays one graph with retain_graph=True; the compiled impl must allow it
     (on CUDA, AOTAutograd donates the backward's buffers unless told not to)."""

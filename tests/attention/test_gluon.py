@@ -118,9 +118,17 @@ GLUON_FWD_CONFIGS = {64: [(128, 3, True), (64, 3, True), (128, 2, False)],
                      128: [(128, 2, True), (64, 3, True), (128, 2, False)]}
 
 
+def fast_only(arguments: list[tuple], fast: tuple[int, ...]) -> list:
+    """Test parameters (a tuple of argument values each): `make test-gpu` runs those at the `fast` indices; each
+    other one compiles kernels of its own (or autotunes) and runs in `make test-gpu-slow`."""
+    return [pytest.param(*values, marks=() if i in fast else pytest.mark.gpu_slow)
+            for i, values in enumerate(arguments)]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", [*GLUON_CASES, ((1, 2), 300, 140, 128, True), ((2, 1), 129, 129, 64, False)],
-                         ids=_gluon_case_id)
+@pytest.mark.parametrize("case", fast_only(
+    [(case,) for case in [*GLUON_CASES, ((1, 2), 300, 140, 128, True), ((2, 1), 129, 129, 64, False)]], fast=(3,)),
+    ids=_gluon_case_id)
 def test_gluon_forward_matches_reference_gpu(case):
     """The Gluon forward (two consumer warp groups and a producer warp), every config, against float64: O and
     L, bf16 tolerance, with ragged tails, more queries than keys and the reverse, causal and not."""
@@ -138,6 +146,7 @@ def test_gluon_forward_matches_reference_gpu(case):
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_slow  # the Triton backward autotunes
 @pytest.mark.parametrize("causal", [True, False])
 def test_gluon_forward_feeds_the_backward_gpu(causal):
     """FlashAttentionTriton with the Gluon forward chosen (as dispatch chooses it at d = 128 on large calls):
@@ -168,6 +177,7 @@ TWO_GROUP_CASES = [
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_slow  # the Triton forward that feeds it autotunes
 @pytest.mark.parametrize(("case", "dtype"), TWO_GROUP_CASES, ids=_gluon_case_id)
 def test_two_group_fused_backward_matches_reference_gpu(case, dtype):
     """The two-warp-group fused backward (`gluon_kernels.bwd`: 128-key blocks, dQ split by columns and added by TMA

@@ -387,11 +387,18 @@ GPU_CASES = [
 ]
 
 
+# `make test-gpu` runs these; every other case compiles kernels of its own and runs in `make test-gpu-slow`.
+FAST_GPU_CASES = {("torch", 1024, 64, True, torch.bfloat16), ("triton", 1024, 64, True, torch.bfloat16),
+                  ("triton", 2000, 128, True, torch.bfloat16), ("triton", 1024, 80, False, torch.float32)}
+
+
 @pytest.mark.gpu
 @pytest.mark.usefixtures("one_config_per_kernel")
-@pytest.mark.parametrize("impl_name", list(IMPLS))
 @pytest.mark.parametrize(
-    "n,d,causal,dtype", GPU_CASES, ids=[_case_id(((2, 4), n, n, d, c, t)) for n, d, c, t in GPU_CASES]
+    "impl_name,n,d,causal,dtype",
+    [pytest.param(impl, *case, id=f"{_case_id(((2, 4), case[0], case[0], *case[1:]))}-{impl}",
+                  marks=() if (impl, *case) in FAST_GPU_CASES else pytest.mark.gpu_slow)
+     for case in GPU_CASES for impl in IMPLS],
 )
 def test_matches_float64_reference_gpu(impl_name, n, d, causal, dtype):
     assert_matches_reference(IMPLS[impl_name], (2, 4), n, n, d, causal, dtype)
@@ -399,14 +406,14 @@ def test_matches_float64_reference_gpu(impl_name, n, d, causal, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.usefixtures("one_config_per_kernel")
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("causal", [pytest.param(False, marks=pytest.mark.gpu_slow), True])
 def test_different_lengths_gpu(causal):
     assert_matches_reference(FlashAttentionTriton, (2, 4), 1000, 1537, 64, causal, torch.bfloat16)
 
 
 @pytest.mark.gpu
 @pytest.mark.usefixtures("one_config_per_kernel")
-@pytest.mark.parametrize("tma", [False, True], ids=["pointer", "tma"])
+@pytest.mark.parametrize("tma", [pytest.param(False, marks=pytest.mark.gpu_slow), True], ids=["pointer", "tma"])
 def test_tma_and_pointer_loads_gpu(tma):
     if tma and torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("TMA needs compute capability 9.0+")
@@ -418,6 +425,7 @@ def test_tma_and_pointer_loads_gpu(tma):
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_slow
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_regs_flag_computes_the_same_bits_gpu(causal):
     """The "regs" flag only moves the resident tiles' matmul operand from shared memory into registers: every
@@ -439,6 +447,7 @@ def test_regs_flag_computes_the_same_bits_gpu(causal):
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_slow
 def test_autotuned_kernels_gpu():
     """The configs the autotuner picks are correct too (compiles every config of one key: ~1 min)."""
     assert_matches_reference(FlashAttentionTriton, (2, 4), 2000, 2000, 64, True, torch.bfloat16)
@@ -448,6 +457,7 @@ def test_autotuned_kernels_gpu():
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_slow  # autotunes
 def test_direct_launches_match_dispatched_ones_gpu():
     """After the first call, calls with the same signature launch the compiled kernels directly: they must
     compute bit for bit what Triton's own dispatch computes, and an input Triton would specialise differently
@@ -481,6 +491,7 @@ def test_direct_launches_match_dispatched_ones_gpu():
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_slow  # autotunes
 def test_forward_backward_replays_from_a_cuda_graph_gpu():
     """Captured once (after an eager warm-up), forward+backward on the default path (autotuned, then direct
     launches) replays on new values of the same tensors and computes what eager calls compute: the launches

@@ -195,6 +195,7 @@ def test_cuda_trace_holds_the_triton_kernels():
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_slow  # torch.compile
 def test_compiled_graph_on_cuda_runs_the_triton_kernels():
     """Compiled with fullgraph=True on CUDA, forward and backward launch the Triton kernels from Inductor's code
     and give the float64 reference's output and gradients (bf16: 3% of the largest magnitude)."""
@@ -222,6 +223,7 @@ def test_compiled_graph_on_cuda_runs_the_triton_kernels():
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_slow  # autotunes
 def test_eager_operator_keeps_the_launch_record():
     q, k, v = _qkv(lead=(2, 4), n_q=256, n_k=256, d=64, dtype=torch.bfloat16)
     out = flash_attention_op(q, k, v, True)

@@ -9,7 +9,7 @@ from profiler_kit.attention import naive_attention, registry
 from profiler_kit.attention.options import INTERPRET
 from profiler_kit.errors import ProfilerKitError
 from profiler_kit.model import ATTENTION_IMPLS, attention_fn
-from profiler_kit.profiling import AttentionProfileConfig
+from profiler_kit.recording.builtin import AttentionProfileConfig
 
 CPU = torch.device("cpu")
 

@@ -8,7 +8,7 @@ from click.testing import CliRunner
 
 from profiler_kit import benchmark as bench
 from profiler_kit.cli import main
-from profiler_kit.profile_target import build_target
+from profiler_kit.recording.targets import build_target
 from profiler_kit.results_io import read_rows, run_sweep
 from profiler_kit.workload import Workload, WorkloadConfig
 
@@ -28,7 +28,7 @@ def test_row_fields_and_units():
     parts = row["forward_ms"] + row["backward_ms"] + row["optimizer_ms"]
     assert parts <= row["total_ms"] < parts * 1.5  # the phases tile the step: the total is their sum plus marks
     assert row["tokens_per_s"] == pytest.approx(2 * 16 / (row["total_ms"] / 1e3))
-    assert row["peak_allocated_mb"] is None and row["mfu_pct"] is None  # CPU: no CUDA memory, no peak table
+    assert row["peak_allocated_mib"] is None and row["mfu_pct"] is None  # CPU: no CUDA memory, no peak table
     assert row["params"] == 1_411_392
 
 
@@ -128,10 +128,10 @@ def test_json_output_contract():
         "total_ms",
         "total_ms_std",
         "tokens_per_s",
-        "peak_allocated_mb",
+        "peak_allocated_mib",
     ):
         assert key in row
-    assert row["peak_allocated_mb"] is None and row["steps"] == 2 and row["status"] == "ok"
+    assert row["peak_allocated_mib"] is None and row["steps"] == 2 and row["status"] == "ok"
 
 
 @pytest.mark.parametrize(

@@ -43,7 +43,8 @@ class EventTimedWorkload(Workload):
 
 
 @pytest.mark.parametrize("model, mode, mixed_precision",
-                         [("small", "forward", False), ("small", "train", True), ("large", "train", True)])
+                         [("small", "forward", False), ("small", "train", True),
+                          pytest.param("large", "train", True, marks=pytest.mark.gpu_slow)])
 def test_reported_times_match_independent_cuda_events(model, mode, mixed_precision):
     workload = EventTimedWorkload(WorkloadConfig(model, 256, mode, mixed_precision=mixed_precision))
     result = bench.time_steps(workload, fixed(5, 20))
@@ -87,8 +88,8 @@ def test_peak_memory_and_mfu_are_reported_on_cuda():
     row = bench.run_config(WorkloadConfig("tiny", 128, "train", device="cuda"), fixed(1, 2))
     assert (
         row["status"] == "ok"
-        and row["peak_allocated_mb"] > 0
-        and row["peak_reserved_mb"] >= row["peak_allocated_mb"]
+        and row["peak_allocated_mib"] > 0
+        and row["peak_reserved_mib"] >= row["peak_allocated_mib"]
     )
     assert row["mfu_pct"] is not None and row["device"].startswith("NVIDIA")
 
@@ -101,6 +102,7 @@ def test_oom_row_then_the_sweep_goes_on():
     assert [r["status"] for r in rows] == ["oom", "ok"]
 
 
+@pytest.mark.gpu_slow  # torch.compile
 def test_cuda_graphs_replay_the_compiled_step():
     """With --cuda-graphs every compiled step replays CUDA graphs (no partition skipped) and trains like eager."""
     from torch._dynamo.utils import counters

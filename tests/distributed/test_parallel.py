@@ -4,6 +4,7 @@ efficiency, gradients really synchronized), and the aggregate arithmetic on its 
 import gzip
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -76,6 +77,42 @@ def test_gradients_are_synchronized(tmp_path):
         assert found["vs_alone"] > 5e-5, mode  # a step on this rank's batch alone is another step
 
 
+# One gloo rank with DDP: the names of the process's threads before and after `leave`, from /proc.
+LEAVE_CHECK = """
+import gc, json, os, torch
+from profiler_kit import distributed
+def threads():
+    return sorted(open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task"))
+distributed.join(torch.device("cpu"))
+model = distributed.wrap(torch.nn.Linear(4, 4), "ddp", torch.device("cpu"))
+model(torch.randn(2, 4)).sum().backward()
+before = threads()
+del model
+gc.collect()
+distributed.leave()
+print(json.dumps([before, threads()]))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads thread names from /proc")
+def test_leave_stops_the_gloo_threads():
+    """A process group that outlives `leave` keeps gloo's worker threads running into interpreter shutdown,
+    where one releasing a tensor aborts the rank ("terminate called without an active exception")."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    proc = subprocess.run([sys.executable, "-c", LEAVE_CHECK], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    before, after = json.loads(proc.stdout)
+    assert "pt_gloo_runloop" in before
+    assert not any(name.startswith(("pt_gloo", "gloo")) for name in after), after
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def test_parallel_outside_torchrun_is_one_line_error(monkeypatch):
     for name in distributed.TORCHRUN_VARIABLES:
         monkeypatch.delenv(name, raising=False)
@@ -95,7 +132,7 @@ def test_baseline_needs_parallel(tmp_path):
 
 def rank_row(rank: int, total_ms: float, **extra) -> dict:
     row = {"rank": rank, "world_size": 2, "status": "ok", "device": "cpu", "total_ms": total_ms,
-           "forward_ms": total_ms / 2, "peak_allocated_mb": 100.0 + rank, "tokens_per_s": 64 / (total_ms / 1e3),
+           "forward_ms": total_ms / 2, "peak_allocated_mib": 100.0 + rank, "tokens_per_s": 64 / (total_ms / 1e3),
            "model_tflops": 1e-3 / total_ms, "message": ""}
     return {**row, **extra}
 
@@ -104,7 +141,7 @@ def test_aggregate_takes_the_slowest_rank():
     rows = [rank_row(0, 100.0), rank_row(1, 125.0)]
     total = distributed.aggregate_row(rows, tokens_per_rank_step=64, mixed_precision=False)
     assert total["rank"] == "all" and total["status"] == "ok"
-    assert total["total_ms"] == 125.0 and total["forward_ms"] == 62.5 and total["peak_allocated_mb"] == 101.0
+    assert total["total_ms"] == 125.0 and total["forward_ms"] == 62.5 and total["peak_allocated_mib"] == 101.0
     assert total["tokens_per_s"] == pytest.approx(2 * 64 / 0.125)
     assert total["model_tflops"] == pytest.approx(2 * 1e-3 / 125.0)
     assert total["message"] == "slowest rank 1"

@@ -306,12 +306,18 @@ def test_roles_without_the_recorders_list_come_from_phase_and_lifetime():
     n_tensors = parameter_tensor_count(from_name("tiny").num_layers)
     assert (roles[made_in["backward"]] == "gradient").sum() == n_tensors
     assert set(roles[made_in["optimizer_step"]]) == {"temporary"}
-    # Parameters and moments were made before the trace with no stack that names them: unknown, not guessed.
-    assert set(roles[a["start"] == BEFORE_TRACE]) == {"unknown"}
+    # Parameters and moments were made before the trace with no stack that names them: matched by size to the
+    # gradients made in backward, three blocks per gradient (AdamW), so the bytes of each role are exact.
+    before = a["start"] == BEFORE_TRACE
+    param_bytes = sum(p.numel() * 4 for p in TransformerLM(from_name("tiny", 128)).parameters())
+    assert a.loc[before & (roles == "parameter"), "size_bytes"].sum() == param_bytes
+    assert a.loc[before & (roles == "optimizer state"), "size_bytes"].sum() == 2 * param_bytes
+    assert set(roles[before]) == {"parameter", "optimizer state"}
     by_role = report.roles_at_peak.set_index("role")
     assert by_role.loc["activation", "count"] == counts["residual"] + counts["scores"]
-    assert by_role.loc["unknown", "count"] == 3 * n_tensors
-    assert any("role 'unknown'" in note for note in report.notes)
+    assert by_role.loc["unknown", "count"] == 0
+    assert "sized like a gradient" in by_role.loc["parameter", "evidence"]
+    assert not any("role 'unknown'" in note for note in report.notes)
 
 
 def test_mixed_precision_adds_bf16_rows():

@@ -10,15 +10,17 @@ import re
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from click.testing import CliRunner
 
 from profiler_kit.cli import main
-from profiler_kit.memory import analyze_file, load_snapshot, report_html
+from profiler_kit.memory import analyze, analyze_file, load_snapshot, report_html
 from profiler_kit.memory.phases import annotation_ranges
 from profiler_kit.memory.plot import ROLE_COLORS
-from profiler_kit.memory.snapshot import EMBEDDED_KEY
+from profiler_kit.memory.snapshot import EMBEDDED_KEY, load_metadata
 from profiler_kit.memory.tables import parameter_tensor_count
+from profiler_kit.model import TransformerLM
 from profiler_kit.presets import count_parameters, from_name
 from profiler_kit.render import format_cell
 
@@ -60,24 +62,111 @@ def test_phases_of_a_plain_snapshot_come_from_its_annotations_and_match_a_replay
     report = analyze_file(PLAIN)
     assert report.meta is None
     phases = report.to_json()["phases"]
-    assert [p["name"] for p in phases] == ["Optimizer.step#AdamW.step"]
+    # PyTorch's own optimizer range is the one range the snapshot names; forward and backward are inferred.
+    assert [(p["name"], p["source"]) for p in phases] == [
+        ("forward", "inferred"), ("backward", "inferred"), ("Optimizer.step#AdamW.step", "annotation")]
     snapshot = load_snapshot(PLAIN)
     (name, start_us, end_us, _), = annotation_ranges(snapshot, 0)
     levels, times = replay_levels(snapshot)
-    assert phases[0]["peak_allocated_bytes"] == replay_range_peak(levels, times, start_us, end_us)
+    assert phases[2]["peak_allocated_bytes"] == replay_range_peak(levels, times, start_us, end_us)
     assert report.recon.peak_allocated_bytes == levels.max()
 
 
-def test_roles_of_a_plain_snapshot_come_from_its_stacks():
-    report = analyze_file(PLAIN)
+def model_parameter_sizes() -> list[int]:
+    return sorted(p.numel() * 4 for p in TransformerLM(from_name("tiny", 128)).parameters())
+
+
+def replay_truth(snapshot: dict) -> dict[str, list[tuple[int, int]]]:
+    """(address, bytes) of the blocks a train loop keeps, by a replay of the trace that shares nothing with the
+    analysis: `persistent` are the allocated blocks of the snapshot that no alloc entry of the trace made (alive
+    since before the history began, never freed); `gradient` are the allocations that a `zero_grad` stack frees,
+    and those made in the trace and still alive at the snapshot (the loop keeps nothing else across steps)."""
+    live: dict[int, int] = {}
+    grads = []
+    for entry in snapshot["device_traces"][0]:
+        if entry["action"] == "alloc":
+            live[entry["addr"]] = entry["size"]
+        elif entry["action"] == "free_completed":
+            live.pop(entry["addr"], None)
+            if any(f["name"] == "zero_grad" for f in entry.get("frames", [])):
+                grads.append((entry["addr"], entry["size"]))
+    blocks = [(b["address"], b["requested_size"]) for seg in snapshot["segments"] for b in seg["blocks"]
+              if b["state"] == "active_allocated"]
+    return {"persistent": [(addr, size) for addr, size in blocks if addr not in live],
+            "gradient": grads + sorted(live.items())}
+
+
+@pytest.mark.parametrize("path", [PLAIN, PLAIN_PHASES, RECORDER], ids=lambda p: p.stem)
+def test_roles_of_a_snapshot_without_a_list_match_a_replay(path):
+    """Parameters and AdamW state from their sizes against the gradients; gradients from their stacks; the bytes of
+    each exactly what the tiny model and a replay of the trace say."""
+    snapshot = load_snapshot(path)
+    truth = replay_truth(snapshot)
+    report = analyze(snapshot)  # no recorder metadata: no list, no recorder phases
     a, roles = report.recon.allocations, report.roles
-    # Made by the autograd engine and never freed: one gradient per parameter, 4 B per parameter in all.
-    grads = a[roles == "gradient"]
-    assert len(grads) == parameter_tensor_count(from_name("tiny").num_layers)
-    assert grads["size_bytes"].sum() == 4 * TINY_PARAMS and grads["alive_at_end"].all()
-    # Made in Python and freed by the engine: saved for backward. Nothing says which old tensors are parameters.
-    assert (roles == "activation").sum() > 0 and (roles == "parameter").sum() == 0
-    assert set(roles[a["start"] == -1]) == {"unknown"}
+    rows = {role: list(zip(a.loc[roles == role, "addr"], a.loc[roles == role, "size_bytes"], strict=True))
+            for role in ("parameter", "optimizer state", "gradient")}
+    sizes = model_parameter_sizes()
+    steps = sum(1 for r in annotation_ranges(snapshot, 0) if r[0].startswith("Optimizer.step#"))
+    assert sorted(size for _, size in truth["gradient"]) == sorted(sizes * (steps + 1))  # the replay's premise
+    assert sorted(rows["gradient"]) == sorted(truth["gradient"])
+    persistent = set(truth["persistent"])
+    assert set(rows["parameter"]) <= persistent and set(rows["optimizer state"]) <= persistent
+    assert sorted(size for _, size in rows["parameter"]) == sizes
+    assert sorted(size for _, size in rows["optimizer state"]) == sorted(sizes * 2)
+    assert report.summary.loc[0, "peak_phase"].startswith("backward")
+    unknown = report.roles_at_peak.set_index("role").loc["unknown"]
+    # Left unknown: two 32 MiB blocks (cuBLAS workspaces) and a few 4 KiB ones, none sized like a gradient.
+    assert unknown["size_bytes"] < 64.1 * 2**20
+    assert "no gradient of the trace has its size" in unknown["evidence"]
+
+
+@pytest.mark.parametrize("path", [RECORDER, RECORDER_BF16], ids=lambda p: p.stem)
+def test_without_the_list_the_roles_at_the_peak_are_those_of_the_recorders_list(path):
+    """The recorder's own list of storages is the truth: without it, the bytes of every role at the peak are the
+    same, the gradients are the listed ones and parameters with optimizer state are the listed blocks."""
+    snapshot = load_snapshot(path)
+    meta = load_metadata(path, snapshot)[0]
+    listed = analyze(snapshot, meta)
+    unlisted_meta = {k: v for k, v in meta.items() if k != "tensor_roles"}
+    inferred = analyze({k: v for k, v in snapshot.items() if k != EMBEDDED_KEY}, unlisted_meta)
+    # The fused AdamW of the bf16 run keeps each parameter's step as a 4-byte tensor on the GPU, which the old list
+    # left out and the inference counts as optimizer state.
+    counters = [b["requested_size"] for seg in snapshot["segments"] for b in seg["blocks"]
+                if b["state"] == "active_allocated" and b["requested_size"] == 4]
+    assert len(counters) in (0, len(meta["tensor_roles"]["parameter"]))
+    expected = listed.roles_at_peak.drop(columns=["evidence", "size_mib", "share_pct"]).set_index("role")
+    expected.loc["optimizer state"] += [len(counters), sum(counters)]
+    expected.loc["unknown"] -= [len(counters), sum(counters)]
+    pd.testing.assert_frame_equal(
+        inferred.roles_at_peak.drop(columns=["evidence", "size_mib", "share_pct"]).set_index("role"), expected)
+    # The expected-vs-measured table counts the moments alone: the same with and without the list.
+    pd.testing.assert_frame_equal(listed.expected, inferred.expected)
+    a = inferred.recon.allocations
+    lists = meta["tensor_roles"]
+    alive = a[a["alive_at_end"]]
+    assert set(alive.loc[inferred.roles == "gradient", "addr"]) == set(lists["gradient"])
+    state = alive.loc[inferred.roles.isin(["parameter", "optimizer state"]), "addr"]
+    assert set(lists["parameter"]) | set(lists["adamw_state"]) <= set(state)
+    assert set(listed.evidence[listed.roles == "parameter"]) == {
+        "in the recorder's list of parameter storages taken at the snapshot"}
+
+
+def test_the_peak_phase_is_inferred_where_the_recorder_placed_it():
+    """The recorder's fixture analysed without its sidecar names no phase but PyTorch's optimizer range: the
+    inferred phases put the peak in the backward, where the recorder's own phase times (read here from the
+    sidecar and placed on the trace's clock) put it."""
+    report = analyze_file(RECORDER, use_sidecar=False)
+    assert report.meta is None and report.summary.loc[0, "peak_phase"] == "backward"
+    sidecar = json.loads(RECORDER.with_suffix(".json").read_text())
+    ends = {p["phase"]: p["end_time_us"] for p in sidecar["phases"]}
+    peak_time = load_snapshot(RECORDER)["device_traces"][0][report.recon.peak_index]["time_us"]
+    assert ends["forward"] < peak_time <= ends["backward"]
+    inferred = {s.label: s for s in report.spans if s.source == "inferred"}
+    assert set(inferred) == {"forward", "backward"}
+    times = report.recon.time_us
+    assert times[inferred["backward"].start] > ends["forward"]
+    assert times[inferred["backward"].end - 1] <= ends["backward"]
 
 
 def test_the_pickle_alone_analyses_like_pickle_and_sidecar(tmp_path):
@@ -151,9 +240,11 @@ def test_compare_side_by_side(tmp_path):
     assert peak["delta_mib"] == pytest.approx(peak["b_mib"] - peak["a_mib"])
     phases = {p["phase"]: p for p in data["phases"]}
     assert set(phases) == {"forward", "backward", "optimizer_step", "Optimizer.step#AdamW.step"}
-    assert phases["forward"]["b_mib"] is None and phases["Optimizer.step#AdamW.step"]["a_mib"] is None
+    # B's forward and backward are inferred and line up with A's recorded ones.
+    assert phases["optimizer_step"]["b_mib"] is None and phases["Optimizer.step#AdamW.step"]["a_mib"] is None
+    assert phases["backward"]["a_mib"] == phases["backward"]["b_mib"]
     roles = {r["role"]: r for r in data["roles_at_peak"]}
-    assert roles["parameter"]["a_mib"] * 2**20 == 4 * TINY_PARAMS and roles["parameter"]["b_mib"] == 0
+    assert roles["parameter"]["a_mib"] * 2**20 == roles["parameter"]["b_mib"] * 2**20 == 4 * TINY_PARAMS
     same = runner.invoke(main, ["memory", "compare", str(RECORDER), str(RECORDER), "--format", "markdown"])
     assert same.exit_code == 0 and same.stdout.startswith("### peaks")
     assert "| peak allocated |" in same.stdout and "| optimizer state |" in same.stdout

@@ -130,9 +130,12 @@ def test_recorder_flow(monkeypatch, tmp_path):
     assert side == result.sidecar and side["max_entries"] == 1234 and side["oom"] is None
     assert [(p["step"], p["phase"]) for p in side["phases"]] == [(s, p) for s in (0, 1) for p in PHASES]
     assert [p["peak_allocated_bytes"] for p in side["phases"]] == [1000] * 6  # reset at every boundary
-    roles = side["tensor_roles"]
-    assert len(roles["parameter"]) == len(roles["gradient"]) == 7 * 2 + 3  # tiny has 2 layers
-    assert len(roles["adamw_state"]) == 2 * len(roles["parameter"])
+    (capture,) = side["storages"]
+    assert capture["label"] == "the snapshot" and "time_us" not in capture  # stands for the snapshot's moment
+    assert len(capture["parameter"]) == len(capture["gradient"]) == 7 * 2 + 3  # tiny has 2 layers
+    # AdamW (fused, as the workload's default; on the CPU a plain tensor step): exp_avg, exp_avg_sq and the step.
+    assert len(capture["optimizer_state"]) == 3 * len(capture["parameter"])
+    assert all(size > 0 for _, size in capture["parameter"] + capture["gradient"])
     # The snapshot carries the same metadata, and each recorded phase ran inside a record_function range of its
     # name, collected from every thread.
     assert load_snapshot(result.snapshot_path)["profiler_kit"] == side

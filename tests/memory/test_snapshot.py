@@ -111,29 +111,64 @@ def test_cli_error_is_one_line_without_traceback(tmp_path, content):
 
 def test_sidecar_is_optional_and_checked(tmp_path):
     path = write(tmp_path, pickle.dumps(SNAPSHOT))
-    assert load_sidecar(path) is None
+    assert load_sidecar(path) == (None, None)
     side = tmp_path / "snap.json"
     side.write_text(json.dumps({"format": SIDECAR_FORMAT, "version": SIDECAR_VERSION, "phases": []}))
-    assert load_sidecar(path)["phases"] == []
-    side.write_text(json.dumps({"format": SIDECAR_FORMAT, "version": SIDECAR_VERSION + 1}))
-    with pytest.raises(ProfilerKitError, match="version"):
-        load_sidecar(path)
-    side.write_text('{"something": "else"}')
-    with pytest.raises(ProfilerKitError, match="is not profiler-kit memory metadata; move it"):
-        load_sidecar(path)
-    side.write_text("{broken")
-    with pytest.raises(ProfilerKitError, match=r"snap.json: not valid JSON"):
-        load_sidecar(path)
+    assert load_sidecar(path) == ({"format": SIDECAR_FORMAT, "version": SIDECAR_VERSION, "phases": []}, None)
+
+
+@pytest.mark.parametrize("content, reason", [
+    (b"", "it is empty"),
+    (b"  \n", "it is empty"),
+    (b"{broken", "snap.json: not valid JSON (line 1"),
+    (b"\xff\xfe\x00binary", "snap.json: not JSON text (binary data)"),
+    (b'{"something": "else"}', "it is not profiler-kit memory metadata"),
+    (b"null", "it is not profiler-kit memory metadata"),
+    # What `memory summarize --format json > snap.json` writes: a report, not the recorder's metadata.
+    (json.dumps({"schema_version": 1, "snapshot": "snap.pickle", "peak": {}}).encode(),
+     "it is not profiler-kit memory metadata"),
+    (json.dumps({"format": SIDECAR_FORMAT, "version": SIDECAR_VERSION + 1}).encode(),
+     f"it is version {SIDECAR_VERSION + 1} of profiler-kit memory metadata; this tool reads {SIDECAR_VERSION}"),
+])
+def test_a_json_beside_the_snapshot_that_is_not_the_recorders_is_ignored_with_a_note(tmp_path, content, reason):
+    path = write(tmp_path, pickle.dumps(SNAPSHOT))
+    (tmp_path / "snap.json").write_bytes(content)
+    sidecar, note = load_sidecar(path)
+    assert sidecar is None and note.startswith("snap.json beside the snapshot is ignored: ") and reason in note
+    assert "\n" not in note
+    # The run goes on as if there were none, and says why.
+    result = CliRunner().invoke(main, ["memory", "summarize", str(path), "--format", "json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["metadata_source"] is None and data["notes"][0] == note
+
+
+def test_an_unreadable_sidecar_is_ignored_with_a_note(tmp_path):
+    path = write(tmp_path, pickle.dumps(SNAPSHOT))
+    (tmp_path / "snap.json").mkdir()  # not a regular file
+    sidecar, note = load_sidecar(path)
+    assert sidecar is None and note.startswith("snap.json beside the snapshot is ignored: ")
+    (tmp_path / "snap.json").rmdir()
+    (tmp_path / "snap.json").symlink_to(tmp_path / "nowhere.json")  # a dangling link
+    assert load_sidecar(path)[0] is None and load_sidecar(path)[1].startswith("snap.json beside the snapshot")
+
+
+def test_an_ignored_sidecar_leaves_the_metadata_inside_the_snapshot_in_charge(tmp_path):
+    meta = {"format": SIDECAR_FORMAT, "version": SIDECAR_VERSION, "phases": [], "where": "inside"}
+    path = write(tmp_path, pickle.dumps(dict(SNAPSHOT, **{EMBEDDED_KEY: meta})))
+    (tmp_path / "snap.json").write_text("")
+    found, source, note = load_metadata(path, load_snapshot(path))
+    assert (found, source) == (meta, "snapshot") and note == "snap.json beside the snapshot is ignored: it is empty"
 
 
 def test_metadata_comes_from_the_sidecar_else_from_the_snapshot(tmp_path):
     meta = {"format": SIDECAR_FORMAT, "version": SIDECAR_VERSION, "phases": [], "where": "inside"}
     path = write(tmp_path, pickle.dumps(dict(SNAPSHOT, **{EMBEDDED_KEY: meta})))
     snapshot = load_snapshot(path)
-    assert load_metadata(path, snapshot) == (meta, "snapshot")
+    assert load_metadata(path, snapshot) == (meta, "snapshot", None)
     (tmp_path / "snap.json").write_text(json.dumps(dict(meta, where="beside")))
     assert load_metadata(path, snapshot)[0]["where"] == "beside"
-    assert load_metadata(path, snapshot, use_sidecar=False) == (meta, "snapshot")
-    assert load_metadata(path, SNAPSHOT, use_sidecar=False) == (None, None)
-    with pytest.raises(ProfilerKitError, match="not profiler-kit memory metadata; it was not written by"):
+    assert load_metadata(path, snapshot, use_sidecar=False) == (meta, "snapshot", None)
+    assert load_metadata(path, SNAPSHOT, use_sidecar=False) == (None, None, None)
+    with pytest.raises(ProfilerKitError, match="is not profiler-kit memory metadata; it was not written by"):
         load_metadata(path, dict(SNAPSHOT, **{EMBEDDED_KEY: {"x": 1}}), use_sidecar=False)

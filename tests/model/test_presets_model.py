@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from profiler_kit import nvtx_ranges
 from profiler_kit.errors import ProfilerKitError
 from profiler_kit.model import TransformerLM
 from profiler_kit.presets import PRESETS, ModelConfig, count_parameters, from_name
+from profiler_kit.recording import ranges as nvtx_ranges
 
 SPEC = {  # d_model, d_ff, layers, heads of the GPT-2 and GPT-3 sizes
     "small": (768, 3072, 12, 12),
@@ -84,8 +84,8 @@ def test_sequence_longer_than_context_is_refused():
 
 def test_nvtx_ranges_nest_per_layer_and_turn_off(monkeypatch):
     pushed = []
-    monkeypatch.setattr(nvtx_ranges, "_push", pushed.append)
-    monkeypatch.setattr(nvtx_ranges, "_pop", lambda: None)
+    monkeypatch.setattr(nvtx_ranges, "_push", lambda name, marked=False: pushed.append(name))
+    monkeypatch.setattr(nvtx_ranges, "_pop", lambda marked=False: None)
     model = TransformerLM(from_name("tiny", context_length=8), attention="naive")
     model(torch.zeros(1, 8, dtype=torch.long))
     assert pushed[:5] == ["layer_0", "attention", "attn_scores", "softmax", "attn_value"]

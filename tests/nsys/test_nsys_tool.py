@@ -7,13 +7,15 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from profiler_kit import nsys_tool
 from profiler_kit.errors import ProfilerKitError
-from profiler_kit.nsys_tool import NsysError, NsysInstall, export_sqlite, find_nsys, parse_version, run_stats
+from profiler_kit.recording import nsys as nsys_tool
+from profiler_kit.recording.nsys import NsysError, NsysInstall, export_sqlite, find_nsys, parse_version, run_stats
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "nsys"
 V2022 = (FIXTURES / "version-2022.4.2.txt").read_text()
@@ -112,6 +114,16 @@ def test_search_order(isolated_nsys_search, tmp_path, monkeypatch):
             places[where].unlink()
     with pytest.raises(NsysError, match="not found"):
         find_nsys()
+
+
+def test_the_nsys_make_test_installs_is_found_without_being_named(isolated_nsys_search):
+    """tools/install_nsys_debian.sh puts Debian's nsys in <venv>/nsys-debian; the running Python's venv is
+    searched last."""
+    root = isolated_nsys_search
+    installed = fake_nsys(Path(str(root) + sys.prefix) / "nsys-debian/usr/lib/nsight-systems/bin",
+                          version_line("2022.4.2.1"))
+    found = find_nsys()
+    assert found.path == installed.absolute() and found.version_str == "2022.4.2.1"
 
 
 def test_nothing_found_says_what_was_tried_and_points_to_torch(isolated_nsys_search):
@@ -268,3 +280,18 @@ def test_error_lines_count_as_failures_even_with_exit_0():
         assert nsys_tool.reported_error(subprocess.CompletedProcess(["nsys"], 0, "", stderr))
     assert not nsys_tool.reported_error(subprocess.CompletedProcess(["nsys"], 0, "SKIPPED: no data", ""))
     assert "newer nsys" in nsys_tool.hint_for(garbage)
+
+
+def test_a_hung_nsys_is_stopped_with_everything_it_started(tmp_path):
+    hung = fake_nsys(tmp_path, version_line("2025.3.1.90"), f"sleep 300 & echo $! > {tmp_path / 'child'}; wait")
+    with pytest.raises(NsysError, match="did not finish within 1 s; it was stopped"):
+        nsys_tool.run([str(hung), "export", "x.nsys-rep"], timeout=1)
+    child = int((tmp_path / "child").read_text())
+    deadline = time.monotonic() + 10  # killed at once; reaped by init moments later
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    pytest.fail(f"process {child}, started by the hung nsys, still runs")

@@ -4,7 +4,6 @@ it, option checks, and what the nsys backend asks nsys to do (with a fake nsys).
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 from collections import Counter
 from pathlib import Path
@@ -14,8 +13,9 @@ from click.testing import CliRunner
 
 from profiler_kit.cli import main
 from profiler_kit.errors import ProfilerKitError
-from profiler_kit.nsys_tool import NsysError, NsysInstall
-from profiler_kit.profiling import AttentionProfileConfig, ProfileResult, nsys_command, profile
+from profiler_kit.recording.builtin import AttentionProfileConfig, ProfileResult, profile, target_command
+from profiler_kit.recording.nsys import NsysError, NsysInstall
+from profiler_kit.recording.runner import Window, nsys_command
 from profiler_kit.workload import WorkloadConfig
 
 STEPS = 2
@@ -40,18 +40,29 @@ def test_torch_backend_end_to_end_on_cpu(tmp_path):
     trace = tmp_path / "tiny_ctx32_train.json.gz"
     assert sorted(p.name for p in tmp_path.iterdir()) == [trace.name]
     names = annotations(trace)
-    # Only the profiled steps, with the NVTX ranges of the workload as record_functions.
-    assert "warmup" not in names
+    # Only the profiled steps (the program's capture window), with the workload's NVTX ranges as
+    # record_functions; its phases are listed in the trace's metadata.
+    assert names["step"] == STEPS
     for phase in ("forward", "backward", "optimizer_step"):
         assert names[phase] == STEPS
+    with gzip.open(trace, "rt") as f:
+        assert json.load(f)["profiler_kit"] == {"phases": ["forward", "backward", "optimizer_step"]}
+    assert f"recorded the steps profiler_kit.capture marks, {STEPS} steps" in result.stderr
     layers = 2  # the tiny preset
     for rng in ("attention", "ffn", "attn_scores", "softmax", "attn_value"):
         assert names[rng] == STEPS * layers
-    if importlib.util.find_spec("profiler_kit.kernels"):
-        doc = json.loads(result.stdout)  # no kernels on a CPU: CPU operator time per phase instead
-        assert doc["time_basis"] == "cpu_ops" and list(doc["phases"]) == ["forward", "backward", "optimizer_step"]
-    else:
-        assert result.stdout == ""
+    doc = json.loads(result.stdout)  # no kernels on a CPU: CPU operator time per phase instead
+    assert doc["time_basis"] == "cpu_ops" and list(doc["phases"]) == ["forward", "backward", "optimizer_step"]
+    # The same again: the recording is kept unless --force, which replaces it.
+    kept = invoke("--model", "tiny", "--ctx", "32", "--mode", "train", "--batch-size", "2", "--warmup", "0",
+                  "--device", "cpu", "--backend", "torch", "--output-dir", str(tmp_path))
+    assert kept.exit_code == 1 and "already exists" in kept.stderr and "--force" in kept.stderr
+    assert annotations(trace)["step"] == STEPS
+    forced = invoke("--model", "tiny", "--ctx", "32", "--mode", "train", "--batch-size", "2", "--warmup", "0",
+                    "--device", "cpu", "--backend", "torch", "--output-dir", str(tmp_path), "--force")
+    assert forced.exit_code == 0, forced.stderr
+    assert annotations(trace)["step"] == 1
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
 def test_torch_backend_attention_ranges(tmp_path):
@@ -112,25 +123,28 @@ def test_library_checks(tmp_path):
     assert AttentionProfileConfig(("naive", "sdpa-flash")).phases() == (
         "naive.forward", "naive.backward", "sdpa-flash.forward", "sdpa-flash.backward")
     with pytest.raises(ProfilerKitError, match="nothing was recorded"):
-        _ = ProfileResult("nsys", "t", "cpu", "none", ()).summary_source
+        _ = ProfileResult("nsys", "t", "cpu", Window("whole run"), ()).summary_source
     trace = tmp_path / "t.json.gz"
-    assert ProfileResult("torch", "t", "cpu", "torch.profiler", (), trace=trace).summary_source == trace
+    assert ProfileResult("torch", "t", "cpu", Window("whole run"), (), (trace,), (trace,)).summary_source == trace
 
 
 def test_nsys_command_capture_range_only_with_cuda(tmp_path):
     nsys = NsysInstall(Path("/opt/nsys"), (2025, 3, 1, 90))
-    spec = {"workload": {"model": "small"}, "warmup": 2, "steps": 1}
-    gpu = nsys_command(nsys, tmp_path / "small", "cudaProfilerApi", spec)
+    spec = {"workload": {"model": "small"}}
+    child = target_command(spec, 2, 1)
+    gpu = nsys_command(nsys, tmp_path / "small", child, ranged=True)
     assert gpu[:3] == ["/opt/nsys", "profile", "--trace=cuda,nvtx"]
     assert {"--capture-range=cudaProfilerApi", "--capture-range-end=stop", f"--output={tmp_path / 'small'}"} \
         <= set(gpu)
-    child = gpu[gpu.index("-m"):]
-    assert child[:3] == ["-m", "profiler_kit.profile_target", "--spec"] and json.loads(child[3]) == spec
-    cpu = nsys_command(nsys, tmp_path / "small", "none", spec)
+    program = gpu[gpu.index("-m"):]
+    assert program[:3] == ["-m", "profiler_kit.recording.targets", "--spec"]
+    assert json.loads(program[3]) == {**spec, "warmup": 2, "steps": 1}
+    cpu = nsys_command(nsys, tmp_path / "small", child, ranged=False)
     assert not any(arg.startswith("--capture-range") for arg in cpu)
 
 
 def test_nsys_that_makes_no_report_is_an_error(tmp_path, fake_nsys):
     silent = fake_nsys("echo 'Collection finished.'")
-    with pytest.raises(NsysError, match="made no report.*Collection finished"):
+    with pytest.raises(NsysError, match="made no report"):
         profile(WorkloadConfig("tiny", 32, "forward", device="cpu"), 0, 1, "nsys", tmp_path / "out", silent)
+    assert not list((tmp_path / "out").iterdir())  # nor a lock left behind

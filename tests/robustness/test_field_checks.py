@@ -124,8 +124,6 @@ WRONG_FIELD = {
                        "kernels", ("Instances", "'many'")),
     "snapshot": (lambda tmp: snapshot(tmp, lambda o: first_alloc(o)["frames"][0].update(name=7)),
                  "memory", ("['frames'][0]['name'] is a int",)),
-    "sidecar": (lambda tmp: snapshot(tmp, lambda o: None, metadata(phases="forward")),
-                "memory", ("s.json", "['phases'] is a str")),
     "embedded metadata": (lambda tmp: snapshot(tmp, lambda o: o.update(profiler_kit=metadata(tensor_roles=[1]))),
                           "memory", ("'profiler_kit' entry", "['tensor_roles'] is a list")),
 }
@@ -137,6 +135,14 @@ def test_every_reader_refuses_a_wrong_typed_field_in_one_line(tmp_path, reader):
     path = make(tmp_path)
     line = one_error([command, "summarize", path])
     assert str(tmp_path) in line and all(phrase in line for phrase in phrases), line
+
+
+def test_a_sidecar_of_the_right_version_but_the_wrong_shape_is_ignored_with_a_note(tmp_path):
+    path = snapshot(tmp_path, lambda o: None, metadata(phases="forward"))
+    result = CliRunner().invoke(main, ["memory", "summarize", str(path), "--format", "json"])
+    assert result.exit_code == 0, result.stderr
+    assert ("s.json beside the snapshot is ignored: it has the wrong shape: the metadata['phases'] is a str, "
+            "expected a list") in json.loads(result.stdout)["notes"]
 
 
 @pytest.mark.parametrize(("sql", "field"), [

@@ -3,7 +3,6 @@ written are kept and printed, and a failed run leaves the previous report, plot 
 
 from __future__ import annotations
 
-import gzip
 import json
 import multiprocessing
 import os
@@ -18,9 +17,7 @@ from profiler_kit import benchmark as bench
 from profiler_kit.cli import main
 from profiler_kit.errors import ProfilerKitError
 from profiler_kit.files import publish, replaced_when_complete
-from profiler_kit.nsys_tool import NsysError
-from profiler_kit.profiling import profile
-from profiler_kit.program_recorders import TorchRecorder
+from profiler_kit.recording.builtin import profile
 from profiler_kit.results_io import RowWriter, read_rows
 from profiler_kit.workload import WorkloadConfig
 
@@ -209,8 +206,8 @@ def test_a_failed_nsys_run_keeps_the_previous_report_and_export(tmp_path, fake_n
     report, sqlite = out / f"{cfg.tag()}.nsys-rep", out / f"{cfg.tag()}.sqlite"
     report.write_bytes(b"previous report")
     sqlite.write_bytes(b"previous export")
-    with pytest.raises(NsysError, match="the workload crashed"):
-        profile(cfg, 0, 1, "nsys", out, failing)
+    with pytest.raises(ProfilerKitError, match="the workload crashed"):
+        profile(cfg, 0, 1, "nsys", out, failing, force=True)
     assert report.read_bytes() == b"previous report" and sqlite.read_bytes() == b"previous export"
     assert sorted(os.listdir(out)) == sorted([report.name, sqlite.name])
 
@@ -244,17 +241,3 @@ def test_publish_without_overwrite_keeps_a_file_that_appeared(tmp_path):
     path.unlink()
     publish(tmp, path, overwrite=False)
     assert path.read_bytes() == b"new" and os.listdir(tmp_path) == ["trace.json.gz"]
-
-
-def test_the_torch_recorder_never_overwrites_a_trace(tmp_path, capsys):
-    trace = tmp_path / "run.json.gz"
-    recorder = TorchRecorder(trace)
-    recorder.start()
-    recorder.stop()
-    assert "traceEvents" in json.loads(gzip.decompress(trace.read_bytes()))
-    trace.write_bytes(b"another run's trace")
-    again = TorchRecorder(trace)
-    again.start()
-    again.stop()
-    assert trace.read_bytes() == b"another run's trace" and os.listdir(tmp_path) == ["run.json.gz"]
-    assert f"profiler-kit: {trace} already exists; pass another --output" in capsys.readouterr().err

@@ -10,10 +10,11 @@
             ...
 
 Every range is an NVTX range (what Nsight Systems records) and, while a torch.profiler records, a
-`record_function` of the same name. Without a profiler attached a range costs an NVTX push and pop and a few
-checks in Python: microseconds, about what PyTorch spends launching one kernel. `capture` tells whichever
-recorder runs the program when to start and stop: the `cudaProfilerApi` range under `profiler-kit nsys`, the
-torch.profiler window under `--backend torch`.
+`record_function` of the same name; a `phase` is marked as one (NVTX domain `profiler_kit`, and listed in the
+torch.profiler trace's metadata), so that summaries take it as a phase before any other range. Without a
+profiler attached a range costs an NVTX push and pop and a few checks in Python: microseconds, about what
+PyTorch spends launching one kernel. `capture` tells whichever recorder runs the program when to start and
+stop: the `cudaProfilerApi` range under `profiler-kit nsys`, the torch.profiler window under `--backend torch`.
 """
 
 from __future__ import annotations
@@ -28,23 +29,25 @@ import torch
 from torch import nn
 
 from profiler_kit.errors import ProfilerKitError
-from profiler_kit.nvtx_ranges import nvtx_range, pop_range, push_range
+from profiler_kit.recording.ranges import nvtx_range, pop_range, push_range
 
 STEP_RANGE = "step"
 # torch warns when a module's inputs need no gradient (an embedding's token ids): its backward range is then
 # empty, which is what `instrument` documents.
 _NO_INPUT_GRAD_WARNING = "Full backward hook is firing when gradients are computed with respect to module outputs"
+# Bound now: in a profiled program the recorder routes the program's own calls of these to itself.
+cuda_profiler_start, cuda_profiler_stop = torch.cuda.profiler.start, torch.cuda.profiler.stop
 
 
 class phase(contextlib.ContextDecorator):  # noqa: N801 (used like a function: `with profiler_kit.phase("fwd")`)
-    """A named phase of the program: an NVTX range and, while torch.profiler records, a `record_function`.
-    A context manager and a decorator; inside a `torch.compile`d region it does nothing."""
+    """A named phase of the program: an NVTX range in domain `profiler_kit` and, while torch.profiler records,
+    a `record_function`. A context manager and a decorator; inside a `torch.compile`d region it does nothing."""
 
     def __init__(self, name: str) -> None:
         self.name = name
 
     def __enter__(self) -> phase:
-        push_range(self.name)
+        push_range(self.name, marked=True)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -52,13 +55,14 @@ class phase(contextlib.ContextDecorator):  # noqa: N801 (used like a function: `
 
 
 class Recorder(Protocol):
-    """What records the program: told that a capture exists, then when the marked steps start and stop."""
+    """What records the program: told that a capture exists, then when the marked steps start and stop
+    (`stop` with how many steps were recorded)."""
 
     def declare(self) -> None: ...
 
     def start(self) -> None: ...
 
-    def stop(self) -> None: ...
+    def stop(self, steps: int) -> None: ...
 
 
 class CudaProfilerRecorder:
@@ -77,12 +81,12 @@ class CudaProfilerRecorder:
     def start(self) -> None:
         if not self.whole_run and torch.cuda.is_available():
             torch.cuda.synchronize()
-            torch.cuda.profiler.start()
+            cuda_profiler_start()
 
-    def stop(self) -> None:
+    def stop(self, steps: int) -> None:
         if not self.whole_run and torch.cuda.is_available():
             torch.cuda.synchronize()
-            torch.cuda.profiler.stop()
+            cuda_profiler_stop()
 
 
 _recorder: list[Recorder] = [CudaProfilerRecorder()]
@@ -106,7 +110,7 @@ class capture:  # noqa: N801 (reads as a call: `cap = profiler_kit.capture(warmu
         if warmup < 0 or steps < 1:
             raise ProfilerKitError(f"capture needs warmup ≥ 0 and steps ≥ 1, got warmup={warmup}, steps={steps}")
         self.warmup, self.steps = warmup, steps
-        self.index = 0
+        self.index = self.first = 0
         self.recording = False
         recorder().declare()
 
@@ -117,6 +121,7 @@ class capture:  # noqa: N801 (reads as a call: `cap = profiler_kit.capture(warmu
         if self.index == self.warmup:
             recorder().start()
             self.recording = True
+            self.first = self.index
         with nvtx_range(name):
             yield
         self.index += 1
@@ -124,7 +129,7 @@ class capture:  # noqa: N801 (reads as a call: `cap = profiler_kit.capture(warmu
             self._stop()
 
     def _stop(self) -> None:
-        recorder().stop()
+        recorder().stop(self.index - self.first)
         self.recording = False
 
     def __enter__(self) -> capture:

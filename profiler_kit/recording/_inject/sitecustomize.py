@@ -6,7 +6,7 @@ import sys
 
 if os.environ.get("PROFILER_KIT_RECORD"):
     try:
-        from profiler_kit.program_recorders import install_from_environment
+        from profiler_kit.recording.child import install_from_environment
 
         install_from_environment(os.environ)
     except Exception as exc:  # the program must run even when recording cannot be set up in this process

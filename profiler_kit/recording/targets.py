@@ -1,31 +1,28 @@
-"""What gets profiled, and the child process that runs it under nsys.
+"""The built-in workload as a program: `python -m profiler_kit.recording.targets --spec JSON`, which
+`builtin` runs under a recorder like any other program.
 
-A target is a training-step workload or a set of attention implementations; `drive` runs its warm-up steps
-(in an NVTX range `warmup`), then its profiled steps inside a recording context: the `cudaProfilerApi` capture
-range under nsys, torch.profiler for the torch backend. nsys runs this module as `python -m
-profiler_kit.profile_target --spec JSON`; failures end it with one line on stderr and exit status 2.
+A target is a training-step workload or a set of attention implementations. The program marks its steps as
+any user program would, with `profiler_kit.capture(warmup, steps)` made before its first CUDA call, so only
+the steps after the warm-up are recorded (torch.profiler, or the `cudaProfilerApi` range of nsys on a GPU).
+Failures end it with one line `error: ...` on stderr and exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from profiler_kit import distributed, nvtx_ranges
+from profiler_kit import distributed
 from profiler_kit.errors import ProfilerKitError, first_line
-from profiler_kit.nvtx_ranges import nvtx_range
-from profiler_kit.workload import Workload, WorkloadConfig, resolve_device, synchronize
+from profiler_kit.recording.api import capture
+from profiler_kit.recording.ranges import nvtx_range
+from profiler_kit.workload import Workload, WorkloadConfig, resolve_device
 
-# Lines the child prints with this prefix are shown to the user by the parent (which captures nsys's output).
-NOTE_PREFIX = "profiler-kit note: "
-CAPTURES = ("cudaProfilerApi", "none")
 EXIT_ERROR = 2
 
 
@@ -90,39 +87,6 @@ def attention_target(impls: list[str], dtype: str, causal: bool, batch: int, hea
     return Target(dev, step)
 
 
-def drive(target: Target, warmup: int, steps: int, recording: contextlib.AbstractContextManager) -> None:
-    """Warm-up steps outside `recording`, then `steps` steps inside it, each group ended by a device sync."""
-    with nvtx_range("warmup"):
-        for _ in range(warmup):
-            target.step()
-    synchronize(target.device)
-    with recording:
-        for _ in range(steps):
-            target.step()
-        synchronize(target.device)
-
-
-@contextlib.contextmanager
-def cuda_profiler_range() -> Iterator[None]:
-    """cudaProfilerStart/Stop: the capture range of `nsys profile --capture-range=cudaProfilerApi`."""
-    torch.cuda.profiler.start()
-    try:
-        yield
-    finally:
-        torch.cuda.profiler.stop()
-
-
-def nvtx_reaches_tool() -> bool:
-    """False when a tool such as nsys is attached (NVTX_INJECTION64_PATH) but the `nvtx` package records
-    nothing: recent nvtx releases ask the tool `nvtxDomainIsEnabled`, which older nsys (Debian's 2022.4) do
-    not answer, and then drop every range."""
-    if nvtx_ranges.BACKEND != "nvtx" or not os.environ.get("NVTX_INJECTION64_PATH"):
-        return True
-    import nvtx
-
-    return type(nvtx.get_domain()).__name__ != "DummyDomain"
-
-
 def build_target(spec: dict, note: Callable[[str], None]) -> Target:
     """The target a spec names: `{"workload": {WorkloadConfig fields}}` or `{"attention": {...}}`."""
     if "workload" in spec:
@@ -131,23 +95,20 @@ def build_target(spec: dict, note: Callable[[str], None]) -> Target:
 
 
 def _note(message: str) -> None:
-    print(NOTE_PREFIX + message, file=sys.stderr, flush=True)
+    print(f"profiler-kit: {message}", file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Run one profiling target (started by `profiler-kit nsys`).")
-    parser.add_argument("--spec", required=True, help="JSON: target, warmup, steps, capture")
+    parser = argparse.ArgumentParser(description="Run the built-in workload (started by `profiler-kit nsys`).")
+    parser.add_argument("--spec", required=True, help="JSON: the target, warmup, steps")
     spec = json.loads(parser.parse_args(argv).spec)
     try:
+        cap = capture(warmup=spec["warmup"], steps=spec["steps"])  # before the first CUDA call
         target = build_target(spec, _note)
-        if nvtx_ranges.is_enabled() and not nvtx_reaches_tool():
-            _note("this nsys ignores the nvtx package's ranges (it does not answer nvtxDomainIsEnabled): "
-                  "the report will have no NVTX ranges, hence no phases; a newer nsys records them")
-        capture = spec["capture"]
-        if capture not in CAPTURES:
-            raise ProfilerKitError(f"unknown capture {capture!r}; expected one of {', '.join(CAPTURES)}")
-        recording = cuda_profiler_range() if capture == "cudaProfilerApi" else contextlib.nullcontext()
-        drive(target, spec["warmup"], spec["steps"], recording)
+        with cap:
+            for _ in range(spec["warmup"] + spec["steps"]):
+                with cap.step():
+                    target.step()
         distributed.leave()
     except ProfilerKitError as exc:
         print(f"error: {exc}", file=sys.stderr)

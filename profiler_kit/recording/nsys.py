@@ -14,7 +14,9 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +29,8 @@ SEARCH_GLOBS: tuple[str, ...] = (
     "/opt/nvidia/nsight-systems/*/bin/nsys",
     # Nsight Compute ships a copy of the nsys CLI.
     "/opt/nvidia/nsight-compute/*/host/target-linux-x64/nsys",
+    # Debian's 2022.4, which `make test` installs into the virtual environment (tools/install_nsys_debian.sh).
+    glob.escape(sys.prefix) + "/nsys-debian/usr/lib/nsight-systems/bin/nsys",
 )
 
 # Stats reports: 2023.1-and-later name → the name before. Debian's 2022.4.2 lists only the right-hand names
@@ -197,16 +201,34 @@ def _read_version(path: Path, mtime_ns: int) -> NsysInstall:
     return NsysInstall(path, version)
 
 
-def run(cmd: Sequence[str], timeout: float | None = None, env: dict[str, str] | None = None
-        ) -> subprocess.CompletedProcess:
-    """Run a command with its output captured as text; a command that cannot start is an NsysError."""
+def run(cmd: Sequence[str], timeout: float | None = None) -> subprocess.CompletedProcess:
+    """Run a command with its output captured as text, in a process group of its own: one that does not end
+    within `timeout` seconds is killed with every process it started. A command that cannot start, or is
+    killed so, is an NsysError."""
     try:
-        return subprocess.run(list(cmd), capture_output=True, text=True, errors="replace", timeout=timeout,
-                              env=env)
+        proc = subprocess.Popen(list(cmd), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, errors="replace", start_new_session=True)
     except OSError as exc:
         raise NsysError(f"could not run {cmd[0]}: {exc.strerror or exc}") from None
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        raise NsysError(f"`{shlex.join(cmd)}` did not finish within {timeout:.0f} s") from None
+        kill_group(proc.pid)
+        proc.communicate()
+        raise NsysError(f"`{shlex.join(cmd)}` did not finish within {timeout:.0f} s; it was stopped") from None
+    except BaseException:  # Ctrl-C: nothing of it is left running
+        kill_group(proc.pid)
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
+def kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
+    """Send `sig` to the process group `pgid`; nothing when it is gone."""
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def output_tail(text: str, lines: int = TAIL_LINES) -> str:
@@ -283,13 +305,6 @@ def _no_nsys_to_export(report: Path, sqlite: Path) -> str:
     return (f"{report}: an .nsys-rep is read through its SQLite export, which needs nsys, and nsys (Nsight "
             f"Systems) not found on PATH, $NSYS or the install folders{beside}; set $NSYS, or run `nsys export "
             f"--type sqlite {report.name}` where nsys is and give the .sqlite")
-
-
-def publish_report(recorded: Path, report: Path) -> None:
-    """Put a new recording in place of `report`. The export of the report it replaces goes first, so that an
-    earlier recording's SQLite is never read as this one's; until this runs, the previous report is intact."""
-    report.with_suffix(".sqlite").unlink(missing_ok=True)
-    os.replace(recorded, report)
 
 
 def run_stats(source: Path, report: str, nsys: NsysInstall | None = None, fmt: str = "csv") -> str:

@@ -1,0 +1,167 @@
+"""Which NVTX ranges are a report's phases: one rule for every report, whatever recorded it.
+
+1. The ranges asked for by name (`--phase`).
+2. Else the ranges opened with `profiler_kit.phase` (the readers mark them: the `profiler_kit` NVTX domain in
+   an nsys export, the phase list in a torch.profiler trace's metadata).
+3. Else the built-in workload's names, `forward`, `backward`, `optimizer_step`, with the ranges beside them
+   (a program's `forward`, `backward`, `optimizer` are three phases).
+4. Else the program's own ranges on each process's main thread: the outermost ones, or, while those all
+   have one name (a `step` holding `fwd`, `bwd`, `opt`), the ranges directly inside them.
+
+PyTorch's own ranges (`Optimizer.step#…`, `Optimizer.zero_grad#…`, `ProfilerStep#…`, DDP's, `aten::…`) are
+never phases while the program has ranges of its own; `Optimizer.step#…` stands in for the optimizer phase
+when no phase holds it. `warmup` is never a phase.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from profiler_kit.kernels.attribution import RangeIndex, launches_in
+from profiler_kit.kernels.categories import OPTIMIZER_STEP
+
+BUILTIN_PHASES = ("forward", "backward", "optimizer_step")
+# Top-level ranges that hold no step of the program.
+NOT_PHASES = ("warmup",)
+# Ranges PyTorch opens by itself: the optimizer's methods, the profiler's steps, DDP/FSDP wrappers, operators,
+# collectives and compiled regions.
+PYTORCH_RANGES = re.compile(
+    r"^(?:Optimizer\.|ProfilerStep#|aten::|c10d::|gloo:|nccl:|autograd::|DistributedDataParallel\.|"
+    r"FullyShardedDataParallel|FSDP::|Torch-Compiled Region|CompiledFunction|## )"
+)
+# More distinct names than this at the phase level are not phases (e.g. one range per item); none are chosen.
+MAX_FOUND_PHASES = 64
+# A range outside the phases holding more than this share of the time is named in a note.
+LEFT_OUT_PCT = 5.0
+RULE = (
+    "Phases: the --phase ranges when given; else the ranges opened with profiler_kit.phase; else forward, "
+    "backward, optimizer_step (the built-in workload) with the ranges beside them; else the program's own "
+    "ranges on each process's main thread: the outermost ones, or, when those all have one name (a `step`), "
+    "the ranges directly inside them. PyTorch's own ranges (Optimizer.step#…, Optimizer.zero_grad#…, "
+    "ProfilerStep#…, aten::…) are never phases while the program has ranges of its own; Optimizer.step#… "
+    "stands in for the optimizer phase when no phase holds it; `warmup` is never a phase."
+)
+
+
+@dataclass
+class PhaseChoice:
+    """The phases of a report, in order, and which rule chose them (`asked`, `marked`, `built-in`,
+    `program`, `pytorch` or `none`)."""
+
+    names: list[str]
+    rule: str
+    notes: list[str] = field(default_factory=list)
+
+
+def _pytorch_own(names: pd.Series) -> np.ndarray:
+    """Which range names PyTorch opened by itself."""
+    return names.str.contains(PYTORCH_RANGES, na=False).to_numpy(dtype=bool)
+
+
+def choose_phases(index: RangeIndex, asked: list[str] | tuple[str, ...] | None = None) -> PhaseChoice:
+    """The phases of a report by the rule of this module's docstring."""
+    if asked is not None:
+        return PhaseChoice(list(dict.fromkeys(asked)), "asked")
+    names = index.names()
+    own = ~_pytorch_own(names)
+    marked = index.marked()
+    if marked.any():
+        chosen, rule = _level(index, marked), "marked"
+    elif (own & names.isin(BUILTIN_PHASES).to_numpy()).any():
+        chosen, rule = _beside_builtin(index, own), "built-in"
+    elif own.any():
+        chosen, rule = _level(index, own), "program"
+    else:
+        chosen, rule = np.zeros(len(names), dtype=bool), "none"
+    found = list(dict.fromkeys(index.ranges.loc[chosen].sort_values("start_ns", kind="stable")["name"]))
+    notes = []
+    if len(found) > MAX_FOUND_PHASES:
+        notes.append(f"the ranges at the phase level have {len(found):,} names, too many to be phases: none are "
+                     "shown per phase; name the phases with --phase")
+        found = []
+    stand_in = _optimizer_stand_in(index, found)
+    if stand_in:
+        rule = "pytorch" if not found else rule
+        found += stand_in
+    return PhaseChoice(found, rule if found else "none", notes)
+
+
+def _main_threads(index: RangeIndex, outer: np.ndarray) -> np.ndarray:
+    """Which ranges lie on their process's main thread: the one whose `outer` ranges last longest."""
+    ranges = index.ranges
+    span = (ranges["end_ns"] - ranges["start_ns"]).where(outer, 0)
+    per_thread = span.groupby([ranges["process"], ranges["thread"]]).sum()
+    main = per_thread.groupby(level=0).idxmax().to_list()
+    return pd.MultiIndex.from_frame(ranges[["process", "thread"]]).isin(main)
+
+
+def _level(index: RangeIndex, candidate: np.ndarray) -> np.ndarray:
+    """The phase level among the `candidate` ranges: the outermost ones on each process's main thread; while
+    they all have one name and hold candidates, the candidates directly inside them (a built-in name stops
+    the descent)."""
+    names = index.names().to_numpy()
+    enclosing = index.nearest_in(candidate)
+    outer = candidate & (enclosing < 0) & ~np.isin(names, NOT_PHASES)
+    level = outer & _main_threads(index, outer)
+    while True:
+        at_level = set(names[level])
+        inner = candidate & np.isin(enclosing, np.flatnonzero(level))
+        if len(at_level) != 1 or at_level & set(BUILTIN_PHASES) or not inner.any():
+            return level
+        level = inner
+
+
+def _beside_builtin(index: RangeIndex, own: np.ndarray) -> np.ndarray:
+    """The built-in names and the program's ranges beside them: same thread, same enclosing range."""
+    names = index.names()
+    enclosing = index.nearest_in(own)
+    builtin = own & names.isin(BUILTIN_PHASES).to_numpy()
+    threads = pd.MultiIndex.from_frame(index.ranges[["process", "thread"]])
+    same_thread = threads.isin(threads[builtin])
+    return own & same_thread & np.isin(enclosing, enclosing[builtin]) & ~names.isin(NOT_PHASES).to_numpy()
+
+
+def _optimizer_stand_in(index: RangeIndex, phases: list[str]) -> list[str]:
+    """`Optimizer.step#…` names when some of their ranges lie in no phase range (nothing else names the
+    optimizer phase)."""
+    names = index.names()
+    steps = np.flatnonzero(names.str.contains(OPTIMIZER_STEP, na=False).to_numpy(dtype=bool))
+    if not len(steps):
+        return []
+    phase_ids = np.flatnonzero(names.isin(phases).to_numpy())
+    ranges = index.ranges
+    inside, _ = index.containing(ranges["start_ns"].to_numpy()[steps], ranges["process"].to_numpy()[steps],
+                                 phase_ids)
+    alone = np.setdiff1d(np.arange(len(steps)), inside)
+    return list(dict.fromkeys(names.to_numpy()[steps[alone]]))
+
+
+def left_out(kernels: pd.DataFrame, index: RangeIndex, phases: list[str], steps: np.ndarray,
+             outside: np.ndarray, total_ns: int, timed: str) -> list[str]:
+    """Notes naming each range outside the phases that holds more than LEFT_OUT_PCT of `total_ns` among the
+    kernels launched in no phase (`outside`: their rows), with the `--phase` options that would include it.
+    Steps (`steps`: range ids) and ranges enclosing a phase are not candidates: they hold the phases."""
+    if not total_ns or not len(outside):
+        return []
+    names = index.names()
+    is_phase = names.isin(phases).to_numpy()
+    encloses_phase = np.zeros(len(names), dtype=bool)
+    up = index.parent[is_phase]
+    while len(up := up[up >= 0]):
+        encloses_phase[up] = True
+        up = index.parent[up]
+    eligible = ~is_phase & ~encloses_phase
+    eligible[steps] = False
+    outermost = eligible & (index.nearest_in(eligible) < 0)
+    rows, owners = launches_in(kernels.iloc[outside].reset_index(drop=True), index, np.flatnonzero(outermost))
+    per_name = pd.DataFrame({"row": rows, "name": names.to_numpy()[owners]}).drop_duplicates()
+    times = kernels["total_ns"].to_numpy()[outside][per_name["row"].to_numpy()]
+    shares = pd.Series(times).groupby(per_name["name"].to_numpy()).sum() * 100.0 / total_ns
+    return [f"range {name!r}, outside the phases, holds {share:.1f}% of the {timed}; "
+            f"`{' '.join(f'--phase {shlex.quote(p)}' for p in [*phases, name])}` includes it"
+            for name, share in shares.sort_values(ascending=False).items() if share > LEFT_OUT_PCT]

@@ -1,0 +1,96 @@
+"""The steps of a report: its repeating outer range, one row per step, warm-up told apart from the steady state.
+
+The steps are the ranges that directly hold the phases (the program's `step`, the built-in workload's steps,
+`ProfilerStep#N` when nothing of the program's lies between), when they all have one name and repeat; else
+torch.profiler's `ProfilerStep#N` ranges. The first steps of a run are slower (CUDA and allocator start-up,
+`torch.compile`, autotuning): leading steps whose wall time is more than WARMUP_FACTOR times the median of
+the later half are warm-up, the rest steady, and where the GPU idles is judged on the steady ones.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from profiler_kit.kernels.attribution import RangeIndex, launches_in
+from profiler_kit.kernels.idle import spans_by_owner
+
+PROFILER_STEP = re.compile(r"^ProfilerStep#\d+$")
+# A leading step slower than this many times the later steps' median is warm-up.
+WARMUP_FACTOR = 1.5
+WARMUP, STEADY = "warm-up", "steady"
+NS_PER_MS = 1_000_000
+
+
+def _step_key(names: pd.Series) -> pd.Series:
+    """Range names with torch.profiler's step numbers dropped (`ProfilerStep#7` → `ProfilerStep#`)."""
+    return names.where(~names.str.match(PROFILER_STEP, na=False), "ProfilerStep#")
+
+
+def find_steps(index: RangeIndex, phases: list[str]) -> np.ndarray:
+    """Range ids of the report's steps, by process and start; empty unless at least two."""
+    names = index.names()
+    keys = _step_key(names).to_numpy()
+    ranges = index.ranges
+    is_phase = names.isin(phases).to_numpy()
+    holders = index.nearest_in(~is_phase)[is_phase]
+    holders = holders[holders >= 0]
+    if len(holders) and len(set(keys[holders])) == 1:
+        threads = pd.MultiIndex.from_frame(ranges[["process", "thread"]])
+        chosen = (keys == keys[holders[0]]) & threads.isin(threads[holders])
+    else:
+        chosen = names.str.match(PROFILER_STEP, na=False).to_numpy(dtype=bool)
+    ids = np.flatnonzero(chosen)
+    ids = ids[np.lexsort((ranges["start_ns"].to_numpy()[ids], ranges["process"].to_numpy()[ids]))]
+    return ids if len(ids) >= 2 else ids[:0]
+
+
+def warmup_steps(walls: np.ndarray) -> int:
+    """How many leading steps (walls in run order) are warm-up: slower than WARMUP_FACTOR times the median of
+    the later half."""
+    reference = float(np.median(walls[len(walls) // 2:]))
+    slow = walls > WARMUP_FACTOR * reference
+    return len(walls) if slow.all() else int(np.argmin(slow))
+
+
+def step_table(kernels: pd.DataFrame, index: RangeIndex, steps: np.ndarray, phases: list[str],
+               phase_rows: np.ndarray, phase_labels: np.ndarray, timestamped: bool) -> pd.DataFrame:
+    """One row per step: `step` (1, 2, … per process), `state` (warm-up or steady), `wall_ms`, `kernel_ms`
+    (time of the kernels launched inside it), `idle_pct` (of its kernels' GPU span; NaN without timestamps)
+    and each phase's `<phase>_ms` within it; `process` first when the report holds several. `phase_rows`,
+    `phase_labels`: the (kernel row, phase position) pairs of the phase totals."""
+    ranges = index.ranges.iloc[steps]
+    processes = ranges["process"].to_numpy()
+    rows, owners = launches_in(kernels, index, steps)
+    position = pd.Index(steps).get_indexer(owners)
+    step_of = np.full(len(kernels), -1, dtype=np.int64)
+    step_of[rows] = position
+    durations = kernels["total_ns"].to_numpy()
+    table = pd.DataFrame({
+        "process": processes,
+        "step": pd.Series(processes).groupby(processes).cumcount().to_numpy() + 1,
+        "state": STEADY,
+        "wall_ms": (ranges["end_ns"] - ranges["start_ns"]).to_numpy() / NS_PER_MS,
+        "kernel_ms": np.bincount(position, weights=durations[rows], minlength=len(steps)) / NS_PER_MS,
+        "idle_pct": np.nan,
+    })
+    for process in np.unique(processes):
+        mine = np.flatnonzero(processes == process)
+        table.loc[mine[:warmup_steps(table["wall_ms"].to_numpy()[mine])], "state"] = WARMUP
+    if timestamped and len(rows):
+        starts = kernels["start_ns"].to_numpy()[rows]
+        spans = spans_by_owner(starts, starts + durations[rows], position)
+        owner = spans["owner"].to_numpy(dtype=np.int64)
+        span = spans["span_ns"].to_numpy(dtype=float)
+        idle = np.divide((span - spans["busy_ns"].to_numpy()) * 100.0, span, out=np.full(len(span), np.nan),
+                         where=span > 0)
+        table.loc[owner, "idle_pct"] = idle
+    in_step = step_of[phase_rows]
+    keep = in_step >= 0
+    per_phase = np.zeros((len(steps), len(phases)))
+    np.add.at(per_phase, (in_step[keep], phase_labels[keep]), durations[phase_rows[keep]])
+    for label, phase in enumerate(phases):
+        table[f"{phase}_ms"] = per_phase[:, label] / NS_PER_MS
+    return table if len(np.unique(processes)) > 1 else table.drop(columns="process")

@@ -1,0 +1,144 @@
+"""Recording the built-in workload (`profiler-kit nsys --model ...`, `make nsys`) and the attention
+implementations (`profiler-kit nsys attention`): each is a program, `python -m profiler_kit.recording.targets
+--spec JSON`, recorded through `runner.run_program` like any other, under Nsight Systems or torch.profiler.
+
+Outputs are named by the config: `<output_dir>/<model>_ctx<ctx>_<mode>[_bf16][.rank<R>].{nsys-rep,sqlite,json.gz}`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from profiler_kit import distributed
+from profiler_kit.errors import ProfilerKitError
+from profiler_kit.recording.nsys import hint_for
+from profiler_kit.recording.runner import BACKENDS, ProgramRun, Window, run_program
+from profiler_kit.workload import WorkloadConfig, phases_for, resolve_device
+
+
+@dataclass(frozen=True)
+class ProfileResult:
+    """What a recording wrote: `window` says what it holds; `phases` are the NVTX ranges to summarize,
+    `sources` the files the summary reads (the SQLite export, or the Chrome trace)."""
+
+    backend: str
+    tag: str
+    device: str
+    window: Window
+    phases: tuple[str, ...]
+    paths: tuple[Path, ...] = ()
+    sources: tuple[Path, ...] = ()
+
+    @property
+    def summary_source(self) -> Path:
+        if not self.sources:
+            raise ProfilerKitError(f"{self.tag}: nothing was recorded")
+        return self.sources[0]
+
+
+@dataclass(frozen=True)
+class AttentionProfileConfig:
+    """One attention shape, profiled for each implementation in `impls` (names of `attention bench`)."""
+
+    impls: tuple[str, ...]
+    dtype: str = "bf16"
+    causal: bool = True
+    batch: int = 8
+    heads: int | None = None  # None: inputs without a head dimension, (batch, seq, d), as `attention bench`
+    seq: int = 4096
+    d: int = 64
+    device: str = "auto"
+
+    def validate(self) -> None:
+        from profiler_kit.attention.registry import DTYPES, NAMES
+
+        unknown = [impl for impl in self.impls if impl not in NAMES]
+        if unknown or not self.impls:
+            raise ProfilerKitError(f"unknown implementation {', '.join(unknown) or '(none)'}; "
+                                   f"choose from {', '.join(NAMES)}")
+        if self.dtype not in DTYPES:
+            raise ProfilerKitError(f"unknown dtype {self.dtype!r}; choose from {', '.join(DTYPES)}")
+        for field in ("batch", "heads", "seq", "d"):
+            if getattr(self, field) is not None and getattr(self, field) <= 0:
+                raise ProfilerKitError(f"{field} must be positive, got {getattr(self, field)}")
+
+    def tag(self) -> str:
+        """File-name stem: `attention_<dtype>_b<batch>[_h<heads>]_s<seq>_d<d>[_causal]`."""
+        heads = "" if self.heads is None else f"_h{self.heads}"
+        shape = f"b{self.batch}{heads}_s{self.seq}_d{self.d}"
+        return f"attention_{self.dtype}_{shape}" + ("_causal" if self.causal else "")
+
+    def phases(self) -> tuple[str, ...]:
+        return tuple(f"{impl}.{phase}" for impl in self.impls for phase in ("forward", "backward"))
+
+
+def profile(cfg: WorkloadConfig, warmup: int, steps: int, backend: str, output_dir: Path,
+            nsys_path: str | os.PathLike | None = None, force: bool = False) -> ProfileResult:
+    """Record `steps` training steps of `cfg` after `warmup` unrecorded ones. Data-parallel configs run under
+    torchrun, one recording per rank, its name ending in `.rank<R>` (the recorded child process takes this
+    rank's place in the process group)."""
+    cfg.validate()
+    device = resolve_device(cfg.device)
+    spec = {"workload": {**cfg.as_dict(), "device": str(device)}}
+    tag = cfg.tag() if cfg.parallel == "none" else f"{cfg.tag()}.rank{distributed.torchrun_rank().rank}"
+    return _record(spec, tag, device, phases_for(cfg.mode), warmup, steps, backend, Path(output_dir),
+                   nsys_path, force)
+
+
+def workload_flops(cfg: WorkloadConfig) -> tuple[dict[str, float], float | None]:
+    """FLOPs per range of each phase of `cfg` (forward F, backward 2F) and this machine's GPU peak in TFLOP/s
+    for its precision (None without CUDA or for an unlisted GPU)."""
+    from profiler_kit.flops import BACKWARD_FACTOR, forward_flops, gpu_peak
+    from profiler_kit.presets import from_name
+
+    fwd = forward_flops(from_name(cfg.model, cfg.ctx), cfg.batch_size, cfg.ctx)
+    per_phase = {"forward": fwd, "backward": fwd * BACKWARD_FACTOR}
+    device = resolve_device(cfg.device)
+    peak = gpu_peak(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
+    if peak is None:
+        return per_phase, None
+    return per_phase, peak.bf16_tflops if cfg.mixed_precision else peak.fp32_tflops
+
+
+def profile_attention(cfg: AttentionProfileConfig, warmup: int, steps: int, backend: str, output_dir: Path,
+                      nsys_path: str | os.PathLike | None = None, force: bool = False) -> ProfileResult:
+    """Record `steps` forward+backward passes of each attention implementation after `warmup` ones."""
+    cfg.validate()
+    device = resolve_device(cfg.device)
+    spec = {"attention": {**asdict(cfg), "impls": list(cfg.impls), "device": str(device)}}
+    return _record(spec, cfg.tag(), device, cfg.phases(), warmup, steps, backend, Path(output_dir), nsys_path,
+                   force)
+
+
+def target_command(spec: dict, warmup: int, steps: int) -> list[str]:
+    """The built-in workload as a program: `python -m profiler_kit.recording.targets --spec JSON`."""
+    return [sys.executable, "-m", "profiler_kit.recording.targets", "--spec",
+            json.dumps({**spec, "warmup": warmup, "steps": steps})]
+
+
+def _record(spec: dict, tag: str, device: torch.device, phases: tuple[str, ...], warmup: int, steps: int,
+            backend: str, output_dir: Path, nsys_path: str | os.PathLike | None, force: bool) -> ProfileResult:
+    if backend not in BACKENDS:
+        raise ProfilerKitError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
+    if warmup < 0 or steps < 1:
+        raise ProfilerKitError(f"need warmup ≥ 0 and steps ≥ 1, got warmup={warmup}, steps={steps}")
+    run = run_program(target_command(spec, warmup, steps), backend, output_dir / tag, nsys_path, force=force)
+    if run.exit_code != 0:
+        raise ProfilerKitError(_failure(tag, run))
+    return ProfileResult(backend, tag, str(device), run.window, phases, run.files, run.sources)
+
+
+def _failure(tag: str, run: ProgramRun) -> str:
+    """The workload's own error line when it printed one, with the likeliest cause; else its exit status."""
+    if run.errors:
+        hint = hint_for(run.errors[-1])
+        return f"profiling {tag} failed: {run.errors[-1]}" + (f" — hint: {hint}" if hint else "")
+    hint = hint_for(run.tail)
+    return (f"profiling {tag} failed (exit status {run.exit_code})" + (f": {run.tail}" if run.tail else "")
+            + (f" — hint: {hint}" if hint else ""))

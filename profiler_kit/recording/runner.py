@@ -1,0 +1,330 @@
+"""Running a program under a recorder: `profiler-kit nsys [--backend torch] -- COMMAND`, and the built-in
+workload, which is started as one more program (`builtin`).
+
+nsys backend: `nsys profile --trace=cuda,nvtx COMMAND`, with a `cudaProfilerApi` capture range on a machine
+with CUDA (the program's window, see `child`), then the SQLite export. torch backend: the command runs with
+`profiler_kit/recording/_inject` first on PYTHONPATH, whose `sitecustomize` starts torch.profiler in every
+Python process of it (for torchrun, in each worker, one trace per rank), so the program needs no change.
+
+The program runs in a process group of its own: a signal this process gets (Ctrl-C, SIGTERM, SIGHUP) goes to
+the whole group, a second one kills it, and what the program left running when it ended is stopped. Its
+output goes to stderr, so that stdout carries only the summary; its exit status comes back unchanged (128 + N
+for death by signal N, as a shell says). The outputs are reserved when the run starts (`files.reserve_output`):
+a concurrent run with the same output fails at once, an existing one is refused unless `force`. The recording
+is made under a temporary name and put in place when complete, so a failed run leaves earlier files as they
+were.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from profiler_kit.environment import note
+from profiler_kit.errors import ProfilerKitError
+from profiler_kit.files import publish, reserve_output
+from profiler_kit.recording.child import (
+    RANKS_ONLY,
+    RECORD,
+    TRACE,
+    TRACE_SUFFIX,
+    WHOLE_RUN,
+    WINDOW,
+    WINDOW_PREFIX,
+    trace_path,
+)
+from profiler_kit.recording.nsys import NsysError, NsysInstall, export_sqlite, find_nsys, kill_group, output_tail
+from profiler_kit.render import console_err
+
+BACKENDS = ("nsys", "torch")
+INJECT_DIR = Path(__file__).resolve().parent / "_inject"
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+# Fewer options than nsys's defaults: no CPU sampling or context switches, which would grow the report and
+# need perf_event permissions, and nothing recorded but CUDA API/kernels/memory operations and NVTX. Kernels
+# that a CUDA graph replays are recorded one by one, as the program launched them when it captured.
+NSYS_PROFILE_ARGS = ("--trace=cuda,nvtx", "--sample=none", "--cpuctxsw=none", "--cuda-graph-trace=node")
+CAPTURE_ARGS = ("--capture-range=cudaProfilerApi", "--capture-range-end=stop")
+LAUNCHERS = ("torchrun",)
+REPORT_SUFFIX = ".nsys-rep"
+# How long what the program left running may hold its output open once it ended, before it is stopped.
+LEFTOVER_S = 5.0
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+ERROR_PREFIX = "error: "
+# Lines of the program's output kept for an error message.
+TAIL_LINES = 20
+
+
+@dataclass(frozen=True)
+class Window:
+    """What a recording holds: the whole run, the steps `profiler_kit.capture` marked, or the program's own
+    `torch.cuda.profiler` window; and how many steps (None when the program has no repeating range)."""
+
+    kind: str
+    steps: int | None = None
+    nvtx_dropped: bool = False  # nsys ignored the `nvtx` package's ranges (see `child.nvtx_reaches_tool`)
+
+    def describe(self) -> str:
+        steps = "" if self.steps is None else f", {self.steps} step{'s' if self.steps != 1 else ''}"
+        what = {"whole run": "the whole run", "profiler_kit.capture": "the steps profiler_kit.capture marks",
+                "torch.cuda.profiler": "the program's torch.cuda.profiler.start()/stop() window"}
+        return f"recorded {what.get(self.kind, self.kind)}{steps}"
+
+
+@dataclass(frozen=True)
+class ProgramRun:
+    """What profiling a command gave: its exit status, the files written, the ones to summarize (the SQLite
+    export, or one Chrome trace per process: per rank under torchrun), the window recorded, the lines the
+    program printed that start with `error: `, and the last lines of its output, in one line."""
+
+    command: tuple[str, ...]
+    backend: str
+    exit_code: int
+    window: Window
+    files: tuple[Path, ...]
+    sources: tuple[Path, ...]
+    errors: tuple[str, ...] = field(default=())
+    tail: str = ""
+
+
+def program_name(command: list[str]) -> str:
+    """The name a default output takes: the script's stem for `python x.py` / `torchrun ... x.py`, else
+    the executable's name."""
+    script = next((arg for arg in command[1:] if arg.endswith(".py")), None)
+    if script and Path(command[0]).name.startswith(("python", *LAUNCHERS)):
+        return Path(script).stem
+    return Path(command[0]).stem
+
+
+def default_output(command: list[str], folder: Path = Path("profiles")) -> Path:
+    return folder / f"{program_name(command)}_{time.strftime('%Y%m%d_%H%M%S')}"
+
+
+def resolve_command(command: list[str]) -> list[str]:
+    """The command as it will run: a `.py` script alone runs under this Python; a program that cannot be
+    found is an error."""
+    if not command:
+        raise ProfilerKitError("no command given after `--`")
+    first = command[0]
+    if first.endswith(".py") and not os.access(first, os.X_OK):
+        if not Path(first).is_file():
+            raise ProfilerKitError(f"{first}: no such file")
+        return [sys.executable, *command]
+    if shutil.which(first) is None:
+        raise ProfilerKitError(f"{first}: no such program (not a file, and not on PATH)")
+    script = next((arg for arg in command[1:] if arg.endswith(".py")), None)
+    if script is not None and Path(first).name.startswith(("python", *LAUNCHERS)) and not Path(script).is_file():
+        raise ProfilerKitError(f"{script}: no such file")
+    return list(command)
+
+
+def _is_launcher(command: list[str]) -> bool:
+    return Path(command[0]).name in LAUNCHERS or "torch.distributed.run" in command[:3]
+
+
+def child_env(extra: dict[str, str]) -> dict[str, str]:
+    """This environment with the injected sitecustomize and this package first on PYTHONPATH."""
+    path = os.environ.get("PYTHONPATH")
+    parts = [str(INJECT_DIR), str(PACKAGE_ROOT)] + ([path] if path else [])
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(parts), **extra}
+
+
+def exit_status(returncode: int) -> int:
+    """A process's exit status as a shell gives it: 128 + N for death by signal N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+class _Output:
+    """The program's output, copied line by line to our stderr; `profiler-kit window:` lines are kept, not
+    shown, and `error: ` lines are also kept."""
+
+    def __init__(self) -> None:
+        self.windows: list[dict] = []
+        self.errors: list[str] = []
+        self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+
+    def pump(self, stream) -> None:
+        for raw in iter(stream.readline, b""):
+            line = raw.decode(errors="replace")
+            if line.startswith(WINDOW_PREFIX):
+                try:
+                    self.windows.append(json.loads(line[len(WINDOW_PREFIX):]))
+                except ValueError:
+                    pass
+                continue
+            if line.startswith(ERROR_PREFIX):
+                self.errors.append(line[len(ERROR_PREFIX):].strip())
+            self.tail.append(line)
+            sys.stderr.write(line)
+            sys.stderr.flush()
+
+    def window(self) -> Window:
+        """What the first recorded process said it recorded; the whole run when none said."""
+        if not self.windows:
+            return Window(WHOLE_RUN)
+        first = self.windows[0]
+        steps = first.get("steps")
+        return Window(str(first.get("kind", WHOLE_RUN)), steps if isinstance(steps, int) else None,
+                      first.get("nvtx_dropped") is True)
+
+    def result(self, cmd: list[str], backend: str, code: int, files: tuple[Path, ...],
+               sources: tuple[Path, ...]) -> ProgramRun:
+        return ProgramRun(tuple(cmd), backend, code, self.window(), files, sources, tuple(self.errors),
+                          output_tail("".join(self.tail)))
+
+
+def run_child(cmd: Sequence[str], env: dict[str, str]) -> tuple[int, _Output]:
+    """Run `cmd` in a process group of its own (see the module docstring); its exit status and output."""
+    output = _Output()
+    try:
+        proc = subprocess.Popen(list(cmd), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    except OSError as exc:
+        raise ProfilerKitError(f"could not run {cmd[0]}: {exc.strerror or exc}") from None
+    reader = threading.Thread(target=output.pump, args=(proc.stdout,), daemon=True)
+    reader.start()
+    signalled: list[int] = []
+
+    def forward(sig: int, _frame: object) -> None:
+        signalled.append(sig)
+        kill_group(proc.pid, signal.SIGKILL if len(signalled) > 1 else sig)
+
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = {sig: signal.signal(sig, forward) for sig in SIGNALS} if main_thread else {}
+    try:
+        returncode = proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    reader.join(LEFTOVER_S)
+    kill_group(proc.pid, signal.SIGKILL)  # anything of the program's still running, e.g. a hung recorder
+    reader.join()
+    proc.stdout.close()
+    return exit_status(returncode), output
+
+
+def run_program(command: list[str], backend: str, output: Path | None = None,
+                nsys_path: str | os.PathLike | None = None, nsys_args: tuple[str, ...] = (),
+                capture: bool = True, force: bool = False) -> ProgramRun:
+    """Run `command` under `backend` (nsys or torch), writing `<output>.nsys-rep` and `.sqlite`, or
+    `<output>.json.gz` (`<output>.rank<R>.json.gz` per torchrun worker). `capture` False records the whole
+    run under nsys even when the program opens a window; `force` replaces existing outputs."""
+    if backend not in BACKENDS:
+        raise ProfilerKitError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
+    cmd = resolve_command(command)
+    output = Path(output) if output is not None else default_output(command)
+    if backend == "torch":
+        return _run_torch(cmd, output, force)
+    nsys = find_nsys(nsys_path)
+    note("nsys", nsys.version_str)
+    return _run_nsys(cmd, output, nsys, nsys_args, capture, force)
+
+
+def _partial(output: Path) -> Path:
+    return output.with_name(f".{output.name}.partial-{os.getpid()}")
+
+
+def _rank_of(path: Path) -> int:
+    rank = path.name.removesuffix(TRACE_SUFFIX).rsplit(".rank", 1)[-1]
+    return int(rank) if rank.isdigit() else -1
+
+
+def _run_torch(cmd: list[str], output: Path, force: bool) -> ProgramRun:
+    single = trace_path(output, None)
+    ranked = tuple(output.parent.glob(f"{output.name}.rank*{TRACE_SUFFIX}"))
+    with reserve_output(single, force, ranked):
+        partial = _partial(output)
+        extra = {RECORD: "torch", TRACE: str(partial.absolute())}
+        if _is_launcher(cmd):
+            extra[RANKS_ONLY] = "1"
+        console_err.print(f"torch.profiler: {shlex.join(cmd)}", soft_wrap=True, markup=False,
+                          highlight=False)
+        written = sorted(partial.parent.glob(f"{partial.name}*{TRACE_SUFFIX}"))
+        for stale in written:  # another run of this process id's that died
+            stale.unlink()
+        try:
+            code, out = run_child(cmd, child_env(extra))
+            written = sorted(partial.parent.glob(f"{partial.name}*{TRACE_SUFFIX}"))
+            traces = []
+            for path in written:
+                final = output.with_name(output.name + path.name[len(partial.name):])
+                publish(path, final, overwrite=force)
+                traces.append(final)
+        finally:
+            for path in written:
+                path.unlink(missing_ok=True)
+    traces.sort(key=_rank_of)
+    return out.result(cmd, "torch", code, tuple(traces), tuple(traces))
+
+
+def merge_flags(defaults: list[str], extra: tuple[str, ...]) -> list[str]:
+    """`defaults` (`--flag=value` words) less the flags `extra` sets again, then `extra`: nsys refuses a flag
+    given twice."""
+    given = {word.split("=", 1)[0] for word in extra if word.startswith("-")}
+    return [word for word in defaults if word.split("=", 1)[0] not in given] + list(extra)
+
+
+def nsys_command(nsys: NsysInstall, output: Path, cmd: list[str], ranged: bool,
+                 nsys_args: tuple[str, ...] = ()) -> list[str]:
+    """`nsys profile ... COMMAND`, writing `<output>.nsys-rep`; `ranged` adds the cudaProfilerApi range."""
+    defaults = [*NSYS_PROFILE_ARGS, *(CAPTURE_ARGS if ranged else ())]
+    return [str(nsys.path), "profile", *merge_flags(defaults, nsys_args), "--force-overwrite=true",
+            f"--output={output}", *cmd]
+
+
+def _run_nsys(cmd: list[str], output: Path, nsys: NsysInstall, nsys_args: tuple[str, ...], capture: bool,
+              force: bool) -> ProgramRun:
+    import torch
+
+    report, sqlite = output.with_name(output.name + REPORT_SUFFIX), output.with_name(output.name + ".sqlite")
+    with reserve_output(report, force, (sqlite,)):
+        ranged = capture and torch.cuda.is_available()
+        partial = _partial(output)
+        profile = nsys_command(nsys, partial, cmd, ranged, nsys_args)
+        what = "the program's window, or all from the first CUDA call" if ranged else "the whole run"
+        console_err.print(f"nsys {nsys.version_str} records {what}: {shlex.join(cmd)}",
+                          soft_wrap=True, markup=False, highlight=False)
+        env = child_env({RECORD: "nsys", **({WINDOW: "1"} if ranged else {})})
+        written = partial.with_name(partial.name + REPORT_SUFFIX)
+        try:
+            code, out = run_child(profile, env)
+            if not written.is_file():
+                if code != 0:
+                    return out.result(cmd, "nsys", code, (), ())
+                why = " (the program never opened its cudaProfilerApi window)" if ranged else ""
+                raise NsysError(f"nsys made no report{why}; see its output above")
+            if force:  # the export of the report replaced must never pass for this one's
+                sqlite.unlink(missing_ok=True)
+            publish(written, report, overwrite=force)
+        finally:
+            written.unlink(missing_ok=True)
+            partial.with_name(partial.name + ".qdstrm").unlink(missing_ok=True)
+        exported = export_sqlite(report, nsys)
+    return out.result(cmd, "nsys", code, (report, exported), (exported,))
+
+
+def nothing_recorded(backend: str, window: Window) -> str:
+    """Why a recording holds no kernels and no operators, in one line."""
+    import torch
+
+    if backend == "torch":
+        why = (f"no PyTorch operator ran in {window.describe().removeprefix('recorded ')} (the program did no "
+               "torch work there)")
+    elif not torch.cuda.is_available():
+        why = ("no CUDA kernels: there is no CUDA device here, so the program did no CUDA work, and nsys records "
+               "no CPU operators; record with --backend torch instead")
+    else:
+        why = f"no CUDA kernels in {window.describe().removeprefix('recorded ')}: the program did no CUDA work there"
+    if window.nvtx_dropped:
+        why += "; this nsys also dropped the ranges of the `nvtx` package (2022.4 does; a newer nsys records them)"
+    return "nothing recorded: " + why

@@ -1,0 +1,279 @@
+"""The phase rule on traces recorded from small training loops written here (torch.profiler on the CPU):
+marked phases, the built-in names and those beside them, the program's own ranges at top level or inside a
+`step`, PyTorch's own ranges never phases, `Optimizer.step#…` standing in for a missing optimizer phase, the
+note about a large range left out, optimizer work counted as optimizer whatever its implementation, and the
+per-step table."""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import json
+import shutil
+import sqlite3
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.profiler import ProfilerActivity, profile, record_function
+
+import profiler_kit
+from profiler_kit.kernels import load, summarize
+from profiler_kit.kernels.attribution import RangeIndex
+from profiler_kit.kernels.categories import categorize
+from profiler_kit.kernels.phases import MAX_FOUND_PHASES, choose_phases
+from profiler_kit.kernels.trace import range_frame
+
+OPT_STEP = "Optimizer.step#AdamW.step"
+
+
+def _program(layout: str, steps: int = 2, foreach: bool = True, data: bool = False,
+             slow_first_s: float = 0.0) -> Callable[[], None]:
+    """A training loop of a tiny MLP with AdamW. `layout`: `top` (fwd, bwd, opt at top level), `step` (a `step`
+    holding them), `names` (forward, backward, optimizer), `no-opt` (fwd, bwd; the optimizer step in no range),
+    `none` (no range of its own). `data`: a range `data` with a large matmul first in each step."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 16))
+    optimizer = torch.optim.AdamW(model.parameters(), foreach=foreach)
+    x = torch.randn(8, 16)
+    names = {"names": ("forward", "backward", "optimizer")}.get(layout, ("fwd", "bwd", "opt"))
+
+    def rng(name: str, on: bool = True) -> contextlib.AbstractContextManager:
+        return profiler_kit.phase(name) if on else contextlib.nullcontext()
+
+    def one_step() -> None:
+        if data:
+            with record_function("data"):
+                big = torch.randn(192, 192)
+                for _ in range(6):
+                    big = big @ big / 192
+        with rng(names[0], layout != "none"):
+            loss = model(x).square().mean()
+        with rng(names[1], layout != "none"):
+            loss.backward()
+        with rng(names[2], layout not in ("none", "no-opt")):
+            optimizer.step()
+            optimizer.zero_grad()
+
+    def loop() -> None:
+        for i in range(steps):
+            with rng("step", layout == "step"):
+                if i == 0 and slow_first_s:
+                    time.sleep(slow_first_s)
+                one_step()
+
+    return loop
+
+
+def record(path: Path, loop: Callable[[], None], marked: list[str] | None = None) -> Path:
+    """Record `loop` with torch.profiler on the CPU into a Chrome trace; `marked`: the phase list the recorder
+    of `profiler-kit nsys --backend torch` writes into the trace's metadata."""
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        loop()
+        if marked is not None:
+            prof.add_metadata_json("profiler_kit", json.dumps({"phases": marked}))
+    prof.export_chrome_trace(str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory) -> Iterator[Callable[..., Path]]:
+    folder = tmp_path_factory.mktemp("phase_rule")
+    made: dict[str, Path] = {}
+
+    def get(layout: str, **options) -> Path:
+        key = f"{layout}-" + "-".join(f"{k}={v}" for k, v in sorted(options.items()))
+        if key not in made:
+            marked = options.pop("marked", None)
+            made[key] = record(folder / f"{len(made)}.json", _program(layout, **options), marked)
+        return made[key]
+
+    yield get
+
+
+def _events(path: Path) -> list[dict]:
+    return [e for e in json.loads(path.read_text())["traceEvents"] if e.get("ph") == "X"]
+
+
+def test_top_level_phases_hold_the_optimizers_own_ranges(traces):
+    summary = summarize(traces("top"))
+    assert summary.phase_rule == "program" and summary.phase_names == ["fwd", "bwd", "opt"]
+    names = set(summary.index.names())
+    assert {OPT_STEP, "Optimizer.zero_grad#AdamW.zero_grad"} <= names  # PyTorch's, nested in `opt`
+    assert all(summary.phase_ns()[p]["total_ns"] > 0 for p in ("fwd", "bwd", "opt"))
+    assert summary.steps is None  # no repeating outer range
+
+
+def test_step_holding_phases(traces):
+    summary = summarize(traces("step", steps=3))
+    assert summary.phase_names == ["fwd", "bwd", "opt"]
+    assert summary.steps is not None and summary.steps["step"].tolist() == [1, 2, 3]
+
+
+def test_forward_backward_optimizer_are_three_phases(traces):
+    summary = summarize(traces("names"))
+    assert summary.phase_rule == "built-in"
+    assert summary.phase_names == ["forward", "backward", "optimizer"]
+    assert summary.phase_ns()["optimizer"]["total_ns"] > 0
+
+
+def test_optimizer_step_stands_in_only_when_no_phase_holds_it(traces):
+    summary = summarize(traces("no-opt"))
+    assert summary.phase_names == ["fwd", "bwd", OPT_STEP] and summary.phase_rule == "program"
+    alone = summarize(traces("none"))
+    assert alone.phase_names == [OPT_STEP] and alone.phase_rule == "pytorch"
+    assert alone.category_ns()["optimizer"] == alone.phase_ns()[OPT_STEP]["total_ns"] > 0
+
+
+def test_marked_phases_win_over_the_programs_other_ranges(traces):
+    path = traces("step", data=True, marked=["fwd", "bwd", "opt"])
+    summary = summarize(path)
+    assert summary.phase_rule == "marked" and summary.phase_names == ["fwd", "bwd", "opt"]
+    # Without the marks, the same ranges follow the program rule, where `data` is a phase too.
+    plain = summarize(traces("step", data=True))
+    assert plain.phase_rule == "program" and plain.phase_names == ["data", "fwd", "bwd", "opt"]
+
+
+def test_a_large_range_left_out_is_named_with_the_option_that_includes_it(traces):
+    summary = summarize(traces("step", data=True, marked=["fwd", "bwd", "opt"]))
+    note = next(n for n in summary.notes if n.startswith("range 'data'"))
+    share = float(note.split(" holds ")[1].split("%")[0])
+    assert "`--phase fwd --phase bwd --phase opt --phase data` includes it" in note
+    with_data = summarize(traces("step", data=True, marked=["fwd", "bwd", "opt"]),
+                          phases=["fwd", "bwd", "opt", "data"])
+    # Every operator of `data` is outside the other phases: its phase total is what the note counted.
+    assert with_data.phase_table().set_index("phase").loc["data", "share_pct"] == pytest.approx(share, abs=0.05)
+    assert share > 5.0
+    assert not any(n.startswith("range ") for n in with_data.notes)
+
+
+@pytest.mark.parametrize("foreach", [True, False], ids=["foreach", "for-loop"])
+def test_adamw_on_cpu_is_optimizer_work(traces, foreach):
+    summary = summarize(traces("top", foreach=foreach))
+    ops = summary.attributed
+    index = summary.index
+    opt_ranges = index.ranges[index.names() == OPT_STEP]
+    inside = np.zeros(len(ops), dtype=bool)
+    for start, end in zip(opt_ranges["start_ns"], opt_ranges["end_ns"], strict=True):
+        inside |= (ops["launch_ns"] >= start).to_numpy() & (ops["launch_ns"] <= end).to_numpy()
+    assert inside.any()
+    assert (ops.loc[inside, "category"] == "optimizer").all()
+    assert summary.category_ns()["optimizer"] == int(ops.loc[inside, "total_ns"].sum())
+    by_name = categorize(ops.loc[inside, "name"], "cpu_op")
+    if not foreach:  # a for-loop's operators (`aten::mul_`, `lerp_`, `addcdiv_`) say nothing of the optimizer
+        assert (by_name != "optimizer").all()
+
+
+def test_per_step_table_shows_warm_up(traces):
+    path = traces("step", steps=4, slow_first_s=0.2)
+    summary = summarize(path)
+    steps = summary.steps
+    # CPU operators: no GPU to idle, so no idle column.
+    assert list(steps.columns) == ["step", "state", "wall_ms", "operator_ms", "fwd_ms", "bwd_ms", "opt_ms"]
+    assert steps["state"].iloc[0] == "warm-up" and steps["state"].iloc[-1] == "steady"
+    walls = [e["dur"] / 1000 for e in _events(path) if e["name"] == "step"]
+    assert steps["wall_ms"].tolist() == pytest.approx(walls, abs=1e-3)
+    for phase in ("fwd", "bwd", "opt"):
+        assert steps[f"{phase}_ms"].sum() * 1e6 == pytest.approx(summary.phase_ns()[phase]["total_ns"], abs=1)
+    assert (steps["operator_ms"] >= steps[["fwd_ms", "bwd_ms", "opt_ms"]].sum(axis=1) - 1e-9).all()
+    assert json.loads(json.dumps(summary.to_json()["steps"]))[0]["state"] == "warm-up"
+    assert any("Per step" in title for title, _ in summary.tables())
+
+
+def test_cpu_tables_count_operators(traces):
+    summary = summarize(traces("top"))
+    assert "operators" in summary.category_table().columns and "kernels" not in summary.category_table()
+    assert "operators" in summary.phase_table().columns
+    titles = [title for title, _ in summary.tables()]
+    assert titles[0].startswith("CPU operator self time by category")
+    assert "cPU" not in " ".join(titles) + summary.caption()
+
+
+# The rule on range layouts built here
+
+
+def _index(names: list[str], starts: list[int], ends: list[int], threads: list[int] | None = None,
+           marked: list[bool] | None = None) -> RangeIndex:
+    ranges = range_frame(names, starts, ends, [1] * len(names), threads or [1] * len(names))
+    if marked is not None:
+        ranges["marked"] = marked
+    return RangeIndex(ranges)
+
+
+def test_rule_order():
+    names = ["step", "fwd", "bwd", "forward", "step", "fwd", "bwd"]
+    starts, ends = [0, 1, 5, 2, 10, 11, 15], [9, 4, 8, 3, 19, 14, 18]
+    # `step` holds fwd and bwd: the ranges inside it.
+    assert choose_phases(_index(["step", "fwd", "bwd", "step", "fwd", "bwd"], [0, 1, 5, 10, 11, 15],
+                                [9, 4, 8, 19, 14, 18])).names == ["fwd", "bwd"]
+    # A built-in name (`forward`) picks its level: the ranges beside it.
+    choice = choose_phases(_index(names, starts, ends))
+    assert choice.rule == "built-in" and choice.names == ["forward"]
+    # Marks win over both; asked names over everything.
+    marked = choose_phases(_index(names, starts, ends, marked=[False, False, True, False, False, False, True]))
+    assert marked.rule == "marked" and marked.names == ["bwd"]
+    assert choose_phases(_index(names, starts, ends), ["step"]).names == ["step"]
+
+
+def test_pytorch_ranges_are_not_phases_while_the_program_has_its_own():
+    names = ["ProfilerStep#3", "fwd", "aten::mm", "bwd", "opt", OPT_STEP, "ProfilerStep#4", "fwd", "bwd", "opt",
+             OPT_STEP]
+    starts = [0, 1, 2, 4, 6, 7, 10, 11, 14, 16, 17]
+    ends = [9, 3, 3, 5, 8, 8, 19, 13, 15, 18, 18]
+    assert choose_phases(_index(names, starts, ends)).names == ["fwd", "bwd", "opt"]
+
+
+def test_too_many_names_at_the_phase_level_are_no_phases():
+    count = MAX_FOUND_PHASES + 1
+    choice = choose_phases(_index([f"item{i}" for i in range(count)], list(range(0, 2 * count, 2)),
+                                  list(range(1, 2 * count, 2))))
+    assert choice.names == [] and choice.rule == "none" and "too many" in choice.notes[0]
+
+
+
+# Marks as the readers see them
+
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "kernels"
+MLP_EXPORT = FIXTURES / "h100_example_mlp.sqlite"  # `step` ⊃ fwd/bwd/opt, one process
+
+
+def test_sqlite_ranges_in_the_profiler_kit_domain_are_marked(tmp_path):
+    """The committed export with `fwd` and `bwd` moved into the `profiler_kit` NVTX domain (as the `nvtx`
+    package pushes them): a domain-create row (event type 75) per process names the domain id."""
+    path = tmp_path / "marked.sqlite"
+    shutil.copyfile(MLP_EXPORT, path)
+    con = sqlite3.connect(path)
+    (tid,) = con.execute("SELECT globalTid FROM NVTX_EVENTS GROUP BY globalTid ORDER BY count(*) DESC").fetchone()
+    other_process = tid + (1 << 24)
+    con.executemany("INSERT INTO NVTX_EVENTS (start, eventType, text, globalTid, domainId) VALUES (0, 75, ?, ?, ?)",
+                    [("profiler_kit", tid, 1), ("someone_else", tid, 2), ("profiler_kit", other_process, 2)])
+    con.execute("UPDATE NVTX_EVENTS SET domainId = 1 WHERE textId IN "
+                "(SELECT id FROM StringIds WHERE value IN ('fwd', 'bwd'))")
+    # `opt` sits in a domain that is `profiler_kit` in another process only: not marked.
+    con.execute("UPDATE NVTX_EVENTS SET domainId = 2 WHERE textId = (SELECT id FROM StringIds WHERE value = 'opt')")
+    con.commit()
+    con.close()
+    ranges = load(path).ranges
+    assert set(ranges.loc[ranges["marked"], "name"]) == {"fwd", "bwd"}
+    summary = summarize(path)
+    assert summary.phase_rule == "marked" and summary.phase_names == ["fwd", "bwd"]
+    # `opt`'s kernels (16% of the time) are outside the phases now, and the note says how to get them back.
+    note = next(n for n in summary.notes if n.startswith("range 'opt'"))
+    assert "`--phase fwd --phase bwd --phase opt` includes it" in note
+    assert summarize(MLP_EXPORT).phase_rule == "program"
+
+
+def test_torch_trace_metadata_marks_ranges_by_name(tmp_path):
+    source = json.loads(gzip.decompress((FIXTURES / "cpu_example_mlp_torch.json.gz").read_bytes()))
+    source["profiler_kit"] = {"phases": ["bwd", 7]}
+    path = tmp_path / "marked.json"
+    path.write_text(json.dumps(source))
+    ranges = load(path).ranges
+    assert set(ranges.loc[ranges["marked"], "name"]) == {"bwd"}
+    assert summarize(path).phase_names == ["bwd", OPT_STEP]  # no marked phase holds the optimizer step
+    assert not load(FIXTURES / "cpu_example_mlp_torch.json.gz").ranges["marked"].any()
