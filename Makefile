@@ -53,8 +53,10 @@ test-gpu-slow: $(ENV)
 results: $(ENV)
 	PYTHONPATH=$(CURDIR) $(PY) tools/results.py $(if $(filter render,$(ONLY)),--render,$(if $(ONLY),--only $(ONLY)))
 
+# One intra-op thread and a longer warm-up keep CPU step times steady on a machine other processes share.
 demo: $(ENV)
-	$(PY) -m profiler_kit benchmark --model tiny --ctx 64,128 --mode forward,train --warmup 2 --steps 5 --device cpu
+	$(PY) -m profiler_kit benchmark --model tiny --ctx 64,128 --mode forward,train --warmup 5 --steps 10 \
+		--cpu-threads 1 --device cpu
 	$(PY) -m profiler_kit kernels summarize profiles/examples/small_ctx128_train_bf16.sqlite --top 8
 
 bench: $(ENV)

@@ -4,9 +4,17 @@ The CLI turns it into a one-line message on stderr and exit 1; anything else is 
 with exit 3 (and its traceback under `profiler-kit --debug`).
 """
 
+import re
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
 
 class ProfilerKitError(Exception):
     """A user-facing error: its message is printed as is, without a traceback."""
+
+
+class UsageProblem(ProfilerKitError):
+    """A user-facing error in how the command was asked for (an output that would overwrite an input): exit 2."""
 
 
 def first_line(exc: BaseException) -> str:
@@ -14,3 +22,9 @@ def first_line(exc: BaseException) -> str:
     the message is empty)."""
     text = str(exc).strip()
     return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+
+
+def literal(text: object) -> str:
+    """`text` with control characters written as escapes (`\\x1b`, `\\n`), so that names and paths from data
+    can neither move the terminal's cursor nor break a line or a row."""
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], str(text))

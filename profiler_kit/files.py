@@ -18,11 +18,11 @@ import os
 import stat
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from profiler_kit.errors import ProfilerKitError
+from profiler_kit.errors import ProfilerKitError, UsageProblem
 
 MIB = 2**20
 # Bytes one input may put in memory (after decompression): well above a torch.profiler trace of a few steps or
@@ -303,3 +303,30 @@ def reserve_output(path: str | os.PathLike, force: bool, others: tuple[Path, ...
         reservation.release()
         raise
     return reservation
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether two paths name one file: equal once symlinks are followed, or hard links of one inode."""
+    if a.resolve() == b.resolve():
+        return True
+    try:
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def check_output_paths(outputs: Iterable[str | os.PathLike | None], inputs: Iterable[str | os.PathLike | None],
+                       force: bool) -> None:
+    """Refuse, before any work (UsageProblem, exit 2), outputs of one run that name (symlinks followed) one of
+    its inputs (their sidecars included) or another of its outputs, and, without `force`, an output that exists."""
+    outs = [Path(p) for p in outputs if p is not None]
+    ins = [Path(p) for p in inputs if p is not None]
+    for i, out in enumerate(outs):
+        for source in ins:
+            if _same_file(out, source):
+                raise UsageProblem(f"{out} is an input of this command ({source}); write the output elsewhere")
+        for other in outs[:i]:
+            if _same_file(out, other):
+                raise UsageProblem(f"{out} and {other} are the same file; give each output its own path")
+        if not force and (out.exists() or out.is_symlink()):
+            raise UsageProblem(f"{out} already exists: pass -f/--force to replace it, or another path")

@@ -10,21 +10,72 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
+import re
+import shutil
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import pandas as pd
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
-FORMATS = ("table", "json", "csv", "markdown")
+from profiler_kit.errors import literal
 
-# Piped or redirected output has no terminal width to follow: print wide tables unwrapped instead of squeezing
-# them into 80 columns.
-PIPE_WIDTH = 240
-console_out = Console(soft_wrap=False, width=None if sys.stdout.isatty() else PIPE_WIDTH)
-console_err = Console(stderr=True)
+FORMATS = ("table", "json", "csv", "markdown", "md")
+# Width of a table when stdout is no terminal and COLUMNS is unset.
+DEFAULT_WIDTH = 120
+# A text column squeezed to fit keeps at least this many characters (or its header's length).
+MIN_TEXT_WIDTH = 24
+_MARKDOWN_SPECIAL = re.compile(r"([\\`|<>])")
+
+
+def say(message: str) -> None:
+    """One line for a person on stderr, printed literally (no rich markup, control characters escaped)."""
+    console_err.print(Text(literal(message)), soft_wrap=True)
+
+
+def output_width() -> int:
+    """The columns a table may take: the terminal's, else `COLUMNS`, else DEFAULT_WIDTH."""
+    if sys.stdout.isatty():
+        return shutil.get_terminal_size((DEFAULT_WIDTH, 24)).columns
+    try:
+        return max(int(os.environ.get("COLUMNS", "")), 20)
+    except ValueError:
+        return DEFAULT_WIDTH
+
+
+class OutputFormat(str):
+    """A `--format` value (compares equal to its name) with the options that shape it: `columns` and `wide` for
+    people's formats, `table` (which table CSV prints) and `csv_dir` (where every table goes as a CSV)."""
+
+    columns: tuple[str, ...] = ()
+    wide: bool = False
+    table: str | None = None
+    csv_dir: Path | None = None
+
+    def __new__(cls, name: str, **options: Any) -> OutputFormat:
+        self = super().__new__(cls, "markdown" if name == "md" else name)
+        for key, value in options.items():
+            setattr(self, key, value)
+        return self
+
+
+@dataclass
+class Shown:
+    """A table with the columns it shows by default; --wide shows all, --columns picks, JSON and CSV keep all."""
+
+    frame: pd.DataFrame
+    default: Sequence[str]
+
+
+# Neither console reads rich markup: what they print may hold names and paths from data.
+console_out = Console(soft_wrap=False, markup=False, highlight=False)
+console_err = Console(stderr=True, markup=False, highlight=False)
 
 
 def json_safe(value: Any) -> Any:
@@ -57,13 +108,14 @@ def to_json(obj: Any) -> str:
 
 
 def format_cell(value: Any, column: str = "") -> str:
+    """A cell as a person reads it: separators from 1,000 up in every numeric column, 3 significant digits below 1."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, float):
         if column.endswith("_pct") or column.endswith("share"):
-            return f"{value:.1f}"
+            return f"{value:,.1f}"
         if abs(value) >= 1000:
             return f"{value:,.0f}"
         if abs(value) >= 100:
@@ -71,24 +123,36 @@ def format_cell(value: Any, column: str = "") -> str:
         if abs(value) >= 1:
             return f"{value:.2f}"
         return f"{value:#.3g}"  # '#' keeps trailing zeros: 0.800, not 0.8, beside 1.00
-    if isinstance(value, int) and abs(value) >= 10000:
+    if isinstance(value, int):
         return f"{value:,}"
-    return str(value)
+    return literal(value)
+
+
+def shorten_middle(text: str, width: int) -> str:
+    """`text` cut to `width` characters in its middle, where long kernel names differ least."""
+    if len(text) <= width:
+        return text
+    head = (width - 1) // 2
+    return text[:head] + "…" + text[len(text) - (width - 1 - head):]
+
+
+def _markdown_cell(text: str) -> str:
+    return _MARKDOWN_SPECIAL.sub(r"\\\1", literal(text))
 
 
 def to_markdown(df: pd.DataFrame, title: str | None = None) -> str:
+    """A GitHub Markdown table; text from data is escaped (`|`, `<`, `>`, backticks, newlines) so it shows as is."""
     cols = [str(c) for c in df.columns]
     lines = []
     if title:
-        lines += [f"### {title}", ""]
-    lines.append("| " + " | ".join(cols) + " |")
+        lines += [f"### {_markdown_cell(title)}", ""]
+    lines.append("| " + " | ".join(map(_markdown_cell, cols)) + " |")
     lines.append(
         "|" + "|".join("---:" if pd.api.types.is_numeric_dtype(df[c]) else "---" for c in df.columns) + "|"
     )
     for row in df.itertuples(index=False):
-        lines.append(
-            "| " + " | ".join(format_cell(v, c).replace("|", "\\|") for v, c in zip(row, cols, strict=True)) + " |"
-        )
+        lines.append("| " + " | ".join(_markdown_cell(format_cell(v, c)) for v, c in zip(row, cols, strict=True))
+                     + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -98,54 +162,151 @@ def to_csv(df: pd.DataFrame) -> str:
     return buf.getvalue()
 
 
-def rich_table(df: pd.DataFrame, title: str | None = None, caption: str | None = None) -> Table:
-    table = Table(title=title, caption=caption, header_style="bold")
-    for col in df.columns:
-        numeric = pd.api.types.is_numeric_dtype(df[col]) and not pd.api.types.is_bool_dtype(df[col])
-        table.add_column(str(col), justify="right" if numeric else "left")
-    for row in df.itertuples(index=False):
-        table.add_row(*(format_cell(v, str(c)) for v, c in zip(row, df.columns, strict=True)))
+def _numeric(column: pd.Series) -> bool:
+    return pd.api.types.is_numeric_dtype(column) and not pd.api.types.is_bool_dtype(column)
+
+
+def fit_columns(df: pd.DataFrame, width: int) -> tuple[pd.DataFrame, list[str]]:
+    """`df` as text cells that fit `width` columns of a boxed table: the longest text columns shortened in the
+    middle (to MIN_TEXT_WIDTH at least), then columns dropped from the right; returns the dropped names."""
+    cells = pd.DataFrame({str(c): [format_cell(v, str(c)) for v in df[c]] for c in df.columns}, index=df.index)
+    text = [str(c) for c in df.columns if not _numeric(df[c])]
+
+    def widths() -> dict[str, int]:
+        return {c: max([len(c), *map(len, cells[c])]) for c in cells.columns}
+
+    def excess() -> int:
+        return sum(widths().values()) + 3 * len(cells.columns) + 1 - width
+
+    for column in sorted(text, key=lambda c: -widths()[c]):
+        over = excess()
+        if over <= 0:
+            break
+        target = max(widths()[column] - over, MIN_TEXT_WIDTH, len(column))
+        cells[column] = [shorten_middle(v, target) for v in cells[column]]
+    dropped = []
+    while excess() > 0 and len(cells.columns) > 1:
+        dropped.insert(0, cells.columns[-1])
+        cells = cells.drop(columns=cells.columns[-1])
+    return cells, dropped
+
+
+def rich_table(df: pd.DataFrame, title: str | None = None, caption: str | None = None,
+               width: int | None = None) -> Table:
+    """A boxed table of `df` that fits `width` (None: any width); every cell, title and caption is printed
+    literally, never as rich markup."""
+    cells, dropped = fit_columns(df, width) if width else (
+        pd.DataFrame({str(c): [format_cell(v, str(c)) for v in df[c]] for c in df.columns}), [])
+    if dropped:
+        note = f"not shown: {', '.join(dropped)} (--wide or --columns shows them)"
+        caption = f"{caption}\n{note}" if caption else note
+    table = Table(title=Text(literal(title)) if title else None, header_style="bold",
+                  caption=Text("\n".join(map(literal, caption.split("\n")))) if caption else None)
+    for col in cells.columns:
+        table.add_column(Text(col), justify="right" if _numeric(df[col]) else "left", no_wrap=True)
+    for row in cells.itertuples(index=False):
+        table.add_row(*(Text(v) for v in row))
     return table
 
 
+def table_name(title: str) -> str:
+    """A short name for a titled table (`--table`, CSV file names): the title's words before any `(` or `:`."""
+    head = re.split(r"[(:]", title, maxsplit=1)[0]
+    return "_".join(re.findall(r"[a-z0-9]+", head.lower())) or "table"
+
+
+def _pick(tables: list[tuple[str, pd.DataFrame]], wanted: str | None) -> pd.DataFrame:
+    """The table CSV prints: the first, or the one `wanted` names (its name, a unique start of it, or 1-based)."""
+    if wanted is None:
+        return tables[0][1]
+    names = [table_name(title) for title, _ in tables]
+    if wanted.isdigit() and 1 <= int(wanted) <= len(tables):
+        return tables[int(wanted) - 1][1]
+    matches = [i for i, name in enumerate(names) if name == wanted] or \
+        [i for i, name in enumerate(names) if name.startswith(wanted)]
+    if len(matches) != 1:
+        from click import UsageError
+
+        raise UsageError(f"--table {wanted!r}: choose one of {', '.join(names)} (or 1-{len(names)})")
+    return tables[matches[0]][1]
+
+
+def _write_csv_dir(tables: list[tuple[str, pd.DataFrame]], folder: Path) -> None:
+    from profiler_kit.files import replaced_when_complete
+
+    folder.mkdir(parents=True, exist_ok=True)
+    seen: dict[str, int] = {}
+    for title, df in tables:
+        name = table_name(title)
+        seen[name] = seen.get(name, 0) + 1
+        path = folder / f"{name}{'' if seen[name] == 1 else seen[name]}.csv"
+        with replaced_when_complete(path) as tmp:
+            tmp.write_text(to_csv(df))
+        say(f"wrote {path}")
+
+
+def _shown(frame: pd.DataFrame | Shown, fmt: str) -> pd.DataFrame:
+    """The columns a format shows: every one for machines and --wide, the --columns a table has all of, else
+    the table's default."""
+    df, default = (frame.frame, list(frame.default)) if isinstance(frame, Shown) else (frame, list(frame.columns))
+    columns = list(getattr(fmt, "columns", ()))
+    if fmt in ("json", "csv") or getattr(fmt, "wide", False):
+        return df
+    if columns and set(columns) <= set(df.columns):
+        return df[columns]
+    return df[default]
+
+
+def _check_columns(frames: list[pd.DataFrame | Shown], fmt: str) -> None:
+    """A usage error when no table has every column --columns names."""
+    columns = set(getattr(fmt, "columns", ()))
+    if not columns or fmt in ("json", "csv"):
+        return
+    names = [frame.frame.columns if isinstance(frame, Shown) else frame.columns for frame in frames]
+    if names and not any(columns <= set(n) for n in names):
+        from click import UsageError
+
+        known = ", ".join(dict.fromkeys(str(c) for n in names for c in n))
+        raise UsageError(f"--columns: no table has all of {', '.join(sorted(columns))}; columns: {known}")
+
+
 def emit_tables(
-    tables: Iterable[tuple[str, pd.DataFrame]],
+    tables: Iterable[tuple[str, pd.DataFrame | Shown]],
     fmt: str,
     json_obj: Any = None,
     caption: str | None = None,
 ) -> None:
-    """Print titled tables in `fmt`.
+    """Print titled tables in `fmt` (a name or an OutputFormat).
 
-    json: `json_obj` when given (an object gains `schema_version` and `environment`), else one table's rows as
-    an array, or title → rows for several.
-    csv: several tables are separated by a blank line and a `# title` comment."""
+    json: `json_obj` when given (an object gains `schema_version` and `environment`), else an object with each
+    table's rows under its `table_name`. csv: exactly one table (the first, or the OutputFormat's `table`); with its
+    `csv_dir`, every table also goes to its own file there. table: each fits the output width."""
     tables = list(tables)
+    _check_columns([frame for _, frame in tables], fmt)
+    tables = [(title, _shown(frame, fmt)) for title, frame in tables]
     if fmt == "json":
-        if isinstance(json_obj, dict):
-            from profiler_kit.environment import envelope
+        from profiler_kit.environment import envelope
 
-            obj = envelope(json_obj)
-        elif json_obj is not None:
-            obj = json_obj
-        elif len(tables) == 1:
-            obj = records(tables[0][1])
-        else:
-            obj = {title: records(df) for title, df in tables}
-        sys.stdout.write(to_json(obj) + "\n")
+        if json_obj is None:
+            json_obj = {table_name(title): records(df) for title, df in tables}
+        sys.stdout.write(to_json(envelope(json_obj) if isinstance(json_obj, dict) else json_obj) + "\n")
     elif fmt == "csv":
-        parts = []
-        for title, df in tables:
-            parts.append((f"# {title}\n" if len(tables) > 1 else "") + to_csv(df))
-        sys.stdout.write("\n".join(parts))
-    elif fmt == "markdown":
+        if getattr(fmt, "csv_dir", None) is not None:
+            _write_csv_dir(tables, fmt.csv_dir)
+        if tables:
+            sys.stdout.write(to_csv(_pick(tables, getattr(fmt, "table", None))))
+    elif fmt in ("markdown", "md"):
         sys.stdout.write(
             "\n".join(to_markdown(df, title if len(tables) > 1 else None) for title, df in tables)
         )
         if caption:
-            sys.stdout.write(f"\n_{caption}_\n")
+            sys.stdout.write("\n" + "\n".join(f"_{_markdown_cell(line)}_" for line in caption.split("\n")) + "\n")
     elif fmt == "table":
+        width = None if getattr(fmt, "wide", False) else output_width()
+        console_out.width = width or 10_000  # --wide: each line as long as its table
         for i, (title, df) in enumerate(tables):
-            console_out.print(rich_table(df, title=title, caption=caption if i == len(tables) - 1 else None))
+            last = i == len(tables) - 1
+            console_out.print(rich_table(df, title=title, caption=caption if last else None, width=width))
     else:
         raise ValueError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
 
@@ -167,7 +328,7 @@ def emit_report(report: Report, fmt: str) -> None:
     caption; the machine formats print the notes on stderr, so stdout holds only the document."""
     if fmt != "table":
         for note in report.notes:
-            console_err.print(f"note: {note}", soft_wrap=True)
+            say(f"note: {note}")
     emit_tables(
         report.tables(display=fmt == "table"),
         fmt,

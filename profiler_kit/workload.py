@@ -16,19 +16,15 @@ import torch
 from profiler_kit import distributed
 from profiler_kit.errors import ProfilerKitError
 from profiler_kit.model import ATTENTION_IMPLS, TransformerLM
+from profiler_kit.names import MASTER_WEIGHTS, OPTIMIZER_KWARGS, OPTIMIZERS, phases_for
+from profiler_kit.names import MODES as MODES  # re-exported: the workload's names, also read from here
+from profiler_kit.names import PHASES as PHASES
 from profiler_kit.presets import DEFAULT_BATCH_SIZE, from_name
 from profiler_kit.recording.ranges import nvtx_range, set_enabled
 
-MODES = ("forward", "forward-backward", "train")
-PHASES = ("forward", "backward", "optimizer_step")
 # AdamW settings of a typical LM run; they do not change the step's cost.
 ADAMW_LR = 1e-4
 ADAMW_WEIGHT_DECAY = 0.1
-# torch's AdamW implementations: one fused kernel chain, multi-tensor (foreach) kernels, or a loop over the
-# parameters; then AdamW on fp32 master weights of a model held in bf16 (`master_weights`).
-OPTIMIZER_KWARGS = {"adamw-fused": {"fused": True}, "adamw-foreach": {"foreach": True}, "adamw": {"foreach": False}}
-MASTER_WEIGHTS = "adamw-master"
-OPTIMIZERS = (*OPTIMIZER_KWARGS, MASTER_WEIGHTS)
 
 
 def resolve_device(name: str = "auto") -> torch.device:
@@ -47,12 +43,6 @@ def resolve_device(name: str = "auto") -> torch.device:
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def phases_for(mode: str) -> tuple[str, ...]:
-    if mode not in MODES:
-        raise ProfilerKitError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
-    return PHASES[: MODES.index(mode) + 1]
 
 
 @dataclass(frozen=True)

@@ -26,14 +26,14 @@ import torch
 import torch.nn.functional as F
 
 from profiler_kit.attention.options import INTERPRET
+from profiler_kit.names import ATTENTION_IMPLS
 
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 SDPA_BACKENDS = {"sdpa-flash": "FLASH_ATTENTION", "sdpa-cudnn": "CUDNN_ATTENTION",
                  "sdpa-efficient": "EFFICIENT_ATTENTION"}
-NAMES = ("naive", "compiled", "sdpa", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "flash", "flash-torch",
-         "flash-triton", "flash-op")
+NAMES = ATTENTION_IMPLS
 BENCH_IMPLS = ("naive", "compiled", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "flash-torch", "flash-triton")
 # Implementations that keep the N×N probabilities for the backward; all others keep only O and the logsumexp.
 MATERIALIZING_IMPLS = ("naive", "compiled")

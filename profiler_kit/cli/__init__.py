@@ -4,10 +4,13 @@ status (0 done, 1 failed, 2 usage error, 3 internal error, 130 interrupted); `--
 
 from __future__ import annotations
 
+import importlib
+
 import click
+from click.utils import make_default_short_help
 
 from profiler_kit import __version__
-from profiler_kit.errors import ProfilerKitError, first_line
+from profiler_kit.errors import ProfilerKitError, UsageProblem, first_line, literal
 from profiler_kit.files import DEFAULT_MAX_INPUT_MB, MIB, InputLimits, set_limits
 
 # Exit status of an unexpected exception (a bug); ProfilerKitError and OS errors exit 1, usage errors 2.
@@ -19,14 +22,14 @@ class _Failure(click.ClickException):
     """A one-line error with its own exit status."""
 
     def __init__(self, message: str, exit_code: int = 1) -> None:
-        super().__init__(message)
+        super().__init__(literal(message))
         self.exit_code = exit_code
 
 
 def _failure(exc: Exception) -> _Failure:
     """What the user reads for an exception that escaped a command."""
     if isinstance(exc, ProfilerKitError):
-        return _Failure(" ".join(str(exc).split()))
+        return _Failure(" ".join(str(exc).split()), 2 if isinstance(exc, UsageProblem) else 1)
     if isinstance(exc, OSError):
         where = f"{exc.filename}: " if exc.filename else ""
         return _Failure(f"{where}{exc.strerror or first_line(exc)}")
@@ -37,11 +40,47 @@ def _failure(exc: Exception) -> _Failure:
                     "traceback)", EXIT_INTERNAL)
 
 
+# Each top-level command: the module under profiler_kit.cli that defines it, and the line `profiler-kit --help`
+# lists for it (the first sentence of its docstring). A module is imported only when its command runs or shows
+# its own help, so that `--help`, `--version` and the report readers start without torch.
+COMMANDS = {
+    "attention": ("attention", "Attention implementations side by side: time, TFLOP/s and memory."),
+    "benchmark": ("benchmark", "Time forward, backward and optimizer phases over a sweep of model × ctx × mode × "
+                               "attention × optimizer."),
+    "kernels": ("kernels", "Kernel time by category (matmul, attention, elementwise, ...), per phase and per "
+                           "kernel."),
+    "memory": ("memory", "Record CUDA memory history around one config's steps, dump the snapshot, and explain "
+                         "its peak."),
+    "models": ("models", "The model presets with exact parameter counts."),
+    "nsys": ("nsys", "Profile one training-step config, or any program given after `--`: kernels per phase, "
+                     "under Nsight Systems or torch.profiler."),
+    "precision": ("models", "Float16 accumulation experiment, and the dtypes seen under bf16 autocast."),
+}
+
+
 class _Group(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in COMMANDS:
+            return None
+        module = importlib.import_module(f"profiler_kit.cli.{COMMANDS[name][0]}")
+        return next(command for command in module.COMMANDS if command.name == name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        names = self.list_commands(ctx)
+        limit = formatter.width - 6 - max(map(len, names))  # as click.Group lists loaded commands
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, make_default_short_help(COMMANDS[name][1], limit)) for name in names])
+
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
-        except (click.exceptions.Exit, click.ClickException, click.Abort):
+        except (click.exceptions.Exit, click.Abort):
+            raise
+        except click.ClickException as exc:
+            exc.message = literal(exc.message)  # a usage error may quote a path or name from the command line
             raise
         except KeyboardInterrupt:
             if ctx.meta.get("debug"):
@@ -72,14 +111,3 @@ def _set_max_input(_ctx: click.Context, _param: click.Parameter, value: int) -> 
               help="The most an input file (decompressed) may put in memory.")
 def main() -> None:
     """Where the time and memory of a Transformer LM training step go on an NVIDIA GPU."""
-
-
-def _register() -> None:
-    from profiler_kit.cli import attention, benchmark, kernels, memory, models, nsys
-
-    for module in (benchmark, models, kernels, nsys, memory, attention):
-        for command in module.COMMANDS:
-            main.add_command(command)
-
-
-_register()

@@ -16,7 +16,7 @@ import pandas as pd
 from profiler_kit.cli.common import comma_list, format_option, non_negative_int, one_of, positive_int, single
 from profiler_kit.cli.sweep import run_with_progress
 from profiler_kit.errors import ProfilerKitError
-from profiler_kit.render import console_err, emit_tables, records
+from profiler_kit.render import emit_tables, records, say
 from profiler_kit.results_io import RowWriter
 from profiler_kit.workload import resolve_device
 
@@ -108,7 +108,7 @@ def _caption(results: pd.DataFrame, warmup: int, rep: int, rounds: int, backward
 def _exit_if_nothing_ran(results: pd.DataFrame) -> None:
     """Configs an implementation cannot run are expected (an SDPA backend and fp32); none running is not."""
     if not (results["status"] == "ok").any():
-        console_err.print("[red]no config ran: every row is an error or an OOM (see the message column)")
+        say("no config ran: every row is an error or an OOM (see the message column)")
         sys.exit(1)
 
 
@@ -124,10 +124,10 @@ def attention() -> None:
 @click.option("--batch", type=positive_int, default=8, show_default=True)
 @click.option("--heads", type=positive_int, default=None,
               help="Heads; without it inputs have no head dimension: (batch, seq, d).")
-@click.option("--d", "ds", default="16,32,64,128", show_default=True, callback=comma_list(int, positive=True),
+@click.option("--d", "ds", default="16,32,64,128", show_default=True, callback=comma_list(positive_int),
               help="Head dims (comma list).")
 @click.option("--seq", "seqs", default="256,1024,4096,8192,16384", show_default=True,
-              callback=comma_list(int, positive=True), help="Sequence lengths (comma list).")
+              callback=comma_list(positive_int), help="Sequence lengths (comma list).")
 @click.option("--dtype", "dtypes", default="fp32,bf16", show_default=True, callback=comma_list(one_of(dtype_names)),
               help="fp32, bf16, fp16 (comma list).")
 @click.option("--causal/--no-causal", default=True, show_default=True)

@@ -12,38 +12,59 @@ import pandas as pd
 
 from profiler_kit import benchmark as bench
 from profiler_kit import distributed
-from profiler_kit.cli.common import format_option, non_negative_int, positive_int, workload_options
+from profiler_kit.cli.common import format_option, non_negative_int, positive_float, positive_int, workload_options
 from profiler_kit.cli.parallel import baseline_option, emit_rank_rows, parallel_option, run_ranks
 from profiler_kit.cli.sweep import run_with_progress
-from profiler_kit.render import console_err, emit_tables, records
+from profiler_kit.names import OPTIMIZERS
+from profiler_kit.render import Shown, emit_tables, records, say
 from profiler_kit.results_io import RowWriter
 from profiler_kit.workload import WorkloadConfig
 
-DISPLAY_COLUMNS = [
-    "model",
-    "ctx",
-    "mode",
-    "mixed_precision",
-    "compile",
-    "cuda_graphs",
-    "attention",
-    "optimizer",
-    "repeat",
-    "status",
-    "warmup",
-    "forward_ms",
-    "backward_ms",
-    "optimizer_ms",
-    "total_ms",
-    "total_ms_std",
-    "total_ms_median",
-    "total_ms_p10",
-    "total_ms_p90",
-    "host_cpu_ms",
-    "tokens_per_s",
-    "mfu_pct",
-    "peak_allocated_mib",
-]
+DISPLAY_COLUMNS = ["config", "status", "fwd_ms", "bwd_ms", "opt_ms", "step_ms", "spread_pct", "noisy", "mfu_pct",
+                   "peak_MiB"]
+# A row whose step time varies more than this (std / mean of the total) is flagged as not steady.
+STEADY_SPREAD_PCT = 10.0
+
+
+def _config_label(row: pd.Series) -> str:
+    """One config in a few words: model, ctx, mode, then what differs from the defaults."""
+    flags = [name for name, on in (("bf16", row["mixed_precision"]), ("compile", row["compile"]),
+                                   ("graphs", row["cuda_graphs"]), (row["attention"], row["attention"] != "naive"),
+                                   (row["optimizer"], row["optimizer"] != OPTIMIZERS[0])) if on]
+    again = [f"#{row['repeat']}"] if row.get("repeat", 1) not in (1, None) else []
+    return " ".join(map(str, [row["model"], f"ctx{row['ctx']}", row["mode"], *flags, *again]))
+
+
+def display_rows(df: pd.DataFrame) -> Shown:
+    """The benchmark rows for people: the config in one column, median phase and step times, the step time's
+    spread (std / mean) and whether it is over STEADY_SPREAD_PCT (noisy), MFU and peak memory; --wide shows every
+    column."""
+    shown = df.assign(
+        config=df.apply(_config_label, axis=1) if len(df) else pd.Series(dtype=str),
+        fwd_ms=df["forward_ms_median"], bwd_ms=df["backward_ms_median"], opt_ms=df["optimizer_ms_median"],
+        step_ms=df["total_ms_median"], spread_pct=df["total_ms_std"] / df["total_ms"] * 100,
+        peak_MiB=df["peak_allocated_mib"],
+    )
+    shown["noisy"] = shown["spread_pct"].map(lambda v: None if pd.isna(v) else bool(v > STEADY_SPREAD_PCT))
+    return Shown(shown, DISPLAY_COLUMNS)
+
+
+def _people_tables(df: pd.DataFrame, repeat: int) -> list[tuple[str, pd.DataFrame | Shown]]:
+    """The benchmark table for people, and with --repeat the spread of each config across the passes."""
+    tables: list[tuple[str, pd.DataFrame | Shown]] = [("benchmark", display_rows(df))]
+    if repeat > 1:
+        tables.append((f"across {repeat} passes (median step times)", bench.across_repeats(df)))
+    return tables
+
+
+def unsteady_note(df: pd.DataFrame) -> str | None:
+    """A note naming the rows whose step time spread is over STEADY_SPREAD_PCT, or None."""
+    spread = df["total_ms_std"] / df["total_ms"] * 100
+    noisy = df[spread > STEADY_SPREAD_PCT]
+    if not len(noisy):
+        return None
+    return (f"{len(noisy)} of {len(df)} rows vary more than {STEADY_SPREAD_PCT:g}% (std / mean of the step): "
+            "other load on the host, too few warm-up steps or CPU threads competing; their times are not steady")
 
 
 @click.command("benchmark")
@@ -62,7 +83,7 @@ DISPLAY_COLUMNS = [
 )
 @click.option(
     "--stable-pct",
-    type=click.FloatRange(min=0, min_open=True),
+    type=positive_float,
     default=2.0,
     show_default=True,
     help="How close two successive warm-up windows must be for the step time to count as settled.",
@@ -149,25 +170,28 @@ def benchmark_cmd(
         settings=bench.settings(base, timing),
     )
     df = pd.DataFrame(rows, columns=list(bench.COLUMNS))
-    if fmt == "json":
-        emit_tables([("benchmark", df)], fmt, json_obj=records(df))
-    elif fmt == "csv":
-        emit_tables([("benchmark", df)], fmt)
-    else:
+    note = unsteady_note(df)
+    if fmt == "table":
         settle = f"-{timing.max_warmup} (until the step time settles)" if timing.max_warmup > warmup else ""
         caption = (
-            f"{steps} timed steps after {warmup}{settle} warm-up steps; times in ms, mean unless marked; "
-            f"device {df['device'].iloc[0]}"
+            f"{steps} timed steps after {warmup}{settle} warm-up steps; medians in ms; spread_pct: std / mean of "
+            f"the step time (noisy above {STEADY_SPREAD_PCT:g}%); device {df['device'].iloc[0]}"
+            + (f"\nnote: {note}" if note else "")
         )
-        tables = [("benchmark", df[DISPLAY_COLUMNS])]
-        if repeat > 1:
-            tables.append((f"across {repeat} passes (median step times)", bench.across_repeats(df)))
-        emit_tables(tables, fmt, caption=caption)
+        emit_tables(_people_tables(df, repeat), fmt, caption=caption)
+    elif fmt == "markdown":
+        if note:
+            say(f"note: {note}")
+        emit_tables(_people_tables(df, repeat), fmt)
+    else:
+        if note:
+            say(f"note: {note}")
+        emit_tables([("benchmark", df)], fmt, json_obj={"results": records(df)})  # the rows as measured
     if writer:
         writer.check_all_written(lambda line: click.echo(line, err=True))
     failed = df[df["status"] == "error"]
     if len(failed):
-        console_err.print(f"[red]{len(failed)} of {len(df)} configs failed with errors")
+        say(f"{len(failed)} of {len(df)} configs failed with errors")
         sys.exit(1)
 
 
@@ -183,7 +207,7 @@ def _benchmark_ranks(items: list[bench.SweepItem], timing: bench.TimingOptions, 
     if rows is not None:
         caption = (f"{timing.steps} timed steps after {timing.warmup} warm-up on each rank; times in ms, mean unless "
                    "marked, the slowest rank's on the aggregate row (rank all)")
-        emit_rank_rows(rows, columns, DISPLAY_COLUMNS, fmt, caption)
+        emit_rank_rows(rows, columns, display_rows, fmt, caption)
 
 
 COMMANDS = [benchmark_cmd]

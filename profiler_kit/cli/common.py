@@ -1,13 +1,30 @@
-"""Option parsing shared by the commands: comma lists, positive integers, the output format."""
+"""Option parsing shared by the commands: comma lists, numbers (SI suffixes, never NaN or infinity), the output
+format."""
 
 from __future__ import annotations
 
+import math
+import shlex
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import click
 
-from profiler_kit.render import FORMATS
+from profiler_kit.render import FORMATS, OutputFormat
+
+
+class ProgramGroup(click.Group):
+    """A group whose first unknown word is a program named without `--` (as after `nsys profile`): a usage
+    error that says where the program goes, instead of "No such command"."""
+
+    def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple:
+        name = args[0] if args else ""
+        if name and not name.startswith("-") and self.get_command(ctx, name) is None:
+            subcommands = ", ".join(self.list_commands(ctx))
+            raise click.UsageError(f"{name!r} is not a subcommand ({subcommands}): put the program after `--`, "
+                                   f"as in `{ctx.command_path} -- {shlex.join(args)}`", ctx)
+        return super().resolve_command(ctx, args)
 
 
 def comma_list(kind: Callable[[str], Any] = str, positive: bool = False) -> Callable:
@@ -61,19 +78,94 @@ def one_of(names: Sequence[str] | Callable[[], Sequence[str]]) -> Callable[[str]
     return check
 
 
+def _output_option(key: str) -> Callable:
+    """A callback that puts an option shaping the output on the command's OutputFormat (made by `--format`,
+    before or after this option)."""
+
+    def remember(ctx: click.Context, _param: click.Parameter, value: Any) -> None:
+        options = ctx.meta.setdefault(("output", id(ctx)), {})
+        options[key] = value
+        if ("format", id(ctx)) in ctx.meta:
+            setattr(ctx.meta[("format", id(ctx))], key, value)
+
+    return remember
+
+
+def _output_format(ctx: click.Context, _param: click.Parameter, value: str) -> OutputFormat:
+    fmt = OutputFormat(value, **ctx.meta.get(("output", id(ctx)), {}))
+    ctx.meta[("format", id(ctx))] = fmt
+    return fmt
+
+
 def format_option(default: str = "table") -> Callable:
-    return click.option(
-        "--format",
-        "fmt",
-        type=click.Choice(FORMATS),
-        default=default,
-        show_default=True,
-        help="table for people; json/csv/markdown print only that on stdout.",
-    )
+    """`--format` and the options that shape it (`--columns`, `--wide`, `--table`, `--csv-dir`); the command
+    gets `fmt`, an OutputFormat for render.emit_tables."""
+    options = [
+        click.option("--format", "fmt", type=click.Choice(FORMATS), default=default, show_default=True,
+                     callback=_output_format,
+                     help="table for people (as wide as the terminal, else $COLUMNS, else 120 columns); "
+                          "json/csv/markdown (md) print only that on stdout; csv prints one table (--table).",),
+        click.option("--columns", metavar="A,B,...", default=None, expose_value=False,
+                     callback=lambda ctx, param, value: _output_option("columns")(
+                         ctx, param, tuple(comma_list()(ctx, param, value) or ())),
+                     help="The columns a table or Markdown shows (default: the main ones, fitted to the width)."),
+        click.option("--wide", is_flag=True, expose_value=False, callback=_output_option("wide"),
+                     help="Show every column, however wide."),
+        click.option("--table", metavar="NAME", default=None, expose_value=False, callback=_output_option("table"),
+                     help="With --format csv: the table to print, by name or number (default: the first)."),
+        click.option("--csv-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+                     expose_value=False, callback=_output_option("csv_dir"),
+                     help="With --format csv: also write every table to DIR/<name>.csv."),
+    ]
+
+    def decorate(fn: Callable) -> Callable:
+        for option in reversed(options):
+            fn = option(fn)
+        return fn
+
+    return decorate
 
 
-positive_int = click.IntRange(min=1)
-non_negative_int = click.IntRange(min=0)
+class Number(click.ParamType):
+    """A count or amount: finite (NaN and infinity refused), SI suffixes k, M, G, T, P accepted (`23G`, `1.5T`),
+    at least `min` (above it when `min_open`); an int when `kind` is int (then `1.5k` is 1500, `1.5` refused)."""
+
+    SUFFIXES = {"k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
+
+    def __init__(self, kind: type = float, min: float | None = None, min_open: bool = False) -> None:
+        self.kind, self.min, self.min_open = kind, min, min_open
+        self.name = "integer" if kind is int else "number"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int | float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            number = float(value)
+        else:
+            text = str(value).strip().replace("_", "")
+            scale = self.SUFFIXES.get(text[-1:], 1.0)
+            try:
+                number = float(text[:-1] if scale != 1.0 else text) * scale
+            except ValueError:
+                self.fail(f"{value!r} is not a number (SI suffixes k, M, G, T, P are accepted)", param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        if self.kind is int:
+            if number != int(number):
+                self.fail(f"{value!r} is not a whole number", param, ctx)
+            number = int(number)
+        if self.min is not None and (number < self.min or (self.min_open and number == self.min)):
+            positive = (self.min == 0 and self.min_open) or (self.kind is int and self.min == 1)
+            bound = "positive" if positive else f"{'above' if self.min_open else 'at least'} {self.min:g}"
+            self.fail(f"{value!r} must be {bound}", param, ctx)
+        return number
+
+
+FORCE = click.option("-f", "--force", is_flag=True,
+                     help="Replace output files that exist (never an input of this command).")
+
+positive_int = Number(int, min=1)
+non_negative_int = Number(int, min=0)
+positive_float = Number(float, min=0, min_open=True)
+non_negative_float = Number(float, min=0)
 
 
 def model_name(name: str) -> str:
@@ -92,8 +184,7 @@ def workload_options(sweep: bool) -> Callable:
     `sweep`) and the one-config commands `nsys` and `memory`. Values land in the command as `model`, `ctx`,
     `mode`, `attention`, `optimizer` (lists when `sweep`), `batch_size`, `mixed_precision`, `compile_`,
     `cuda_graphs`, `device`, `seed`, `nvtx`."""
-    from profiler_kit.model import ATTENTION_IMPLS
-    from profiler_kit.workload import MODES, OPTIMIZERS
+    from profiler_kit.names import ATTENTION_IMPLS, MODES, OPTIMIZERS
 
     pick = comma_list if sweep else single
     many = " (comma list: swept as a product)" if sweep else ""
@@ -104,7 +195,7 @@ def workload_options(sweep: bool) -> Callable:
 
     options = [
         listed("--model", "small", pick(model_name), "Model preset (profiler-kit models)"),
-        listed("--ctx", "256", pick(int, True), "Context length in tokens"),
+        listed("--ctx", "256", pick(positive_int), "Context length in tokens"),
         listed("--mode", "train", pick(one_of(MODES)), "forward | forward-backward | train (forward+backward+AdamW)"),
         click.option("--batch-size", type=positive_int, default=4, show_default=True),
         click.option("--mixed-precision", is_flag=True, help="bf16 autocast."),

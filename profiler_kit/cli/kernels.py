@@ -6,14 +6,25 @@ from pathlib import Path
 
 import click
 
-from profiler_kit.cli.common import format_option, positive_int
+from profiler_kit.cli.common import (
+    FORCE,
+    comma_list,
+    format_option,
+    non_negative_float,
+    one_of,
+    positive_float,
+    positive_int,
+)
 from profiler_kit.errors import ProfilerKitError
+from profiler_kit.files import check_output_paths, parse_json, read_bytes
 from profiler_kit.kernels import DEFAULT_TOP, compare, load, summarize, summarize_trace
+from profiler_kit.kernels.compare import DEFAULT_GATES, DEFAULT_MIN_DELTA_SHARE, GATES, Side, saved_side
 from profiler_kit.kernels.phases import RULE as PHASE_RULE
 from profiler_kit.kernels.ranks import rank_of, rank_traces, summarize_ranks
+from profiler_kit.kernels.summary import NS_PER_MS
 from profiler_kit.kernels.timeline import timeline, write_trace
 from profiler_kit.kernels.whatif import Speedup, what_if
-from profiler_kit.render import console_err, emit_report
+from profiler_kit.render import emit_report, say
 
 SOURCES_HELP = (
     "A report is an nsys .nsys-rep or its .sqlite export, `nsys stats` cuda_gpu_kern_sum output (CSV or "
@@ -57,9 +68,9 @@ def kernels() -> None:
 @kernels.command("summarize", epilog=SOURCES_HELP)
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
 @_analysis_options
-@click.option("--flops-per-step", type=click.FloatRange(min=0, min_open=True), default=None, metavar="FLOPS",
+@click.option("--flops-per-step", type=positive_float, default=None, metavar="FLOPS",
               help="The model FLOPs of one step: TFLOP/s (and MFU with --peak-tflops) over the phases' GPU span.")
-@click.option("--peak-tflops", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--peak-tflops", type=positive_float, default=None,
               help="The GPU's peak TFLOP/s at the run's precision, for MFU.")
 def summarize_command(paths: tuple[Path, ...], top: int, nvtx: str | None, phases: tuple[str, ...], fmt: str,
                       flops_per_step: float | None, peak_tflops: float | None) -> None:
@@ -84,22 +95,84 @@ def summarize_command(paths: tuple[Path, ...], top: int, nvtx: str | None, phase
     emit_report(summary, fmt)
 
 
-@kernels.command("compare", epilog=SOURCES_HELP)
-@click.argument("a", type=click.Path(path_type=Path))
-@click.argument("b", type=click.Path(path_type=Path))
+class _CompareCommand(click.Command):
+    """`--against B1 B2 ...` takes every report that follows it, up to the next option."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        out, against = [], False
+        for arg in args:
+            if arg == "--against":
+                against = True
+            elif arg.startswith("-"):
+                against = False
+                out.append(arg)
+            else:
+                out.extend(["--against", arg] if against else [arg])
+        return super().parse_args(ctx, out)
+
+
+@kernels.command("compare", cls=_CompareCommand, epilog=SOURCES_HELP)
+@click.argument("reports", nargs=-1, type=click.Path(path_type=Path))
+@click.option("--against", "against", multiple=True, type=click.Path(path_type=Path), metavar="B...",
+              help="The reports of side B (several runs of the changed program); the reports before it are side A.")
+@click.option("--baseline", type=click.Path(path_type=Path), default=None, metavar="JSON",
+              help="Side A from a saved JSON: the B side of an earlier `kernels compare --format json`, or a "
+                   "`kernels summarize --format json`; the reports given are then side B.")
 @_analysis_options
-@click.option("--fail-above", "fail_above", type=click.FloatRange(min=0), metavar="PCT", default=None,
-              help="Exit 1 when B's kernel time (total, or any phase or category both have) is more than PCT "
-                   "percent above A's; the verdict is in the JSON's `gate`.")
+@click.option("--fail-above", "fail_above", type=non_negative_float, metavar="PCT", default=None,
+              help="Exit 1 when a check of --gate regressed: B's median is above A's by more than both sides' "
+                   "range over their runs, --min-delta-ms and PCT percent. The failure lists each failed check "
+                   "with A, B and the kernels that moved most; the JSON's `gate` has every check.")
+@click.option("--gate", "gates", default=",".join(DEFAULT_GATES), show_default=True,
+              callback=comma_list(one_of(GATES)),
+              help=f"What --fail-above checks (comma list of {', '.join(GATES)}): the total, each phase, each "
+                   "category, each kernel both sides have.")
+@click.option("--min-delta-ms", type=non_negative_float, default=None, metavar="MS",
+              help="A check fails only when B is also this many ms above A "
+                   f"[default: {DEFAULT_MIN_DELTA_SHARE:.0%} of A's total].")
 @click.pass_context
-def compare_command(ctx: click.Context, a: Path, b: Path, top: int, nvtx: str | None, phases: tuple[str, ...],
-                    fmt: str, fail_above: float | None) -> None:
-    """Compare two reports: time per category, phase and kernel in A and B, delta (B − A), speedup (A / B)."""
+def compare_command(ctx: click.Context, reports: tuple[Path, ...], against: tuple[Path, ...], baseline: Path | None,
+                    top: int, nvtx: str | None, phases: tuple[str, ...], fmt: str, fail_above: float | None,
+                    gates: list[str], min_delta_ms: float | None) -> None:
+    """Compare two reports, or two sides of runs: time per category, phase and kernel in A and B (medians over
+    each side's runs: the steps of its reports when each has a per-step table, else the reports), delta (B − A),
+    speedup (A / B). Kernels are matched by what they compute (dtypes, sizes and launcher variants folded); the
+    kernel table lists those that moved most, enough to explain 90% of the change, and those one side lacks.
+
+    `kernels compare A B`, `kernels compare A1 A2 A3 --against B1 B2 B3`, `kernels compare --baseline a.json B`.
+    With several runs a side, each check gets a verdict: regressed or improved when the change passes both
+    sides' range over their runs and the floor, else within noise."""
+    if baseline is not None:
+        side_a, side_b = None, list(reports) + list(against)
+    elif against:
+        side_a, side_b = list(reports), list(against)
+    elif len(reports) == 2:
+        side_a, side_b = [reports[0]], [reports[1]]
+    else:
+        raise click.UsageError("give two reports (A B), runs of both sides (A1 A2 --against B1 B2), or "
+                               "--baseline JSON and B's reports")
+    if not side_b or (side_a is not None and not side_a):
+        raise click.UsageError("each side needs at least one report")
     options = {"top": top, "phases": list(phases) or None, "nvtx": nvtx}
-    comparison = compare(summarize(a, **options), summarize(b, **options), top=top, fail_above_pct=fail_above)
+    b_summaries = [summarize(path, **options) for path in side_b]
+    if side_a is None:
+        a: Side | list = saved_side(baseline, parse_json(read_bytes(baseline), baseline))
+    else:
+        a = [summarize(path, **options) for path in side_a]
+    summaries = (a if isinstance(a, list) else []) + b_summaries
+    if len({s.basis for s in summaries}) > 1:
+        kinds = "; ".join(f"{s.path} is timed by {s.timed.lower()}" for s in summaries)
+        raise click.UsageError(f"{kinds}: compare reports of the same kind (GPU kernels with GPU kernels, CPU "
+                               "trace with CPU trace)")
+    min_delta_ns = None if min_delta_ms is None else round(min_delta_ms * NS_PER_MS)
+    comparison = compare(a, b_summaries, top=top, fail_above_pct=fail_above, gates=tuple(gates),
+                         min_delta_ns=min_delta_ns)
     emit_report(comparison, fmt)
     if comparison.failed:
-        console_err.print(f"regression: B is more than {fail_above:g}% above A", soft_wrap=True)
+        say(f"regression: {len(comparison.failures())} check(s) of B more than {fail_above:g}% and "
+            f"{comparison.floor_ns / NS_PER_MS:.3f} ms above A, outside the runs' noise:")
+        for line in comparison.failures():
+            say(f"  {line}")
         ctx.exit(1)
 
 
@@ -134,17 +207,19 @@ def whatif_command(path: Path, speedups: tuple[str, ...], no_launch_gaps: bool, 
 @kernels.command("timeline", epilog=SOURCES_HELP)
 @click.argument("reports", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
-              help="The Chrome/Perfetto trace to write (.json, or .json.gz to compress); never replaced.")
+              help="The Chrome/Perfetto trace to write (.json, or .json.gz to compress).")
 @click.option("--phase", "phases", metavar="NAME", multiple=True,
               help="An NVTX range to show as a phase (repeatable) [default: as `kernels summarize`].")
-def timeline_command(reports: tuple[Path, ...], output: Path, phases: tuple[str, ...]) -> None:
+@FORCE
+def timeline_command(reports: tuple[Path, ...], output: Path, phases: tuple[str, ...], force: bool) -> None:
     """Write the attributed timeline for ui.perfetto.dev: one track per CUDA stream, one of phases (each
     kernel under the phase that launched it, autograd's thread included) and the NVTX ranges; one process
     track per report (e.g. per rank)."""
+    check_output_paths([output], reports, force)
     labels = [f"rank {rank_of(path, i)}" if len(reports) > 1 else path.name for i, path in enumerate(reports)]
     traces = [(label, load(path)) for label, path in zip(labels, reports, strict=True)]
-    write_trace(timeline(traces, list(phases) or None), output)
-    console_err.print(f"wrote {output}: open it in ui.perfetto.dev", soft_wrap=True)
+    write_trace(timeline(traces, list(phases) or None), output, overwrite=force)
+    say(f"wrote {output}: open it in ui.perfetto.dev")
 
 
 COMMANDS = [kernels]

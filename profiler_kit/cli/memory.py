@@ -7,23 +7,14 @@ from pathlib import Path
 
 import click
 
-from profiler_kit.cli.common import format_option, non_negative_int, positive_int, workload_options
+from profiler_kit.cli.common import FORCE, ProgramGroup, format_option, non_negative_int, positive_int, workload_options
 from profiler_kit.errors import ProfilerKitError
-from profiler_kit.memory import (
-    DEFAULT_MAX_ENTRIES,
-    DEFAULT_OUTPUT_DIR,
-    DEFAULT_TOP,
-    MemoryReport,
-    analyze_file,
-    compare,
-    plot_timeline,
-    record,
-    write_html,
-)
+from profiler_kit.files import check_output_paths
+from profiler_kit.memory import DEFAULT_TOP, MemoryReport, analyze_file, compare, plot_timeline, write_html
 from profiler_kit.memory.html import MEMORY_VIZ_URL
-from profiler_kit.memory.recorder import require_cuda
-from profiler_kit.render import console_err, emit_report
-from profiler_kit.workload import WorkloadConfig
+from profiler_kit.memory.snapshot import sidecar_path
+from profiler_kit.names import DEFAULT_MAX_ENTRIES, DEFAULT_OUTPUT_DIR
+from profiler_kit.render import console_err, emit_report, say
 
 
 def _report_options(fn):
@@ -36,7 +27,7 @@ def _plot(report: MemoryReport, path: Path) -> Path:
     return plot_timeline(report.recon, report.roles, report.spans, path, report.title())
 
 
-@click.group("memory", invoke_without_command=True)
+@click.group("memory", cls=ProgramGroup, invoke_without_command=True)
 @workload_options(sweep=False)
 @click.option("--warmup", type=non_negative_int, default=1, show_default=True,
               help="Unrecorded steps first (they allocate AdamW state and settle the allocator's cache).")
@@ -62,6 +53,9 @@ def memory_cmd(click_ctx: click.Context, model, ctx, mode, batch_size, mixed_pre
     """
     if click_ctx.invoked_subcommand is not None:
         return
+    from profiler_kit.memory.recorder import record, require_cuda
+    from profiler_kit.workload import WorkloadConfig
+
     cfg = WorkloadConfig(model, ctx, mode, batch_size, mixed_precision, compile_, attention, device, seed,
                          nvtx, optimizer, cuda_graphs=cuda_graphs)
     require_cuda(cfg)
@@ -74,8 +68,7 @@ def memory_cmd(click_ctx: click.Context, model, ctx, mode, batch_size, mixed_pre
     if html:
         written.append(write_html(report, result.snapshot_path.with_suffix(".html")))
     emit_report(report, fmt)
-    console_err.print(f"wrote {', '.join(map(str, written))} (the pickle also opens at {MEMORY_VIZ_URL})",
-                      highlight=False)
+    say(f"wrote {', '.join(map(str, written))} (the pickle also opens at {MEMORY_VIZ_URL})")
     if result.oom:
         oom = result.oom
         raise ProfilerKitError(f"out of memory in {oom['phase']} of recorded step {oom['step'] + 1} "
@@ -97,18 +90,20 @@ _SIDECAR = click.option("--sidecar/--no-sidecar", "use_sidecar", default=True, s
               help="Also write the timeline PNG, stacked by role, to this path.")
 @click.option("--html", "html_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the self-contained HTML report (opens offline) to this path.")
+@FORCE
 @_report_options
 def summarize_cmd(snapshot: Path, device_index: int | None, use_sidecar: bool, plot_path: Path | None,
-                  html_path: Path | None, top: int, fmt: str) -> None:
+                  html_path: Path | None, force: bool, top: int, fmt: str) -> None:
     """Peak allocated and reserved memory, per-phase peaks, bytes per role at the peak, the largest allocations
     alive at it and where they were made, and expected vs measured tensor sizes, for any CUDA memory snapshot
     pickle. Phases come from the recorder's metadata (its sidecar <stem>.json, or stored in the pickle), else
     from the record_function ranges the snapshot holds."""
+    check_output_paths([plot_path, html_path], [snapshot, sidecar_path(snapshot)], force)
     report = analyze_file(snapshot, top, device_index, use_sidecar)
     for path, write in ((plot_path, _plot), (html_path, write_html)):
         if path is not None:
             write(report, path)
-            console_err.print(f"wrote {path}", highlight=False)
+            say(f"wrote {path}")
     emit_report(report, fmt)
 
 

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import click
 
-from profiler_kit import precision
 from profiler_kit.cli.common import format_option
 from profiler_kit.presets import preset_table
-from profiler_kit.render import emit_tables
-from profiler_kit.workload import resolve_device
+from profiler_kit.render import emit_tables, records
 
 
 @click.command("models")
@@ -23,14 +21,13 @@ def models_cmd(fmt: str) -> None:
 @format_option()
 def precision_cmd(device: str, fmt: str) -> None:
     """Float16 accumulation experiment, and the dtypes seen under bf16 autocast."""
+    from profiler_kit import precision
+    from profiler_kit.workload import resolve_device
+
     dev = resolve_device(device)
-    emit_tables(
-        [
-            ("sum of 0.01 × 1000 (exact 10)", precision.accumulation_experiment()),
-            (f"dtypes under bf16 autocast on {dev.type}", precision.autocast_dtypes(dev)),
-        ],
-        fmt,
-    )
+    sums, dtypes = precision.accumulation_experiment(), precision.autocast_dtypes(dev)
+    emit_tables([("sum of 0.01 × 1000 (exact 10)", sums), (f"dtypes under bf16 autocast on {dev.type}", dtypes)],
+                fmt, json_obj={"accumulation": records(sums), "autocast_dtypes": records(dtypes)})
 
 
 COMMANDS = [models_cmd, precision_cmd]

@@ -15,10 +15,12 @@ from click.core import ParameterSource
 from profiler_kit import distributed
 from profiler_kit.cli.attention import dtype_names, impl_names
 from profiler_kit.cli.common import (
+    ProgramGroup,
     comma_list,
     format_option,
     non_negative_int,
     one_of,
+    positive_float,
     positive_int,
     single,
     workload_options,
@@ -43,7 +45,7 @@ if TYPE_CHECKING:
 COMMAND_KEY = "profiler_kit.command"
 
 
-class _CommandGroup(click.Group):
+class _CommandGroup(ProgramGroup):
     """A group that also takes `-- COMMAND [ARGS]...`: everything after `--` is the program to profile."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
@@ -91,10 +93,10 @@ def _program_options(fn: Callable) -> Callable:
         click.option("--phase", "phases", metavar="NAME", multiple=True,
                      help="With -- COMMAND: an NVTX range to report as a phase (repeatable) [default: the "
                           "ranges the report holds, see `kernels summarize --help`]."),
-        click.option("--flops-per-step", type=click.FloatRange(min=0, min_open=True), default=None,
+        click.option("--flops-per-step", type=positive_float, default=None,
                      metavar="FLOPS", help="With -- COMMAND: the model FLOPs of one step, for TFLOP/s (and MFU "
                                            "with --peak-tflops) over the phases' GPU span."),
-        click.option("--peak-tflops", type=click.FloatRange(min=0, min_open=True), default=None,
+        click.option("--peak-tflops", type=positive_float, default=None,
                      help="With -- COMMAND: the GPU's peak TFLOP/s at the program's precision, for MFU."),
     ]
     for option in reversed(options):

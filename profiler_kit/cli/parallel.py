@@ -13,7 +13,7 @@ import click
 import pandas as pd
 
 from profiler_kit import distributed
-from profiler_kit.render import console_err, emit_tables, records
+from profiler_kit.render import Shown, emit_tables, records, say
 from profiler_kit.results_io import RowWriter, read_rows
 from profiler_kit.workload import WorkloadConfig, resolve_device
 
@@ -51,19 +51,17 @@ def run_ranks(jobs: Sequence[tuple[WorkloadConfig, Callable[[], dict[str, Any]]]
         rows: list[dict[str, Any]] = []
         for cfg, run in jobs:
             if lead:
-                console_err.print(f"{cfg.model} ctx={cfg.ctx} {cfg.mode}: {cfg.parallel} on {place.world_size} "
-                                  "rank(s)")
+                say(f"{cfg.model} ctx={cfg.ctx} {cfg.mode}: {cfg.parallel} on {place.world_size} rank(s)")
             base = distributed.baseline_for(cfg, baseline_rows, key_columns) if lead else None
             new = distributed.run_config(cfg, run, base)
             for row in new:
                 if writer:
                     writer.append(row)
                 if row["status"] != "ok":
-                    console_err.print(f"[yellow]{cfg.model} ctx={cfg.ctx} {cfg.mode} rank {row['rank']}: "
-                                      f"{row['status']}: {row['message']}")
+                    say(f"{cfg.model} ctx={cfg.ctx} {cfg.mode} rank {row['rank']}: {row['status']}: {row['message']}")
             if lead and baseline and new and new[-1]["baseline_tokens_per_s"] is None:
-                console_err.print(f"[yellow]{cfg.model} ctx={cfg.ctx} {cfg.mode}: no ok row of this config "
-                                  f"without --parallel in {baseline}: no scaling efficiency")
+                say(f"{cfg.model} ctx={cfg.ctx} {cfg.mode}: no ok row of this config without --parallel in "
+                    f"{baseline}: no scaling efficiency")
             rows += new
         if writer:
             writer.check_all_written(lambda line: click.echo(line, err=True))
@@ -72,20 +70,19 @@ def run_ranks(jobs: Sequence[tuple[WorkloadConfig, Callable[[], dict[str, Any]]]
     return rows if lead else None
 
 
-def emit_rank_rows(rows: list[dict[str, Any]], columns: Sequence[str], display: Sequence[str], fmt: str,
-                   caption: str) -> None:
-    """Rank 0's table (`display` columns and the rank columns) or document (every column); exit 1 on errors."""
+def emit_rank_rows(rows: list[dict[str, Any]], columns: Sequence[str], display: Callable[[pd.DataFrame], Shown],
+                   fmt: str, caption: str) -> None:
+    """Rank 0's table (`display`'s default columns and the rank columns) or document (every column); exit 1 on
+    errors."""
     df = pd.DataFrame(rows, columns=list(columns))
-    if fmt == "json":
-        emit_tables([("benchmark", df)], fmt, json_obj=records(df))
-    elif fmt == "csv":
-        emit_tables([("benchmark", df)], fmt)
-    else:
-        shown = list(display)
-        shown[shown.index("status"):shown.index("status")] = RANK_DISPLAY_COLUMNS
-        shown.append("scaling_efficiency_pct")
-        emit_tables([("benchmark", df[shown])], fmt, caption=caption)
+    view = display(df)
+    shown = list(view.default)
+    shown[shown.index("status"):shown.index("status")] = RANK_DISPLAY_COLUMNS
+    shown.append("scaling_efficiency_pct")
+    view = Shown(view.frame, shown) if fmt in ("table", "markdown") else df  # machines get the rows as measured
+    emit_tables([("benchmark", view)], fmt, json_obj={"results": records(df)} if fmt == "json" else None,
+                caption=caption)
     failed = df[df["status"] == "error"]
     if len(failed):
-        console_err.print(f"[red]{len(failed)} of {len(df)} rows failed with errors")
+        say(f"{len(failed)} of {len(df)} rows failed with errors")
         sys.exit(1)

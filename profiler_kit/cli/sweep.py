@@ -9,8 +9,9 @@ from typing import Any, TypeVar
 
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
-from profiler_kit.render import console_err
+from profiler_kit.render import console_err, literal, say
 from profiler_kit.results_io import RowWriter, SweepConfig, pending, read_rows, rows_of, run_sweep
 
 C = TypeVar("C", bound=SweepConfig)
@@ -44,7 +45,7 @@ def run_with_progress(
     done = rows_of(items, read_rows(writer.path), key_columns, settings) if resume and writer else []
     todo = pending(items, done, key_columns) if resume else list(items)
     if done and writer:
-        console_err.print(f"resume: {len(items) - len(todo)} of {len(items)} configs already in {writer.path}")
+        say(f"resume: {len(items) - len(todo)} of {len(items)} configs already in {writer.path}")
     rows = list(done)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console_err, transient=fmt != "table", auto_refresh=False) as progress:
@@ -64,7 +65,8 @@ def run_with_progress(
             if writer:
                 writer.append(row)
             if row["status"] != "ok":
-                progress.console.print(f"[yellow]{label(row)}: {row['status']}: {row['message']}")
+                progress.console.print(Text(literal(f"{label(row)}: {row['status']}: {row['message']}"),
+                                            style="yellow"))
             progress.advance(task)
             progress.refresh()
 

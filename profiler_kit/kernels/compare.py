@@ -1,94 +1,328 @@
-"""Two kernel summaries side by side: per category, per phase and per kernel, time in each, delta, speedup.
+"""Two sides of kernel reports compared: per category, phase and kernel, time in each, delta, speedup, and a
+verdict that knows the runs' own noise.
 
-`speedup` is A's time over B's: above 1 means B is faster. With a threshold, the comparison is also a regression
-gate: it fails when B's total, or any phase or category that both reports have, takes more than that many
-percent longer than A's. Kernels are matched by name, so compare reports
-of the same kind (an nsys export with an nsys export): torch.profiler and nsys demangle templates differently.
+A side is one report or several runs of the same program (or a saved JSON of runs, `--baseline`). Its runs are
+the steps of its reports when every report has a per-step table (`kernels.steps`), else the reports themselves;
+the tables give each quantity's median over the runs, so a side of one report without steps shows its totals.
+Kernels are matched across the sides by what they compute (`kernels.names`: dtypes, sizes, tile shapes and
+launcher variants folded), so an fp32 and a bf16 run, or an nsys export and `nsys stats` output, line up; the
+kernel table lists the kernels that moved most, enough of them to explain 90% of the total change, and the
+kernels only one side has.
+
+`speedup` is A's time over B's: above 1 means B is faster. With a threshold the comparison is a regression gate:
+each checked quantity (by default the total and each phase both sides have; also each category or each kernel
+when asked) gets a verdict by the rule of `kernels.noise` (a change must pass both sides' run-to-run range and an
+absolute floor, by default 1% of A's total), and fails when it regressed by more than the threshold.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from profiler_kit.errors import ProfilerKitError
+from profiler_kit.kernels.attribution import launches_in, membership
 from profiler_kit.kernels.categories import CATEGORIES
+from profiler_kit.kernels.names import match, normalized, top_movers
+from profiler_kit.kernels.noise import REGRESSED, run_frame, runs_from_json, runs_to_json, verdicts
+from profiler_kit.kernels.steps import find_steps
 from profiler_kit.kernels.summary import DEFAULT_TOP, NS_PER_MS, KernelSummary, display_name
 from profiler_kit.render import records
 
 TOTAL = "total"
+GATES = ("total", "phases", "categories", "kernels")
+DEFAULT_GATES = ("total", "phases")
+# The default floor: a check fails only when B is also this share of A's total above A.
+DEFAULT_MIN_DELTA_SHARE = 0.01
+# How many of the kernels that moved most a failure names.
+MOVERS = 3
+# The kernel table explains at least this share of the total change.
+EXPLAINED = 0.9
+STEP, REPORT = "step", "report"
+_PREFIX = {"phases": "phase ", "categories": "category ", "kernels": "kernel "}
+
+
+def report_runs(summary: KernelSummary) -> tuple[list[dict[str, int]], str]:
+    """The runs of one summarized report, each {quantity: ns} (`total`, `phase P`, `category C`, `kernel K` with
+    K the normalized name), and their unit: one per step when the report has a per-step table, else one."""
+    kernels, index = summary.attributed, summary.index
+    if kernels is None:
+        kernels = summary.kernels
+    steps = find_steps(index, summary.phase_names) if index is not None else np.empty(0, dtype=np.int64)
+    if len(steps):
+        rows, owners = launches_in(kernels, index, steps)
+        run_of = np.full(len(kernels), -1)
+        run_of[rows] = pd.Index(steps).get_indexer(owners)
+        count, unit = len(steps), STEP
+    else:
+        run_of, count, unit = np.zeros(len(kernels), dtype=np.int64), 1, REPORT
+    frame = pd.DataFrame({"run": run_of, "category": kernels["category"].astype(str).to_numpy(),
+                          "kernel": normalized(kernels["name"]).to_numpy(), "ns": kernels["total_ns"].to_numpy()})
+    frame = frame[frame["run"] >= 0]
+    runs: list[dict[str, int]] = [{TOTAL: 0} for _ in range(count)]
+    for key, grouped in ((None, frame.groupby("run")["ns"].sum()),
+                         ("category ", frame.groupby(["run", "category"])["ns"].sum()),
+                         ("kernel ", frame.groupby(["run", "kernel"])["ns"].sum())):
+        for where, ns in grouped.items():
+            run, name = (where, TOTAL) if key is None else (where[0], key + where[1])
+            runs[run][name] = int(ns)
+    if index is not None and summary.phase_names:
+        ids = np.flatnonzero(index.names().isin(summary.phase_names).to_numpy())
+        prows, codes = membership(kernels, index, ids, summary.phase_names)
+        phased = pd.DataFrame({"run": run_of[prows], "phase": np.asarray(summary.phase_names)[codes],
+                               "ns": kernels["total_ns"].to_numpy()[prows]})
+        for (run, phase), ns in phased[phased["run"] >= 0].groupby(["run", "phase"])["ns"].sum().items():
+            runs[run][f"phase {phase}"] = int(ns)
+    return runs, unit
+
+
+@dataclass
+class Side:
+    """One side of a comparison: its runs (`kernels.noise.run_frame`), their unit, the kernels it names
+    (kernel, category, names), and where it came from."""
+
+    label: str
+    origin: str
+    runs: pd.DataFrame
+    unit: str
+    kernel_names: pd.DataFrame
+    summaries: list[KernelSummary] = field(default_factory=list)
+
+    @property
+    def run_count(self) -> int:
+        return int(self.runs["run"].nunique())
+
+    @property
+    def total_ns(self) -> int:
+        """The median total over the runs."""
+        return self.medians(TOTAL).get("", 0)
+
+    def medians(self, prefix: str) -> dict[str, int]:
+        """Median ns over the runs of each quantity that starts with `prefix` (the prefix removed)."""
+        chosen = self.runs[self.runs["quantity"].str.startswith(prefix)]
+        wide = chosen.pivot_table(index="quantity", columns="run", values="value_ns", aggfunc="sum",
+                                  fill_value=0).reindex(columns=range(self.run_count), fill_value=0)
+        return {q[len(prefix):]: int(np.median(v)) for q, v in zip(wide.index, wide.to_numpy(), strict=True)}
+
+    def to_json(self) -> dict[str, Any]:
+        return {"origin": self.origin, "unit": self.unit, "runs": runs_to_json(self.runs),
+                "kernels": records(self.kernel_names)}
+
+
+def side_of(summaries: list[KernelSummary], label: str) -> Side:
+    """A side from summarized reports: every report's steps as runs when each has a per-step table, else one
+    run per report."""
+    per_report = [report_runs(s) for s in summaries]
+    if all(unit == STEP for _, unit in per_report):
+        runs, unit = [run for report, _ in per_report for run in report], STEP
+    else:
+        runs, unit = [_whole(report) for report, _ in per_report], REPORT
+    names = pd.concat([s.kernels[["name", "category", "total_ns"]] for s in summaries], ignore_index=True)
+    info = match(names, names.iloc[0:0])[["kernel", "category", "a_names"]].rename(columns={"a_names": "names"})
+    origin = ", ".join(str(s.path) for s in summaries)
+    return Side(label, origin, run_frame(runs), unit, info, list(summaries))
+
+
+def _whole(runs: list[dict[str, int]]) -> dict[str, int]:
+    """One run for a whole report: its steps added up."""
+    out: dict[str, int] = {}
+    for run in runs:
+        for q, v in run.items():
+            out[q] = out.get(q, 0) + v
+    return out
+
+
+def saved_side(path: Path, doc: object) -> Side:
+    """A side from a saved JSON document: a comparison's B side (`kernels compare --format json`), or a
+    summary's runs (`kernels summarize --format json`)."""
+    saved = doc.get("b") if isinstance(doc, dict) and isinstance(doc.get("b"), dict) else doc
+    if not isinstance(saved, dict) or saved.get("unit") not in (STEP, REPORT) or "runs" not in saved:
+        raise ProfilerKitError(f"{path}: no saved runs (a `kernels compare` or `kernels summarize` JSON document "
+                               "with `runs` and `unit`)")
+    kernels = saved.get("kernels") or []
+    if not isinstance(kernels, list) or not all(isinstance(k, dict) and isinstance(k.get("kernel"), str)
+                                                and isinstance(k.get("category"), str) for k in kernels):
+        raise ProfilerKitError(f"{path}: `kernels` must be a list of objects with `kernel` and `category`")
+    info = pd.DataFrame({"kernel": [k["kernel"] for k in kernels], "category": [k["category"] for k in kernels],
+                         "names": [list(map(str, k.get("names") or [])) for k in kernels]})
+    return Side("A", str(path), runs_from_json(saved["runs"], str(path)), saved["unit"], info)
 
 
 @dataclass
 class Comparison:
-    a: KernelSummary
-    b: KernelSummary
-    categories: pd.DataFrame  # category, a_ns, b_ns (every category, then the total)
-    phases: pd.DataFrame  # phase, a_ns, b_ns (phases present in either)
-    kernels: pd.DataFrame  # name, category, a_instances, b_instances, a_ns, b_ns (largest first)
+    a: Side
+    b: Side
     top: int = DEFAULT_TOP
     fail_above_pct: float | None = None
+    gates: tuple[str, ...] = DEFAULT_GATES
+    min_delta_ns: int | None = None  # None: DEFAULT_MIN_DELTA_SHARE of A's total
+
+    @property
+    def floor_ns(self) -> int:
+        """The absolute change below which no check fails."""
+        if self.min_delta_ns is not None:
+            return self.min_delta_ns
+        return int(self.a.total_ns * DEFAULT_MIN_DELTA_SHARE)
+
+    def _verdicts(self) -> pd.DataFrame:
+        return verdicts(self.a.runs, self.b.runs, self.floor_ns, self.fail_above_pct)
 
     def gate(self) -> pd.DataFrame:
-        """check (`total`, `phase <name>`, `category <name>`), a_ns, b_ns, change_pct, regressed: every figure
-        both reports have; `regressed` only with a threshold."""
-        both_c = self.categories[(self.categories["a_ns"] > 0) & (self.categories["b_ns"] > 0)]
-        both_p = self.phases[(self.phases["a_ns"] > 0) & (self.phases["b_ns"] > 0)]
-        checks = pd.DataFrame(
-            {
-                "check": [TOTAL if c == TOTAL else f"category {c}" for c in both_c["category"]]
-                + [f"phase {p}" for p in both_p["phase"]],
-                "a_ns": np.concatenate([both_c["a_ns"].to_numpy(), both_p["a_ns"].to_numpy()]).astype(np.int64),
-                "b_ns": np.concatenate([both_c["b_ns"].to_numpy(), both_p["b_ns"].to_numpy()]).astype(np.int64),
-            }
-        )
-        checks["change_pct"] = (checks["b_ns"] - checks["a_ns"]) * 100.0 / checks["a_ns"]
-        limit = np.inf if self.fail_above_pct is None else self.fail_above_pct
-        checks["regressed"] = checks["change_pct"] > limit
-        return checks
+        """check (`total`, `phase <name>`, `category <name>`, `kernel <name>`, as `gates` asks), the medians
+        a_ns and b_ns, each side's range over its runs, delta_ns, change_pct, the verdict, and `regressed`
+        (a regression above the threshold; only with a threshold), for every quantity both sides have."""
+        table = self._verdicts()
+        wanted = np.zeros(len(table), dtype=bool)
+        for gate in self.gates:
+            wanted |= (table["quantity"] == TOTAL).to_numpy() if gate == "total" else \
+                table["quantity"].str.startswith(_PREFIX[gate]).to_numpy()
+        table = table[wanted & (table["a_median_ms"] > 0).to_numpy() & (table["b_median_ms"] > 0).to_numpy()]
+        ns = {c: np.rint(table[f"{c}_ms"].to_numpy() * NS_PER_MS).astype(np.int64)
+              for c in ("a_median", "b_median", "a_range", "b_range", "delta")}
+        return pd.DataFrame({
+            "check": table["quantity"].to_numpy(), "a_ns": ns["a_median"], "b_ns": ns["b_median"],
+            "a_range_ns": ns["a_range"], "b_range_ns": ns["b_range"], "delta_ns": ns["delta"],
+            "change_pct": table["delta_pct"].to_numpy(), "verdict": table["verdict"].to_numpy(),
+            "regressed": table["failed"].to_numpy() & (table["verdict"] == REGRESSED).to_numpy(),
+        })
 
     @property
     def failed(self) -> bool:
         return self.fail_above_pct is not None and bool(self.gate()["regressed"].any())
 
+    def failures(self) -> list[str]:
+        """One line per failed check: A, B (medians, with the runs' range), the change, and the kernels that moved
+        most (of its category, when the check is one)."""
+        lines = []
+        moved = self.kernels().assign(delta_ns=lambda k: k["b_ns"] - k["a_ns"])
+        for row in self.gate().query("regressed").itertuples(index=False):
+            scope = moved
+            if row.check.startswith("category "):
+                scope = moved[moved["category"] == row.check.removeprefix("category ")]
+            elif row.check.startswith("kernel "):
+                scope = moved.iloc[0:0]
+            top = scope.nlargest(MOVERS, "delta_ns")
+            top = top[top["delta_ns"] > 0]
+            movers = ", ".join(f"{display_name(k.kernel)} {k.delta_ns / NS_PER_MS:+.3f} ms"
+                               for k in top.itertuples(index=False))
+            spread = (f" (runs: A ±{row.a_range_ns / 2 / NS_PER_MS:.3f}, B ±{row.b_range_ns / 2 / NS_PER_MS:.3f})"
+                      if max(self.a.run_count, self.b.run_count) > 1 else "")
+            lines.append(f"{row.check}: A {row.a_ns / NS_PER_MS:.3f} ms, B {row.b_ns / NS_PER_MS:.3f} ms "
+                         f"({row.change_pct:+.1f}%, {row.delta_ns / NS_PER_MS:+.3f} ms){spread}"
+                         + (f"; moved most: {movers}" if movers else ""))
+        return lines
+
+    def _pairs(self, prefix: str, column: str, order: list[str]) -> pd.DataFrame:
+        a, b = self.a.medians(prefix), self.b.medians(prefix)
+        keys = [k for k in dict.fromkeys([*order, *a, *b]) if k in a or k in b]
+        return pd.DataFrame({column: keys, "a_ns": [a.get(k, 0) for k in keys], "b_ns": [b.get(k, 0) for k in keys]},
+                            ).astype({"a_ns": np.int64, "b_ns": np.int64})
+
+    def categories(self) -> pd.DataFrame:
+        """category, a_ns, b_ns: every category, then the total (medians over the runs)."""
+        cats = self._pairs("category ", "category", list(CATEGORIES))
+        cats = cats.set_index("category").reindex(list(CATEGORIES), fill_value=0).reset_index()
+        total = pd.DataFrame({"category": [TOTAL], "a_ns": [self.a.total_ns], "b_ns": [self.b.total_ns]})
+        return pd.concat([cats, total], ignore_index=True)
+
+    def phases(self) -> pd.DataFrame:
+        order = [p for s in (*self.a.summaries, *self.b.summaries) for p in s.phase_names]
+        return self._pairs("phase ", "phase", order)
+
+    def kernels(self) -> pd.DataFrame:
+        """kernel, category, a_ns, b_ns, status, a_names, b_names: every kernel of either side by normalized
+        name, largest |B − A| first."""
+        pairs = self._pairs("kernel ", "kernel", [])
+        info = {side: frame.set_index("kernel") for side, frame in (("a", self.a.kernel_names),
+                                                                    ("b", self.b.kernel_names))}
+        category = pairs["kernel"].map(info["a"]["category"]).fillna(pairs["kernel"].map(info["b"]["category"]))
+        out = pairs.assign(
+            category=category.fillna("other").astype(str),
+            status=np.select([pairs["a_ns"] == 0, pairs["b_ns"] == 0], ["new", "vanished"], "both"),
+            a_names=[info["a"]["names"].get(k, []) for k in pairs["kernel"]],
+            b_names=[info["b"]["names"].get(k, []) for k in pairs["kernel"]],
+        )
+        delta = (out["b_ns"] - out["a_ns"]).to_numpy()
+        order = np.lexsort((out["kernel"].to_numpy(), -np.abs(delta)))
+        return out.iloc[order].reset_index(drop=True)[["kernel", "category", "a_ns", "b_ns", "status", "a_names",
+                                                       "b_names"]]
+
+    def movers(self) -> pd.DataFrame:
+        """The kernels that moved most: enough to explain EXPLAINED of the total change, at least `top`."""
+        return top_movers(self.kernels(), EXPLAINED, at_least=self.top)
+
     def category_table(self) -> pd.DataFrame:
-        used = self.categories[(self.categories[["a_ns", "b_ns"]] > 0).any(axis=1)]
-        return _deltas(used)
+        cats = self.categories()
+        return _deltas(cats[(cats[["a_ns", "b_ns"]] > 0).any(axis=1)])
 
     def phase_table(self) -> pd.DataFrame:
-        return _deltas(self.phases)
+        return _deltas(self.phases())
 
     def kernel_table(self, display: bool = False) -> pd.DataFrame:
-        top = self.kernels.head(self.top)
-        table = _deltas(top)
+        movers = self.movers()
+        table = _deltas(movers.drop(columns=["a_names", "b_names"]))
         if display:
-            table["name"] = table["name"].map(display_name)
+            table["kernel"] = table["kernel"].map(display_name)
+            table["names"] = [_variants(a, b) for a, b in zip(movers["a_names"], movers["b_names"], strict=True)]
         return table
 
+    def explained_pct(self) -> float:
+        kernels = self.kernels()
+        total = float((kernels["b_ns"] - kernels["a_ns"]).sum())
+        shown = self.movers()
+        part = float((shown["b_ns"] - shown["a_ns"]).sum())
+        return 100.0 if total == 0 else 100.0 * part / total
+
     def tables(self, display: bool = False) -> list[tuple[str, pd.DataFrame]]:
-        tables = [("Kernel time by category: A vs B", self.category_table())]
-        if len(self.phases):
+        per = f" (median per {self.a.unit}: A {self.a.run_count}, B {self.b.run_count} runs)" \
+            if max(self.a.run_count, self.b.run_count) > 1 else ""
+        tables = [(f"Time by category: A vs B{per}", self.category_table())]
+        phases = self.phases()
+        if len(phases):
             tables.append(("Per phase: A vs B", self.phase_table()))
-        tables.append((f"Top {self.top} kernels (by the larger of A and B)", self.kernel_table(display)))
-        if self.fail_above_pct is not None:
+        tables.append((f"Kernels that moved most (explain {self.explained_pct():.0f}% of the change; matched by "
+                       "what they compute)", self.kernel_table(display)))
+        once = self.kernels().query("status != 'both'")
+        if len(once):
+            shown = _deltas(once.drop(columns=["a_names", "b_names"]).head(max(self.top, 1)))
+            if display:
+                shown["kernel"] = shown["kernel"].map(display_name)
+            tables.append(("Kernels only one side has (new in B, vanished from B)", shown))
+        if self.fail_above_pct is not None or max(self.a.run_count, self.b.run_count) > 1:
             gate = self.gate()
-            shown = gate.assign(a_ms=gate["a_ns"] / NS_PER_MS, b_ms=gate["b_ns"] / NS_PER_MS)
-            verdict = "FAIL" if self.failed else "pass"
-            tables.append((f"Regression gate: B more than {self.fail_above_pct:g}% above A fails: {verdict}",
-                           shown[["check", "a_ms", "b_ms", "change_pct", "regressed"]]))
+            shown = pd.DataFrame({"check": gate["check"], "a_ms": gate["a_ns"] / NS_PER_MS,
+                                  "a_range_ms": gate["a_range_ns"] / NS_PER_MS, "b_ms": gate["b_ns"] / NS_PER_MS,
+                                  "b_range_ms": gate["b_range_ns"] / NS_PER_MS,
+                                  "delta_ms": gate["delta_ns"] / NS_PER_MS, "change_pct": gate["change_pct"],
+                                  "verdict": gate["verdict"]})
+            if self.fail_above_pct is None:
+                title = "Changes against the runs' noise"
+            else:
+                shown["regressed"] = gate["regressed"]
+                title = (f"Regression gate: a change outside the runs' range, above {self.floor_ns / NS_PER_MS:.3f}"
+                         f" ms and more than {self.fail_above_pct:g}% fails: {'FAIL' if self.failed else 'pass'}")
+            tables.append((title, shown))
         return tables
 
     def to_json(self) -> dict[str, Any]:
+        movers = self.movers()
         return {
-            "a": {"path": str(self.a.path), "source": self.a.source},
-            "b": {"path": str(self.b.path), "source": self.b.source},
-            "categories": records(_deltas(self.categories, keep_ns=True)),
-            "phases": records(_deltas(self.phases, keep_ns=True)),
-            "top_kernels": records(_deltas(self.kernels.head(self.top), keep_ns=True)),
+            "a": {**self.a.to_json(), "path": self.a.origin},
+            "b": {**self.b.to_json(), "path": self.b.origin},
+            "categories": records(_deltas(self.categories(), keep_ns=True)),
+            "phases": records(_deltas(self.phases(), keep_ns=True)),
+            "top_kernels": records(_deltas(movers, keep_ns=True)),
+            "explained_pct": self.explained_pct(),
             "gate": None if self.fail_above_pct is None else {
                 "fail_above_pct": self.fail_above_pct,
+                "min_delta_ns": self.floor_ns,
+                "gates": list(self.gates),
+                "rule": "a change fails when B's median is above A's by more than both sides' range over their "
+                        "runs, the floor and fail_above_pct",
                 "verdict": "fail" if self.failed else "pass",
                 "checks": records(self.gate()),
             },
@@ -96,47 +330,47 @@ class Comparison:
 
     @property
     def notes(self) -> list[str]:
-        """The notes of both summaries, each marked with its side."""
-        return [f"A: {note}" for note in self.a.notes] + [f"B: {note}" for note in self.b.notes]
+        """The notes of both sides' reports, each marked with its side."""
+        return [f"{side.label}: {note}" for side in (self.a, self.b) for s in side.summaries for note in s.notes]
 
     def caption(self) -> str:
-        line = f"A = {self.a.path} ({self.a.source}), B = {self.b.path} ({self.b.source}); speedup = A / B"
+        line = f"A = {self.a.origin}, B = {self.b.origin}; speedup = A / B"
         return "\n".join([line] + [f"note: {n}" for n in self.notes])
 
 
-def compare(a: KernelSummary, b: KernelSummary, top: int = DEFAULT_TOP,
-            fail_above_pct: float | None = None) -> Comparison:
-    """A and B side by side; with `fail_above_pct`, also the regression gate."""
-    cat_a, cat_b = a.category_ns(), b.category_ns()
-    categories = pd.DataFrame(
-        {
-            "category": [*CATEGORIES, TOTAL],
-            "a_ns": [*(cat_a[c] for c in CATEGORIES), a.total_ns],
-            "b_ns": [*(cat_b[c] for c in CATEGORIES), b.total_ns],
-        }
-    )
-    phase_a, phase_b = a.phase_ns(), b.phase_ns()
-    names = list(dict.fromkeys([*phase_a, *phase_b]))
-    phases = pd.DataFrame(
-        {
-            "phase": names,
-            "a_ns": [phase_a.get(p, {}).get("total_ns", 0) for p in names],
-            "b_ns": [phase_b.get(p, {}).get("total_ns", 0) for p in names],
-        }
-    )
-    kernels = a.kernels.merge(b.kernels, on="name", how="outer", suffixes=("_a", "_b"))
-    kernels = pd.DataFrame(
-        {
-            "name": kernels["name"],
-            "category": kernels["category_a"].fillna(kernels["category_b"]),
-            "a_instances": kernels["instances_a"].fillna(0).astype(np.int64),
-            "b_instances": kernels["instances_b"].fillna(0).astype(np.int64),
-            "a_ns": kernels["total_ns_a"].fillna(0).astype(np.int64),
-            "b_ns": kernels["total_ns_b"].fillna(0).astype(np.int64),
-        }
-    )
-    order = np.lexsort((kernels["name"].to_numpy(), -np.maximum(kernels["a_ns"], kernels["b_ns"]).to_numpy()))
-    return Comparison(a, b, categories, phases, kernels.iloc[order].reset_index(drop=True), top, fail_above_pct)
+def _variants(a: list[str], b: list[str]) -> str:
+    """The names behind a matched kernel when the sides differ, shortened: `A: x (+n) | B: y (+m)`."""
+    if a == b:
+        return ""
+
+    def one(names: list[str]) -> str:
+        return "–" if not names else display_name(names[0]) + (f" (+{len(names) - 1})" if len(names) > 1 else "")
+
+    return f"A: {one(a)} | B: {one(b)}"
+
+
+def compare(a: KernelSummary | Side | list[KernelSummary], b: KernelSummary | list[KernelSummary],
+            top: int = DEFAULT_TOP, fail_above_pct: float | None = None, gates: tuple[str, ...] = DEFAULT_GATES,
+            min_delta_ns: int | None = None) -> Comparison:
+    """A and B side by side, each a report, several runs, or (A) a saved side; with `fail_above_pct`, also the
+    regression gate over `gates` (of GATES). A GPU report and a trace without kernels (CPU operator time)
+    measure different things, and runs of steps do not compare with whole reports: ProfilerKitError."""
+    sides = []
+    for value, label in ((a, "A"), (b, "B")):
+        summaries = value if isinstance(value, list) else [value]
+        sides.append(value if isinstance(value, Side) else side_of(summaries, label))
+    first, second = sides
+    bases = {s.basis for s in (*first.summaries, *second.summaries)}
+    if len(bases) > 1:
+        raise ProfilerKitError("one side is timed by GPU kernels, the other by CPU operators: compare reports of "
+                               "the same kind (GPU kernels with GPU kernels, a CPU trace with a CPU trace)")
+    if first.unit != second.unit:
+        raise ProfilerKitError(f"A's runs are {first.unit}s and B's are {second.unit}s: compare reports that both "
+                               "have a per-step table, or both not")
+    unknown = set(gates) - set(GATES)
+    if unknown:
+        raise ValueError(f"unknown gate(s) {', '.join(sorted(unknown))}; choose from {', '.join(GATES)}")
+    return Comparison(first, second, top, fail_above_pct, tuple(gates), min_delta_ns)
 
 
 def _deltas(frame: pd.DataFrame, keep_ns: bool = False) -> pd.DataFrame:

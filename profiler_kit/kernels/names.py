@@ -102,46 +102,46 @@ def normalize(name: str) -> str:
     return _SPACES.sub(" ", text).strip()
 
 
-MATCH_COLUMNS = ("kernel", "category", "a_ms", "b_ms", "delta_ms", "delta_pct", "status", "a_names", "b_names")
+MATCH_COLUMNS = ("kernel", "category", "a_ns", "b_ns", "status", "a_names", "b_names")
+
+
+def normalized(names: pd.Series) -> pd.Series:
+    """`normalize` of each name, each distinct name folded once."""
+    codes, uniques = pd.factorize(names.astype(str))
+    return pd.Series(np.asarray([normalize(n) for n in uniques], dtype=object)[codes], index=names.index)
 
 
 def match(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
-    """Per normalized name (from per-name tables with `name`, `category`, `total_ns`): A and B time, the delta
-    (B − A) and its share of A, `status` (both, new, vanished) and the distinct names on each side, largest
-    |delta| first."""
+    """Per normalized name (from per-name tables with `name`, `category`, `total_ns`): A and B time, `status`
+    (both, new, vanished) and the distinct names on each side, largest |B − A| first."""
     sides = []
     for frame, side in ((a, "a"), (b, "b")):
-        keyed = frame.assign(kernel=frame["name"].astype(str).map(normalize))
+        keyed = frame.assign(kernel=normalized(frame["name"]))
         grouped = keyed.groupby("kernel", sort=False).agg(
             category=("category", "first"), total_ns=("total_ns", "sum"),
             names=("name", lambda names: sorted(set(map(str, names)))),
         )
         sides.append(grouped.add_prefix(f"{side}_"))
     table = sides[0].join(sides[1], how="outer")
-    a_ns = table["a_total_ns"].fillna(0).astype(np.int64)
-    b_ns = table["b_total_ns"].fillna(0).astype(np.int64)
-    delta = b_ns - a_ns
     out = pd.DataFrame({
         "kernel": table.index.astype(str),
         "category": table["a_category"].fillna(table["b_category"]).astype(str).to_numpy(),
-        "a_ms": a_ns.to_numpy() / 1e6,
-        "b_ms": b_ns.to_numpy() / 1e6,
-        "delta_ms": delta.to_numpy() / 1e6,
-        "delta_pct": np.where(a_ns > 0, 100.0 * delta / a_ns.where(a_ns > 0, 1), np.nan),
+        "a_ns": table["a_total_ns"].fillna(0).astype(np.int64).to_numpy(),
+        "b_ns": table["b_total_ns"].fillna(0).astype(np.int64).to_numpy(),
         "status": np.select([table["a_total_ns"].isna(), table["b_total_ns"].isna()], ["new", "vanished"], "both"),
         "a_names": [n if isinstance(n, list) else [] for n in table["a_names"]],
         "b_names": [n if isinstance(n, list) else [] for n in table["b_names"]],
     })
-    order = np.lexsort((out["kernel"].to_numpy(), -np.abs(out["delta_ms"].to_numpy())))
+    delta = out["b_ns"].to_numpy() - out["a_ns"].to_numpy()
+    order = np.lexsort((out["kernel"].to_numpy(), -np.abs(delta)))
     return out.iloc[order].reset_index(drop=True)
 
 
 def top_movers(matched: pd.DataFrame, explain: float = 0.9, at_least: int = 1) -> pd.DataFrame:
-    """The fewest rows of `matched` (largest |delta| first) whose deltas add up to within 1 − `explain` of the
+    """The fewest rows of `matched` (largest |B − A| first) whose deltas add up to within 1 − `explain` of the
     total delta, and at least `at_least` rows."""
-    deltas = matched["delta_ms"].to_numpy()
+    deltas = (matched["b_ns"] - matched["a_ns"]).to_numpy()
     total = deltas.sum()
-    running = np.cumsum(deltas)
-    close = np.abs(total - running) <= (1 - explain) * abs(total)
+    close = np.abs(total - np.cumsum(deltas)) <= (1 - explain) * abs(total)
     count = int(np.argmax(close)) + 1 if close.any() else len(matched)
     return matched.head(max(count, min(at_least, len(matched))))

@@ -117,9 +117,9 @@ def timeline(traces: list[tuple[str, KernelTrace]], phases: list[str] | None = N
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
-def write_trace(trace: dict[str, Any], path: Path) -> None:
+def write_trace(trace: dict[str, Any], path: Path, overwrite: bool = False) -> None:
     """Write under a temporary name, then put in place; gzipped when `path` ends in .gz; an existing file is an
-    error (traces are never replaced)."""
+    error unless `overwrite`."""
     opener = gzip.open if path.suffix == ".gz" else open
-    with replaced_when_complete(path, overwrite=False) as partial, opener(partial, "wt", encoding="utf-8") as fh:
+    with replaced_when_complete(path, overwrite=overwrite) as partial, opener(partial, "wt", encoding="utf-8") as fh:
         json.dump(trace, fh)

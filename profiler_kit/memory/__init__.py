@@ -1,16 +1,19 @@
 """Memory profiling: record CUDA memory history around the workload (`recorder`), load any snapshot safely
 (`snapshot`), rebuild its timeline (`analyze`), place its phases (`phases`), say what each allocation holds
 (`roles`), explain its peak (`tables`, `report`), and render it as a PNG (`plot`), a self-contained HTML page
-(`html`) or beside another snapshot (`compare`)."""
+(`html`) or beside another snapshot (`compare`). `record` and `RecordResult` load torch on first use, so that
+reading snapshots does not."""
+
+from typing import Any
 
 from profiler_kit.memory.analyze import Reconstruction, reconstruct
 from profiler_kit.memory.compare import MemoryComparison, compare
 from profiler_kit.memory.html import report_html, write_html
 from profiler_kit.memory.plot import plot_timeline
-from profiler_kit.memory.recorder import DEFAULT_MAX_ENTRIES, DEFAULT_OUTPUT_DIR, RecordResult, record
 from profiler_kit.memory.report import DEFAULT_TOP, MemoryReport, analyze, analyze_file
 from profiler_kit.memory.roles import ROLES, assign_roles
 from profiler_kit.memory.snapshot import load_sidecar, load_snapshot
+from profiler_kit.names import DEFAULT_MAX_ENTRIES, DEFAULT_OUTPUT_DIR
 
 __all__ = [
     "DEFAULT_MAX_ENTRIES",
@@ -33,3 +36,11 @@ __all__ = [
     "report_html",
     "write_html",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("record", "RecordResult"):
+        from profiler_kit.memory import recorder
+
+        return getattr(recorder, name)
+    raise AttributeError(f"module 'profiler_kit.memory' has no attribute {name!r}")

@@ -11,6 +11,7 @@ stack without any Python frame, which only threads that run no Python have), the
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 import pandas as pd
 
@@ -33,6 +34,7 @@ _TENSOR_FILE = re.compile(r"(^|[/\\])torch[/\\]_tensor\.py$")
 _ZERO_GRAD_FILE = re.compile(r"(^|[/\\])torch[/\\](optim[/\\]optimizer|nn[/\\]modules[/\\]module)\.py$")
 
 
+@lru_cache(maxsize=4096)  # asked once per allocation about a few phase labels
 def phase_kind(label: str | None) -> str | None:
     """forward, backward or optimizer for a phase named like one (`backward #2`, `Optimizer.step#…`)."""
     if not label:
@@ -87,8 +89,19 @@ def allocation_marks(allocations: pd.DataFrame) -> Marks:
     in_trace = allocations["start"] >= 0
     python_allocs = _has_python_frame(allocations.loc[in_trace, "frames"])
     python_frees = _has_python_frame(allocations["free_frames"])
-    made = [frame_marks(frames, python_allocs and recorded) for frames, recorded in
+    # A training step repeats a few hundred stacks over and over, and a snapshot shares each frame between the
+    # stacks that hold it: each stack is read once, keyed by its frames (alive, so their ids stay theirs).
+    seen: dict[tuple, frozenset[str]] = {}
+
+    def marks(frames: list[dict], stackless_is_engine: bool) -> frozenset[str]:
+        key = (stackless_is_engine, *map(id, frames))
+        found = seen.get(key)
+        if found is None:
+            found = seen[key] = frame_marks(frames, stackless_is_engine)
+        return found
+
+    made = [marks(frames, python_allocs and recorded) for frames, recorded in
             zip(allocations["frames"], in_trace, strict=True)]
-    freed = [frame_marks(frames, python_frees and bool(recorded)) for frames, recorded in
+    freed = [marks(frames, python_frees and bool(recorded)) for frames, recorded in
              zip(allocations["free_frames"], ~allocations["alive_at_end"], strict=True)]
     return made, freed

@@ -156,9 +156,10 @@ def inferred_spans(recon: Reconstruction, spans: list[PhaseSpan], made: list[fro
     kinds[covered[:-1]] = 0
     if not (kinds == _BACKWARD).any():
         return spans
+    covered_before = np.concatenate(([0], np.cumsum(covered)))  # covered entries before each index
     runs: list[list[int]] = []  # [kind, first entry, last entry]
     for i in np.flatnonzero(kinds):
-        if runs and runs[-1][0] == kinds[i] and not covered[runs[-1][2]:i].any():
+        if runs and runs[-1][0] == kinds[i] and covered_before[i] == covered_before[runs[-1][2]]:
             runs[-1][2] = int(i)
         else:
             runs.append([int(kinds[i]), int(i), int(i)])

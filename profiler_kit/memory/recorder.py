@@ -34,11 +34,9 @@ import torch
 from profiler_kit.errors import ProfilerKitError
 from profiler_kit.memory.snapshot import EMBEDDED_KEY, SIDECAR_FORMAT, SIDECAR_VERSION, sidecar_path
 from profiler_kit.memory.storages import STORAGES_KEY, capture_storages, trace_clock_us
+from profiler_kit.names import DEFAULT_MAX_ENTRIES, DEFAULT_OUTPUT_DIR
 from profiler_kit.workload import Workload, WorkloadConfig, release, synchronize
 
-# One train step of xl at ctx 512 logs a few tens of thousands of events; this keeps a couple of steps.
-DEFAULT_MAX_ENTRIES = 100_000
-DEFAULT_OUTPUT_DIR = Path("memory_snapshots")
 SNAPSHOT_PICKLE_PROTOCOL = 4  # what memory_viz reads; pinned because Python 3.14 defaults to protocol 5
 STACKS = "python"
 NO_CUDA_MESSAGE = (

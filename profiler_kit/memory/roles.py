@@ -61,6 +61,12 @@ _STATE_NAMES = {1: "1 optimizer-state tensor (e.g. SGD's momentum)", 2: "2 optim
 
 def _span_index(spans: list[PhaseSpan], starts: np.ndarray) -> np.ndarray:
     """Index of the span each entry index falls in, -1 outside all spans."""
+    lo = np.array([s.start for s in spans], dtype=np.int64)
+    hi = np.array([s.end for s in spans], dtype=np.int64)
+    if (np.diff(lo) >= 0).all() and (hi[:-1] <= lo[1:]).all():  # ordered, disjoint: one binary search
+        k = np.searchsorted(lo, starts, side="right") - 1
+        inside = (k >= 0) & (starts < hi[np.maximum(k, 0)]) if len(spans) else np.zeros(len(starts), dtype=bool)
+        return np.where(inside, k, -1)
     out = np.full(len(starts), -1, dtype=np.int64)
     for k, span in enumerate(spans):
         out[(starts >= span.start) & (starts < span.end)] = k

@@ -131,7 +131,8 @@ def _optional(obj: dict, key: str, kind: type | tuple[type, ...], where: str) ->
     """A field the analysis reads when present: absent or None is fine, anything else must be `kind`."""
     if obj.get(key) is not None:
         _require(obj, key, kind, where)
-    if key == "frames" and key in obj:
+    # Every entry has a stack: the common case (all dicts) is checked in one C-level pass.
+    if key == "frames" and key in obj and set(map(type, obj[key])) - {dict}:
         for k, frame in enumerate(obj[key]):
             # The common case checked inline (a snapshot holds millions of frames); `conform` names the fault.
             if not (type(frame) is dict and type(frame.get("name")) is str and type(frame.get("filename")) is str

@@ -17,8 +17,8 @@ from profiler_kit.memory.roles import (
     PARAMETER,
     STEP_COUNTER_BYTES,
 )
+from profiler_kit.names import phases_for
 from profiler_kit.presets import count_parameters, from_name
-from profiler_kit.workload import phases_for
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2}
 TOP_COLUMNS = ["rank", "size_mib", "size_bytes", "role", "evidence", "allocated_in", "where", "function",

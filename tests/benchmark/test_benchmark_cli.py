@@ -79,7 +79,7 @@ def test_output_and_resume_extend_a_sweep_without_redoing_rows(tmp_path, monkeyp
     assert second.exit_code == 0, second.output
     assert ran == [24]
     assert [r["ctx"] for r in read_rows(out)] == [8, 16, 24]
-    assert sorted(r["ctx"] for r in json.loads(second.stdout)) == [8, 16, 24]
+    assert sorted(r["ctx"] for r in json.loads(second.stdout)["results"]) == [8, 16, 24]
 
 
 @pytest.mark.parametrize("suffix", [".csv", ".md"])
@@ -112,7 +112,9 @@ def test_json_output_contract():
         "json",
     )
     assert result.exit_code == 0, result.output
-    (row,) = json.loads(result.stdout)  # stdout is only the JSON document
+    document = json.loads(result.stdout)  # stdout is only the JSON document
+    assert document["schema_version"] >= 1 and "environment" in document
+    (row,) = document["results"]
     for key in (
         "model",
         "ctx",

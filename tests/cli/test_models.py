@@ -10,14 +10,16 @@ from profiler_kit.cli import main
 from profiler_kit.presets import PRESETS, count_parameters
 
 
-def run(*args: str) -> dict | list:
+def run(*args: str) -> dict:
     result = CliRunner().invoke(main, [*args, "--format", "json"])
     assert result.exit_code == 0, result.output
-    return json.loads(result.stdout)
+    document = json.loads(result.stdout)
+    assert document["schema_version"] >= 1 and "environment" in document
+    return document
 
 
 def test_models_lists_every_preset_with_its_exact_count():
-    rows = run("models")
+    rows = run("models")["model_presets"]
     assert [r["model"] for r in rows] == list(PRESETS)
     for row in rows:
         cfg = PRESETS[row["model"]]
@@ -35,7 +37,7 @@ def test_models_as_markdown_has_a_row_per_preset():
 
 def test_precision_shows_fp16_accumulation_stalling_and_autocast_dtypes():
     tables = run("precision", "--device", "cpu")
-    sums, dtypes = tables.values()
+    sums, dtypes = tables["accumulation"], tables["autocast_dtypes"]
     error = {r["case"]: r["abs_error"] for r in sums}
     assert error["fp16 += fp16"] > 10 * error["fp32 += fp16.to(fp32) (explicit cast)"] > 0
     assert error["fp32 += fp32"] < error["fp32 += fp16.to(fp32) (explicit cast)"]

@@ -36,7 +36,7 @@ def test_ddp_two_ranks_give_rows_per_rank_and_an_aggregate(tmp_path):
                      "--device", "cpu", "--no-nvtx", "--warmup", "1", "--steps", "2", "--parallel", "ddp",
                      "--baseline", str(baseline), "--output", str(output), "--format", "json"], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = json.loads(proc.stdout)  # rank 0 alone printed: one JSON document
+    rows = json.loads(proc.stdout)["results"]  # rank 0 alone printed: one JSON document
     assert [r["rank"] for r in rows] == [0, 1, "all"]
     assert all(r["status"] == "ok" and r["parallel"] == "ddp" and r["world_size"] == 2 for r in rows)
     ranks, total = rows[:2], rows[2]

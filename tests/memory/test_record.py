@@ -10,7 +10,6 @@ import torch
 from click.testing import CliRunner
 
 from profiler_kit.cli import main
-from profiler_kit.cli import memory as memory_cli
 from profiler_kit.errors import ProfilerKitError
 from profiler_kit.memory import analyze_file, load_snapshot, record, recorder
 from profiler_kit.memory.analyze import first_user_frame
@@ -80,7 +79,6 @@ class FakeCudaAllocator:
 
         monkeypatch.setattr(torch.profiler, "record_function", Range)
         monkeypatch.setattr(recorder, "require_cuda", lambda cfg: None)
-        monkeypatch.setattr(memory_cli, "require_cuda", lambda cfg: None)
         original = Workload.step
 
         def step(workload, on_phase_end=None):

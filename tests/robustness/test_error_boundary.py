@@ -56,7 +56,7 @@ def test_a_cpu_out_of_memory_is_an_oom_row_and_the_sweep_goes_on(cli):
     proc = cli("benchmark", "--model", "xl,tiny", "--ctx", "16", "--batch-size", "1", "--steps", "1",
                "--warmup", "0", "--device", "cpu", "--format", "json", timeout=300)
     assert proc.returncode == 0, proc.stderr
-    rows = {r["model"]: r for r in json.loads(proc.stdout)}
+    rows = {r["model"]: r for r in json.loads(proc.stdout)["results"]}
     assert rows["xl"]["status"] == "oom" and "out of host memory" in rows["xl"]["message"]
     assert rows["tiny"]["status"] == "ok"
 

@@ -192,7 +192,7 @@ def test_replaced_when_complete_keeps_the_old_file_on_failure(tmp_path):
 def test_a_plot_on_a_full_disk_keeps_the_previous_one(tmp_path, cli):
     png = tmp_path / "timeline.png"
     png.write_bytes(b"previous plot")
-    proc = cli("memory", "summarize", MEMORY / "tiny_ctx128_train.pickle", "--plot", png, file_size=4096)
+    proc = cli("memory", "summarize", MEMORY / "tiny_ctx128_train.pickle", "--plot", png, "--force", file_size=4096)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert f"{png}: could not be written" in proc.stderr
     assert png.read_bytes() == b"previous plot" and os.listdir(tmp_path) == ["timeline.png"]

@@ -1,0 +1,62 @@
+"""The command line starts without torch: `--help`, `--version` and the commands that read reports
+(`kernels summarize|compare|timeline`, `memory summarize|compare`) never import torch or triton, and the
+top-level help lists each command with the first sentence of its own help."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from profiler_kit.cli import COMMANDS, main
+
+REPO = Path(__file__).resolve().parents[2]
+FIXTURES = REPO / "tests" / "fixtures"
+BF16 = FIXTURES / "kernels" / "h100_tiny_train_bf16.sqlite"
+FP32 = FIXTURES / "kernels" / "h100_tiny_train_fp32.sqlite"
+SNAPSHOT = next((FIXTURES / "memory").glob("*.pickle"))
+
+# Runs the CLI in a fresh interpreter and prints which heavy packages it imported.
+PROBE = """
+import json, sys
+from profiler_kit.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit as exc:
+    code = exc.code
+heavy = sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'triton', 'matplotlib'})
+print(json.dumps({'code': code, 'heavy': heavy}), file=sys.stderr)
+"""
+
+
+def _probe(*args: str, cwd: Path) -> dict:
+    proc = subprocess.run([sys.executable, "-c", PROBE, *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}, timeout=120)
+    return json.loads(proc.stderr.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("args", [
+    ["--help"],
+    ["--version"],
+    ["kernels", "--help"],
+    ["memory", "--help"],
+    ["kernels", "summarize", BF16],
+    ["kernels", "summarize", BF16, "--format", "json"],
+    ["kernels", "compare", FP32, BF16],
+    ["kernels", "timeline", BF16, "-o", "trace.json"],
+    ["memory", "summarize", SNAPSHOT],
+    ["memory", "compare", SNAPSHOT, SNAPSHOT],
+], ids=lambda args: " ".join(str(a) if not isinstance(a, Path) else a.name for a in args))
+def test_no_torch_on_start_and_report_commands(args: list, tmp_path: Path) -> None:
+    result = _probe(*args, cwd=tmp_path)
+    assert result == {"code": 0, "heavy": []}
+
+
+def test_commands_listed_without_loading_them() -> None:
+    for name, (_module, summary) in COMMANDS.items():
+        command = main.get_command(None, name)
+        assert command is not None and command.name == name
+        assert " ".join((command.help or "").split()).startswith(summary), name
