@@ -131,13 +131,14 @@ def _optional(obj: dict, key: str, kind: type | tuple[type, ...], where: str) ->
     """A field the analysis reads when present: absent or None is fine, anything else must be `kind`."""
     if obj.get(key) is not None:
         _require(obj, key, kind, where)
-    # Every entry has a stack: the common case (all dicts) is checked in one C-level pass.
-    if key == "frames" and key in obj and set(map(type, obj[key])) - {dict}:
-        for k, frame in enumerate(obj[key]):
-            # The common case checked inline (a snapshot holds millions of frames); `conform` names the fault.
-            if not (type(frame) is dict and type(frame.get("name")) is str and type(frame.get("filename")) is str
-                    and type(frame.get("line", 0)) in (int, type(None))):
-                conform(frame, FRAME, f"{where}['frames'][{k}]")
+    # Every entry has a stack: the common case (dicts of the right field types) is checked in one pass over the
+    # field types; only a stack that fails it is walked again by `conform`, which names the fault.
+    frames = obj.get(key) if key == "frames" else None
+    if frames and (set(map(type, frames)) - {dict}
+                   or {(type(f.get("name")), type(f.get("filename")), type(f.get("line"))) for f in frames}
+                   - _FRAME_TYPES):
+        for k, frame in enumerate(frames):
+            conform(frame, FRAME, f"{where}['frames'][{k}]")
 
 
 def validate_snapshot(obj: Any) -> None:
@@ -176,6 +177,7 @@ def validate_snapshot(obj: Any) -> None:
 
 # The shapes of what the analysis reads (see `conform`): a stack frame, and the recorder's metadata.
 FRAME = {"name": str, "filename": str, "line?": int}
+_FRAME_TYPES = {(str, str, int), (str, str, type(None))}
 _OOM = {"step": int, "phase": str, "summary": str}
 METADATA = {
     "config?": {"model": str, "ctx": int, "mode": str, "batch_size": int, "mixed_precision": bool},
