@@ -92,18 +92,24 @@ def table_columns(con: sqlite3.Connection) -> dict[str, set[str]]:
 
 def check_fields(con: sqlite3.Connection, schema: dict[str, set[str]]) -> None:
     """Refuse the export when a column read holds a type nsys never writes there (`FIELD_TYPES`), naming the
-    table, the column, the row and the value."""
+    table, the column, the row and the value. One scan per table finds a faulty row; only then are its columns
+    told apart."""
     for table, fields in FIELD_TYPES.items():
-        for column, allowed in fields.items():
-            if column not in schema.get(table, ()):
-                continue
-            kinds = ", ".join(f"'{kind}'" for kind in allowed)
-            row = con.execute(f"SELECT rowid, typeof({column}), quote({column}) FROM {table} "
-                              f"WHERE typeof({column}) NOT IN ({kinds}) LIMIT 1").fetchone()
-            if row is not None:
-                value = "NULL" if row[1] == "null" else f"{row[1]} {row[2][:40]}{'...' * (len(row[2]) > 40)}"
-                raise ProfilerKitError(f"{table}.{column} of row {row[0]} holds {value}; an nsys export has "
-                                       f"{' or '.join(allowed)} there")
+        checked = {column: allowed for column, allowed in fields.items() if column in schema.get(table, ())}
+        wrong = {column: f"typeof({column}) NOT IN ({', '.join(repr(kind) for kind in allowed)})"
+                 for column, allowed in checked.items()}
+        if not wrong:
+            continue
+        row = con.execute(f"SELECT rowid, {', '.join(wrong.values())} FROM {table} "
+                          f"WHERE {' OR '.join(wrong.values())} LIMIT 1").fetchone()
+        if row is None:
+            continue
+        column = next(column for column, bad in zip(wrong, row[1:], strict=True) if bad)
+        kind, text = con.execute(f"SELECT typeof({column}), quote({column}) FROM {table} WHERE rowid = ?",
+                                 (row[0],)).fetchone()
+        value = "NULL" if kind == "null" else f"{kind} {text[:40]}{'...' * (len(text) > 40)}"
+        raise ProfilerKitError(f"{table}.{column} of row {row[0]} holds {value}; an nsys export has "
+                               f"{' or '.join(checked[column])} there")
 
 
 def _load(con: sqlite3.Connection, path: Path) -> KernelTrace:
