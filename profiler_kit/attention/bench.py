@@ -59,7 +59,7 @@ from profiler_kit.attention.registry import (
     make_impl,
 )
 from profiler_kit.benchmark import device_label
-from profiler_kit.errors import first_line
+from profiler_kit.errors import ProfilerKitError, first_line
 from profiler_kit.workload import release, resolve_device, synchronize
 
 # Every name `--impl` takes, in table order, and the default set.
@@ -82,6 +82,9 @@ TFLOPS_COLUMNS = tuple(f"{t}_tflops" for t in TIMINGS)
 MEMORY_COLUMNS = ("mem_inputs_mib", "mem_before_bwd_mib", "saved_mib", "saved_analytic_mib", "fwd_peak_mib",
                   "bwd_peak_mib")
 # What changes a measurement besides its config; `--resume` counts a row as done only when these match.
+# Beyond these a sweep would run for days, or its inputs fit no device: refused before any work.
+MAX_MEASURE_MS = 600_000
+MAX_INPUT_BYTES = 2**40
 SETTING_COLUMNS = ("device", "warmup_ms", "rep_ms", "rounds", "backward_thread")
 COLUMNS = (*KEY_COLUMNS, "device", "status", "warmup_ms", "rep_ms", "rounds", "backward_thread", *TIMING_COLUMNS,
            *TFLOPS_COLUMNS, *MEMORY_COLUMNS, "message")
@@ -99,6 +102,13 @@ class AttentionConfig:
     seq: int
     d: int
     device: str = "auto"
+
+    def __post_init__(self) -> None:
+        size = 3 * self.batch_heads * self.seq * self.d * DTYPES.get(self.dtype, torch.float32).itemsize
+        if size > MAX_INPUT_BYTES:
+            raise ProfilerKitError(f"{self.impl} {self.dtype} batch {self.batch} heads {self.heads} seq {self.seq} "
+                                   f"d {self.d}: its inputs alone take {size / 2**30:,.0f} GiB, more than the "
+                                   f"{MAX_INPUT_BYTES // 2**30:,} GiB any device holds")
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -318,7 +328,11 @@ def _fill_timings(row: dict, cfg: AttentionConfig, samples: dict[str, list[float
 def settings(device: torch.device, warmup_ms: float, rep_ms: float, rounds: int = 1,
              backward_on_caller: bool = False) -> dict:
     """The values of SETTING_COLUMNS that a row measured with these arguments of `run_shape` has (what `--resume`
-    matches)."""
+    matches); times beyond MAX_MEASURE_MS are refused, since every measurement would take that long."""
+    for what, ms in (("warm-up", warmup_ms), ("measured", rep_ms)):
+        if not 0 <= ms <= MAX_MEASURE_MS:
+            raise ProfilerKitError(f"a {what} time of {ms:g} ms per measurement is outside 0 to {MAX_MEASURE_MS:,} "
+                                   "ms (10 minutes), and every implementation and timing takes one")
     return {"device": device_label(device), "warmup_ms": warmup_ms, "rep_ms": rep_ms, "rounds": rounds,
             "backward_thread": "caller" if backward_on_caller else "engine"}
 

@@ -151,7 +151,11 @@ def nsys(click_ctx: click.Context, model: str, ctx: int, mode: str, batch_size: 
         builtin = [p.opts[0] for p in given if p.name not in shared]
         if builtin:
             raise click.UsageError(f"{', '.join(builtin)}: options of the built-in workload, not of -- COMMAND")
-        run = run_program(command, backend, output, nsys_path, tuple(shlex.split(nsys_args)), capture, force)
+        try:
+            extra = tuple(shlex.split(nsys_args))
+        except ValueError as exc:  # an unbalanced quote
+            raise click.BadParameter(f"{exc} in {nsys_args!r}", param_hint="--nsys-args") from None
+        run = run_program(command, backend, output, nsys_path, extra, capture, force)
         click_ctx.exit(_report_program(run, fmt, top, list(phases) or None, flops_per_step, peak_tflops))
     misplaced = [p.opts[0] for p in given if p.name in PROGRAM_ONLY]
     if misplaced:

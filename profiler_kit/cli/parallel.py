@@ -30,7 +30,7 @@ def parallel_option(fn: Callable) -> Callable:
 
 def baseline_option(fn: Callable) -> Callable:
     return click.option(
-        "--baseline", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+        "--baseline", type=click.Path(dir_okay=False, exists=True, readable=False, path_type=Path),
         help="With --parallel: benchmark rows (.jsonl, .csv, .md) of the same configs on one device without "
              "--parallel; each row's scaling efficiency is its tokens/s over theirs (× world size for the "
              "aggregate row).",

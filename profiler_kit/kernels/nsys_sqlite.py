@@ -4,6 +4,11 @@ Tables and columns vary with the nsys version and with what was traced: a CPU-on
 runtime table, old exports lack `textId`, and kernel names live in `demangledName` (what `nsys stats` shows by
 default), `shortName` or, in old exports, `name`. Kernels are matched to the runtime/driver call that
 launched them by correlation id within one process, as nsys's own reports do, but in numpy.
+
+An export may come from anywhere, so every column read is checked once, in `check_fields`, before any query
+reads it: a cell of the wrong SQLite type (text where nsys writes an integer, a BLOB name) is an error naming the
+table, the column and the row; times are used only as integers within [0, 2^62), other rows are skipped with a
+note.
 """
 
 from __future__ import annotations
@@ -37,12 +42,31 @@ SOURCE = "nsys-sqlite"
 # Columns an export must have for its tables to be read at all.
 REQUIRED_COLUMNS = {KERNEL_TABLE: {"start", "end"}, NVTX_TABLE: {"start", "end", "eventType"},
                     RUNTIME_TABLE: {"start", "correlationId"}}
+# The SQLite types each column read may hold (besides the times, see `_timed`); what nsys writes, plus NULL
+# where its schema allows it. Kernel names are StringIds ids, or the name itself in old exports.
+ANY_ID = ("integer", "null")
+FIELD_TYPES = {
+    KERNEL_TABLE: {"correlationId": ANY_ID, "globalPid": ANY_ID, "streamId": ANY_ID,
+                   **{name: ("integer", "text") for name in NAME_COLUMNS}},
+    RUNTIME_TABLE: {"correlationId": ANY_ID, "globalTid": ANY_ID, "nameId": ("integer",)},
+    NVTX_TABLE: {"eventType": ("integer",), "text": ("text", "null"), "textId": ANY_ID, "globalTid": ANY_ID},
+    "StringIds": {"id": ("integer",), "value": ("text",)},
+    MEMORY_TABLES["memcpy"]: {"copyKind": ANY_ID},
+}
+# Timestamps are used only within [0, MAX_TIME_NS): differences and sums of them then stay within int64.
+MAX_TIME_NS = 2**62
+
+
+def quoted(name: str) -> str:
+    """An SQL identifier, quoted: table names come from the file and may hold any character."""
+    return '"' + name.replace('"', '""') + '"'
 
 
 def connect(path: Path) -> sqlite3.Connection:
-    """Open read-only, so that reading never creates journals or changes the file's modification time."""
+    """Open read-only and immutable, so that reading never creates journal, -wal or -shm files, works in a
+    read-only folder and never changes the file's modification time."""
     try:
-        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro&immutable=1", uri=True)
         # Sorts and temporary indexes in memory: on disk they cost more than the query itself.
         con.execute("PRAGMA temp_store = MEMORY")
         return con
@@ -63,7 +87,29 @@ def load_sqlite(path: Path) -> KernelTrace:
 def table_columns(con: sqlite3.Connection) -> dict[str, set[str]]:
     """Every table of the export → its column names."""
     tables = [row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
-    return {t: {row[1] for row in con.execute(f'PRAGMA table_info("{t}")')} for t in tables}
+    return {t: {row[1] for row in con.execute(f"PRAGMA table_info({quoted(t)})")} for t in tables}
+
+
+def check_fields(con: sqlite3.Connection, schema: dict[str, set[str]]) -> None:
+    """Refuse the export when a column read holds a type nsys never writes there (`FIELD_TYPES`), naming the
+    table, the column, the row and the value. One scan per table finds a faulty row; only then are its columns
+    told apart."""
+    for table, fields in FIELD_TYPES.items():
+        checked = {column: allowed for column, allowed in fields.items() if column in schema.get(table, ())}
+        wrong = {column: f"typeof({column}) NOT IN ({', '.join(repr(kind) for kind in allowed)})"
+                 for column, allowed in checked.items()}
+        if not wrong:
+            continue
+        row = con.execute(f"SELECT rowid, {', '.join(wrong.values())} FROM {table} "
+                          f"WHERE {' OR '.join(wrong.values())} LIMIT 1").fetchone()
+        if row is None:
+            continue
+        column = next(column for column, bad in zip(wrong, row[1:], strict=True) if bad)
+        kind, text = con.execute(f"SELECT typeof({column}), quote({column}) FROM {table} WHERE rowid = ?",
+                                 (row[0],)).fetchone()
+        value = "NULL" if kind == "null" else f"{kind} {text[:40]}{'...' * (len(text) > 40)}"
+        raise ProfilerKitError(f"{table}.{column} of row {row[0]} holds {value}; an nsys export has "
+                               f"{' or '.join(checked[column])} there")
 
 
 def _load(con: sqlite3.Connection, path: Path) -> KernelTrace:
@@ -77,6 +123,7 @@ def _load(con: sqlite3.Connection, path: Path) -> KernelTrace:
         missing = sorted(needed - schema.get(table, needed))
         if missing:
             raise ProfilerKitError(f"{path}: table {table} has no {', '.join(missing)} column")
+    check_fields(con, schema)
     cuda_traced = KERNEL_TABLE in schema or RUNTIME_TABLE in schema
     notes: list[str] = []
     return KernelTrace(
@@ -89,19 +136,27 @@ def _load(con: sqlite3.Connection, path: Path) -> KernelTrace:
     )
 
 
+def _time(column: str) -> str:
+    """SQL condition: `column` is an integer timestamp within [0, MAX_TIME_NS)."""
+    return f"(typeof({column}) = 'integer' AND {column} >= 0 AND {column} < {MAX_TIME_NS})"
+
+
 def _timed(table: str, alias: str = "") -> str:
-    """SQL condition: a row whose start and end are integers with end ≥ start (NULLs, text or a negative
-    duration make a row unusable: SQLite would subtract text as 0)."""
+    """SQL condition: a row whose start and end are timestamps (`_time`) with end ≥ start (NULLs, text or a
+    negative duration make a row unusable: SQLite would subtract text as 0)."""
     a = f"{alias}." if alias else ""
-    return (f"typeof({a}start) = 'integer' AND typeof({a}end) = 'integer' AND {a}end >= {a}start")
+    return f"{_time(a + 'start')} AND {_time(a + 'end')} AND {a}end >= {a}start"
 
 
-def _skipped(con: sqlite3.Connection, table: str, valid: str, what: str, notes: list[str]) -> None:
-    """Count the rows of `table` that fail `valid`: all of them is an error, some a note."""
-    total, bad = con.execute(f"SELECT count(*), coalesce(sum(NOT ({valid})), 0) FROM {table}").fetchone()
+def _skipped(con: sqlite3.Connection, table: str, valid: str, what: str, notes: list[str],
+             among: str = "1") -> None:
+    """Count the rows of `table` (those matching `among`) that fail `valid`: all of them is an error, some a
+    note."""
+    total, bad = con.execute(
+        f"SELECT count(*), coalesce(sum(NOT ({valid})), 0) FROM {table} WHERE {among}").fetchone()
     if bad and bad == total:
         raise ProfilerKitError(f"none of the {total:,} rows of {table} has a usable start and end time "
-                               "(integers, end ≥ start)")
+                               f"(integers from 0 to 2^62, end ≥ start)")
     if bad:
         notes.append(f"skipped {bad:,} of {total:,} {what} without a usable start and end time in {table}")
 
@@ -128,13 +183,13 @@ def _kernels(con: sqlite3.Connection, schema: dict[str, set[str]], notes: list[s
     ).fetchall()
     if not rows:
         return kernel_frame([], [], [], [])
-    table = np.array(rows, dtype=object if isinstance(rows[0][3], str) else np.int64)
-    corr, processes, durations, name_ids, starts, streams = (table[:, i] for i in range(6))
-    names = _strings(con, name_ids.astype(np.int64)) if table.dtype != object else name_ids
+    table = np.array(rows, dtype=object)
+    corr, processes, durations, name_cells, starts, streams = (table[:, i] for i in range(6))
+    names = _names(con, name_cells)
     if RUNTIME_TABLE in schema:
         kernel_process = processes.astype(np.int64) if process != "0" else None
         launch_ns, launch_process = match_launches(
-            corr.astype(np.int64), *_launches(con, schema), kernel_process=kernel_process
+            corr.astype(np.int64), *_launches(con, schema, notes), kernel_process=kernel_process
         )
     else:
         launch_ns, launch_process = np.full(len(rows), NO_LAUNCH), np.zeros(len(rows), dtype=np.int64)
@@ -143,7 +198,7 @@ def _kernels(con: sqlite3.Connection, schema: dict[str, set[str]], notes: list[s
 
 
 def _launches(
-    con: sqlite3.Connection, schema: dict[str, set[str]]
+    con: sqlite3.Connection, schema: dict[str, set[str]], notes: list[str]
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Correlation id, start and process of the runtime/driver calls that can launch kernels."""
     columns = schema[RUNTIME_TABLE]
@@ -153,18 +208,24 @@ def _launches(
         ids = [str(i) for (i,) in con.execute(f"SELECT id FROM StringIds WHERE value LIKE '{LAUNCH_CALLS}'")]
         where += f" AND nameId IN ({', '.join(ids) or 'NULL'})"
     thread = "coalesce(globalTid, 0)" if "globalTid" in columns else "0"
-    rows = con.execute(f"SELECT correlationId, start, {thread} FROM {RUNTIME_TABLE}{where}").fetchall()
+    _skipped(con, RUNTIME_TABLE, _time("start"), "launch calls", notes, among=where.removeprefix(" WHERE "))
+    rows = con.execute(f"SELECT correlationId, start, {thread} FROM {RUNTIME_TABLE}{where} "
+                       f"AND {_time('start')}").fetchall()
     table = np.array(rows, dtype=np.int64).reshape(-1, 3)
     return table[:, 0], table[:, 1], table[:, 2] & PROCESS_MASK
 
 
-def _strings(con: sqlite3.Connection, ids: np.ndarray) -> pd.Categorical:
-    """StringIds values for an array of ids, each distinct id looked up once."""
-    unique, inverse = np.unique(ids, return_inverse=True)
-    lookup = dict(con.execute("SELECT id, value FROM StringIds"))
-    values = np.array([lookup.get(int(i), f"<string {int(i)}>") for i in unique], dtype=object)
-    names, codes = np.unique(values, return_inverse=True)
-    return pd.Categorical.from_codes(codes[inverse], categories=names)
+def _names(con: sqlite3.Connection, cells: np.ndarray) -> pd.Categorical:
+    """Kernel names from their cells: a StringIds id (each distinct one looked up once) or the name itself."""
+    is_text = np.array([isinstance(cell, str) for cell in cells], dtype=bool)
+    values = cells.copy()
+    if not is_text.all():
+        unique, inverse = np.unique(cells[~is_text].astype(np.int64), return_inverse=True)
+        lookup = dict(con.execute("SELECT id, value FROM StringIds")) if unique.size else {}
+        found = np.array([lookup.get(int(i), f"<string {int(i)}>") for i in unique], dtype=object)
+        values[~is_text] = found[inverse]
+    names, codes = np.unique(values.astype(str), return_inverse=True)
+    return pd.Categorical.from_codes(codes, categories=names)
 
 
 def _event_type(con: sqlite3.Connection, schema: dict[str, set[str]], name: str, default: int) -> int:
@@ -185,7 +246,7 @@ def _ranges(con: sqlite3.Connection, schema: dict[str, set[str]], notes: list[st
     else:
         name, join = text, ""
     tid = "coalesce(n.globalTid, 0)" if "globalTid" in cols else "0"
-    usable = "typeof(n.start) = 'integer' AND (n.end IS NULL OR (typeof(n.end) = 'integer' AND n.end >= n.start))"
+    usable = f"{_time('n.start')} AND (n.end IS NULL OR ({_time('n.end')} AND n.end >= n.start))"
     event = _event_type(con, schema, "NvtxPushPopRange", PUSH_POP_EVENT)
     domain = "n.domainId" if "domainId" in cols else "NULL"
     rows = con.execute(
@@ -201,6 +262,10 @@ def _ranges(con: sqlite3.Connection, schema: dict[str, set[str]], notes: list[st
     if bad:
         notes.append(f"skipped {bad:,} of {len(rows):,} NVTX ranges without a usable start and end time")
     rows = [row for row in rows if row[4]]
+    unclosed = sum(1 for row in rows if row[1] is None)
+    if unclosed:
+        notes.append(f"{unclosed:,} of {len(rows):,} NVTX ranges were never closed: each is taken to last to the "
+                     "end of the report, so phase times that include them may exceed the total")
     starts = np.array([row[0] for row in rows], dtype=np.int64)
     known_ends = [row[1] for row in rows if row[1] is not None]
     last = max(int(starts.max(initial=0)), max(known_ends, default=0))

@@ -4,7 +4,9 @@ What varies: report names (`gpukernsum` until 2022, `cuda_gpu_kern_sum` since 20
 kernels by `GridXYZ`/`BlockXYZ` too, so one name can span several rows), the time unit in the headers
 (`Total Time (ns)`, `(us)`, `(ms)`, `(sec)` under `--timeunit`), thousands separators in newer text tables,
 and the lines nsys prints before a table ("Processing [...] with [...]...", " ** CUDA GPU Kernel Summary
-(cuda_gpu_kern_sum):", "NOTICE: ..."). The text table cuts names to 100 characters, marking the cut with "…".
+(cuda_gpu_kern_sum):", "NOTICE: ..."), and byte-order marks an editor or a concatenation leaves at the start of
+a line. The text table cuts names to 100 characters, marking the cut with "…". A CSV cut short (inside a quoted
+name, or in its last row) is an error, not a shorter summary.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from profiler_kit.errors import ProfilerKitError
-from profiler_kit.kernels.trace import KernelTrace, kernel_frame
+from profiler_kit.kernels.trace import KernelTrace, checked_total, kernel_frame
 
 KERNEL_REPORTS = ("cuda_gpu_kern_sum", "gpukernsum", "cuda_gpu_kern_gb_sum")
 NVTX_KERNEL_REPORTS = ("nvtx_kern_sum", "nvtxkernsum")
@@ -44,6 +46,7 @@ _DASH_RULE = re.compile(r"^\s*-{2,}(\s+-{2,})*\s*$")
 _PLUS_RULE = re.compile(r"^\s*\+-[-+]*\+\s*$")
 _TIME_COLUMN = re.compile(r"^(?P<what>.+?)\s*\((?P<unit>[a-z]+)\)$")
 _SKIPPED = re.compile(r"^SKIPPED:.*does not contain CUDA kernel data", re.MULTILINE)
+BOM = "\ufeff"
 
 
 @dataclass
@@ -55,8 +58,13 @@ class StatsTable:
     fmt: str  # "csv" or "text"
 
 
+def _lines(text: str) -> list[str]:
+    """The lines of the output, without byte-order marks at their starts."""
+    return [line.lstrip(BOM) for line in text.splitlines()]
+
+
 def looks_like_stats(text: str) -> bool:
-    return _SKIPPED.search(text) is not None or _find_table(text.splitlines()) is not None
+    return _SKIPPED.search(text) is not None or _find_table(_lines(text)) is not None
 
 
 def read_stats_table(text: str) -> StatsTable:
@@ -110,7 +118,7 @@ def _numbers(values: pd.Series, what: str) -> np.ndarray:
 
 def load_stats(text: str, path: Path) -> KernelTrace:
     """A kernel summary (`cuda_gpu_kern_sum`/`gpukernsum`) as a trace of per-name totals, without NVTX."""
-    if _SKIPPED.search(text) and _find_table(text.splitlines()) is None:
+    if _SKIPPED.search(text) and _find_table(_lines(text)) is None:
         return KernelTrace(
             "nsys-stats",
             path,
@@ -137,7 +145,7 @@ def load_stats(text: str, path: Path) -> KernelTrace:
         {
             "name": names,
             "instances": _instances(frame["Instances"]),
-            "total_ns": to_ns(frame[_total_column(columns)], unit),
+            "total_ns": checked_total(to_ns(frame[_total_column(columns)], unit), "kernel"),
         }
     )
     # 2022's report has one row per (name, grid, block); a summary wants one per name.
@@ -193,7 +201,7 @@ def _is_kernel_summary(report: str | None, columns: list[str]) -> bool:
 def _sections(text: str) -> list[tuple[str | None, list[str]]]:
     """Split output that holds several reports at their ` ** Title (report):` lines."""
     sections: list[tuple[str | None, list[str]]] = [(None, [])]
-    for line in text.splitlines():
+    for line in _lines(text):
         m = _SECTION.match(line)
         if m:
             sections.append((m["report"].split(":")[0], []))
@@ -217,9 +225,20 @@ def _find_table(lines: list[str]) -> tuple[str, int] | None:
 
 def _parse_csv(lines: list[str], header_at: int) -> pd.DataFrame:
     body = "\n".join(lines[header_at:])
-    rows = [row for row in csv.reader(io.StringIO(body)) if row]
+    reader = csv.reader(io.StringIO(body), strict=True)
+    try:
+        rows = [row for row in reader if row]
+    except csv.Error as exc:
+        line = header_at + reader.line_num
+        if "unexpected end of data" in str(exc):
+            raise ProfilerKitError(f"the `nsys stats` CSV ends inside a quoted cell at its line {line}: the file "
+                                   "is cut short") from None
+        raise ProfilerKitError(f"the `nsys stats` CSV is malformed at its line {line} ({exc})") from None
     header, data = rows[0], rows[1:]
     width = len(header)
+    if data and len(data[-1]) < width:
+        raise ProfilerKitError(f"the last row of the `nsys stats` CSV has {len(data[-1])} of its header's {width} "
+                               "cells: the file is cut short")
     if any(len(row) != width for row in data):
         raise ProfilerKitError(
             "a CSV row of the `nsys stats` output has a different number of cells than its header"

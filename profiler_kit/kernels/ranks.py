@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from profiler_kit.errors import ProfilerKitError
 from profiler_kit.kernels.attribution import RangeIndex
 from profiler_kit.kernels.categories import CATEGORIES
 from profiler_kit.kernels.idle import COMMUNICATION, communication, launches_in, phase_wall
@@ -60,7 +61,7 @@ class RankedSummary:
         return pd.DataFrame(rows)
 
     def merged_categories(self) -> dict[str, int]:
-        return {c: sum(s.category_ns()[c] for s in self.summaries) for c in CATEGORIES}
+        return {c: sum(int(s.category_ns()[c]) for s in self.summaries) for c in CATEGORIES}
 
     def merged_communication(self) -> pd.DataFrame:
         frame = pd.concat(self.communication).groupby("phase", sort=False)[
@@ -108,7 +109,7 @@ class RankedSummary:
         return {
             "ranks": ranks,
             "merged": {
-                "total_ns": sum(s.total_ns for s in self.summaries),
+                "total_ns": sum(int(s.total_ns) for s in self.summaries),
                 "categories": self.merged_categories(),
                 "phases": {p: sum(s.phase_ns().get(p, {}).get("total_ns", 0) for s in self.summaries)
                            for p in self.phase_names},
@@ -152,7 +153,13 @@ def rank_traces(paths: list[Path]) -> list[tuple[int, KernelTrace]]:
     if len(paths) == 1:
         return list(enumerate(split_processes(load(paths[0]))))
     ordered = sorted(enumerate(paths), key=lambda item: rank_of(item[1], item[0]))
-    return [(rank_of(path, position), load(path)) for position, path in ordered]
+    ranks = [rank_of(path, position) for position, path in ordered]
+    for k in range(1, len(ranks)):
+        if ranks[k] == ranks[k - 1]:
+            raise ProfilerKitError(f"{ordered[k - 1][1]} and {ordered[k][1]} are both rank {ranks[k]} (from "
+                                   "`.rank<R>.` in a name, else the position among the reports): give each "
+                                   "rank's report once")
+    return [(rank, load(path)) for rank, (_, path) in zip(ranks, ordered, strict=True)]
 
 
 def summarize_ranks(ranked: list[tuple[int, KernelTrace]], top: int = 10,

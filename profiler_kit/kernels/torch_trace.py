@@ -6,6 +6,10 @@ Complete events (`"ph": "X"`) carry microsecond `ts`/`dur` with nanosecond decim
 `record_function` ranges (our NVTX ranges under the torch backend) are `user_annotation` events on the CPU
 thread that opened them; those named in the trace's metadata `"profiler_kit": {"phases": [...]}` were opened
 with `profiler_kit.phase` (column `marked`).
+
+Fields are checked once as they are read: events without a name or usable times are skipped with a note
+(`_usable`); ids that are not what torch.profiler writes (`_check_ids`) make the trace an error naming the event
+and the field.
 """
 
 from __future__ import annotations
@@ -26,6 +30,11 @@ NS_PER_US = 1_000
 # Microsecond times at or above this would overflow int64 nanoseconds once summed.
 MAX_US = 2.0**62 / NS_PER_US
 SOURCE = "torch-trace"
+# Ids (pid, tid, args.correlation, args.stream) are integers within [0, MAX_ID): exact as floats too, which
+# pandas may turn them into.
+MAX_ID = 2**53
+ID_FIELDS = ("pid", "tid")
+ARG_IDS = ("correlation", "stream")
 
 
 def load_torch_trace(obj: object, path: Path) -> KernelTrace:
@@ -49,6 +58,7 @@ def _usable(events: pd.DataFrame, what: str, times: tuple[str, ...], notes: list
         values = pd.to_numeric(events[column], errors="coerce").to_numpy(dtype=float)
         with np.errstate(invalid="ignore"):
             ok &= np.isfinite(values) & (values >= 0) & (values < MAX_US)
+    _check_ids(events[ok], what)
     if len(ok) and not ok.any():
         raise ProfilerKitError(f"none of the {len(ok):,} {what} events has a name and a finite, non-negative "
                                f"{'/'.join(times)}")
@@ -65,10 +75,40 @@ def _phase_names(obj: dict) -> list[str]:
     return [p for p in phases if isinstance(p, str)] if isinstance(phases, list) else []
 
 
-def _correlation(args: pd.Series) -> np.ndarray:
-    """`args.correlation` of each event; NO_LAUNCH where an event has none."""
-    ids = args.map(lambda a: a.get("correlation") if isinstance(a, dict) else None)
-    return pd.to_numeric(ids, errors="coerce").fillna(NO_LAUNCH).to_numpy(dtype=np.int64)
+def _missing(value: object) -> bool:
+    return value is None or (isinstance(value, float) and np.isnan(value))
+
+
+def _is_id(value: object) -> bool:
+    return _missing(value) or (type(value) is int and 0 <= value < MAX_ID)
+
+
+def _check_ids(events: pd.DataFrame, what: str) -> None:
+    """Refuse the first event whose pid, tid, args, args.correlation or args.stream is present but not what
+    torch.profiler writes: integers from 0 to 2^53, args a dict."""
+    args_ok = events["args"].map(lambda a: _missing(a) or isinstance(a, dict)).to_numpy(dtype=bool)
+    checks = [(field, events[field].map(_is_id).to_numpy(dtype=bool)) for field in ID_FIELDS]
+    checks.append(("args", args_ok))
+    for field in ARG_IDS:
+        values = events["args"].map(lambda a, f=field: a.get(f) if isinstance(a, dict) else None)
+        checks.append((f"args.{field}", values.map(_is_id).to_numpy(dtype=bool)))
+    for field, ok in checks:
+        if not ok.all():
+            event = events.iloc[int(np.argmin(ok))]
+            value = event["args"] if field == "args" else (
+                event["args"].get(field[5:]) if field.startswith("args.") else event[field])
+            raise ProfilerKitError(f"the {what} event {str(event['name'])[:60]!r} at ts {event['ts']} has {field} "
+                                   f"{str(value)[:40]!r}; torch.profiler writes "
+                                   f"{'a dict' if field == 'args' else 'an integer from 0 to 2^53'} there")
+
+
+def _ids(values: pd.Series, missing: int) -> np.ndarray:
+    """Checked ids (`_check_ids`) as int64, `missing` where an event has none."""
+    return np.array([missing if _missing(v) else v for v in values], dtype=np.int64)
+
+
+def _arg(events: pd.DataFrame, field: str, missing: int) -> np.ndarray:
+    return _ids(events["args"].map(lambda a: a.get(field) if isinstance(a, dict) else None), missing)
 
 
 def _load(events: pd.DataFrame, path: Path, phase_names: list[str]) -> KernelTrace:
@@ -77,15 +117,14 @@ def _load(events: pd.DataFrame, path: Path, phase_names: list[str]) -> KernelTra
     launches = _usable(events[events["cat"].isin(LAUNCH_CATEGORIES)], "launch", ("ts",), notes)
     # GPU events carry the device as their pid: the launch's pid is the process.
     launch_ns, process = match_launches(
-        _correlation(kernels["args"]),
-        _correlation(launches["args"]),
+        _arg(kernels, "correlation", NO_LAUNCH),
+        _arg(launches, "correlation", NO_LAUNCH),
         us_to_ns(launches["ts"]),
-        pd.to_numeric(launches["pid"], errors="coerce").fillna(0).to_numpy(dtype=np.int64),
+        _ids(launches["pid"], 0),
     )
-    stream = kernels["args"].map(lambda a: a.get("stream", 0) if isinstance(a, dict) else 0)
     kernel_rows = kernel_frame(
         kernels["name"].astype(str).to_numpy(), us_to_ns(kernels["dur"]), launch_ns, process,
-        start_ns=us_to_ns(kernels["ts"]), stream=pd.to_numeric(stream, errors="coerce").fillna(0).to_numpy(),
+        start_ns=us_to_ns(kernels["ts"]), stream=_arg(kernels, "stream", 0),
     )
     annotations = _usable(events[events["cat"] == RANGE_CATEGORY], "range", ("ts", "dur"), notes)
     ranges = event_ranges(annotations)

@@ -14,8 +14,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from profiler_kit.errors import ProfilerKitError
+
 # `launch_ns` of a kernel whose launching call is not in the source (no runtime table, unmatched id).
 NO_LAUNCH = -1
+# Durations of one trace must add up to less than this: every sum a summary takes (per category, phase, range,
+# rank) is then exact in int64. 2^62 ns is 146 years.
+MAX_TOTAL_NS = 2**62
 
 MEMORY_COLUMNS = ("operation", "instances", "total_ns")
 
@@ -58,7 +63,7 @@ def kernel_frame(
 ) -> pd.DataFrame:
     """A `kernels` frame with the right dtypes; per-execution when launch times are given, with the GPU start
     and stream of each execution when those are given."""
-    durations = np.asarray(durations_ns, dtype=np.int64)
+    durations = checked_total(durations_ns, "kernel")
     frame = pd.DataFrame(
         {
             "name": names
@@ -98,20 +103,33 @@ def match_launches(
     if len(launch_key) == 0 or len(kernel_key) == 0:
         return np.full(len(kernel_key), NO_LAUNCH, dtype=np.int64), np.zeros(len(kernel_key), dtype=np.int64)
     if kernel_process is not None:
-        # Correlation ids are unique within a process: (process, id) becomes one integer key.
+        # Correlation ids are unique within a process: (process, id) becomes one integer key, from the ids'
+        # ranks among all ids (not the ids themselves, which may be as large as int64 allows).
         kernel_process = np.asarray(kernel_process, dtype=np.int64)
         processes, launch_pidx = np.unique(launch_process, return_inverse=True)
         kernel_pidx = np.minimum(np.searchsorted(processes, kernel_process), len(processes) - 1)
         known &= processes[kernel_pidx] == kernel_process
-        stride = int(max(launch_key.max(), kernel_key.max())) + 1
-        launch_key = launch_pidx * stride + launch_key
-        kernel_key = kernel_pidx * stride + kernel_key
+        ids, ranks = np.unique(np.concatenate([launch_key, kernel_key]), return_inverse=True)
+        stride = len(ids)
+        launch_key = launch_pidx * stride + ranks[: len(launch_key)]
+        kernel_key = kernel_pidx * stride + ranks[len(launch_key):]
     order = np.argsort(launch_key, kind="stable")
     sorted_keys = launch_key[order]
     pos = np.minimum(np.searchsorted(sorted_keys, kernel_key), len(sorted_keys) - 1)
     hit = known & (sorted_keys[pos] == kernel_key)
     launch = np.where(hit, launch_ns[order][pos], NO_LAUNCH)
     return launch, np.where(hit, launch_process[order][pos], 0)
+
+
+def checked_total(durations_ns: Iterable[int] | np.ndarray, what: str) -> np.ndarray:
+    """Durations as int64, refused when negative or when their sum reaches MAX_TOTAL_NS: a sum that wrapped
+    at 2^63 would be a wrong number, not an error. The float sum decides (its rounding is far below the
+    margin MAX_TOTAL_NS leaves)."""
+    durations = np.asarray(durations_ns, dtype=np.int64)
+    if len(durations) and (durations.min() < 0 or durations.astype(float).sum() >= MAX_TOTAL_NS):
+        raise ProfilerKitError(f"the {what} durations are negative or add up to more than 2^62 ns (146 years); "
+                               "no recording holds that much")
+    return durations
 
 
 def range_frame(
@@ -134,7 +152,7 @@ def memory_frame(operations: Iterable[str], durations_ns: Iterable[int]) -> pd.D
     frame = pd.DataFrame(
         {
             "operation": pd.Series(operations, dtype=object),
-            "total_ns": np.asarray(durations_ns, dtype=np.int64),
+            "total_ns": checked_total(list(durations_ns), "memory operation"),
         }
     )
     out = frame.groupby("operation", sort=False).agg(

@@ -10,6 +10,7 @@ containers and refuses every other global, and the structure is checked before a
 from __future__ import annotations
 
 import io
+import math
 import pickle
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -115,20 +116,29 @@ def _require(obj: Any, key: str, kind: type | tuple[type, ...], where: str) -> A
     value = obj[key]
     if not isinstance(value, kind) or isinstance(value, bool):
         raise ValueError(f"{where}[{key!r}] is a {type(value).__name__}")
-    if isinstance(value, int) and not 0 <= value < MAX_INT:
-        raise ValueError(f"{where}[{key!r}] is {value}, outside 0 to 2^63 - 1")
+    _check_number(value, f"{where}[{key!r}]")
     return value
+
+
+def _check_number(value: Any, where: str) -> None:
+    """Integers within [0, 2^63) and floats finite within that range: what the analysis sums as int64."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and not (
+            0 <= value < MAX_INT and (isinstance(value, int) or math.isfinite(value))):
+        raise ValueError(f"{where} is {value}, outside 0 to 2^63 - 1")
 
 
 def _optional(obj: dict, key: str, kind: type | tuple[type, ...], where: str) -> None:
     """A field the analysis reads when present: absent or None is fine, anything else must be `kind`."""
     if obj.get(key) is not None:
         _require(obj, key, kind, where)
-    # Every entry has a stack: the common case (all dicts) is checked in one C-level pass.
-    if key == "frames" and key in obj and set(map(type, obj[key])) - {dict}:
-        for k, frame in enumerate(obj[key]):
-            if not isinstance(frame, dict):
-                raise ValueError(f"{where}['frames'][{k}] is a {type(frame).__name__}, expected a dict")
+    # Every entry has a stack: the common case (dicts of the right field types) is checked in one pass over the
+    # field types; only a stack that fails it is walked again by `conform`, which names the fault.
+    frames = obj.get(key) if key == "frames" else None
+    if frames and (set(map(type, frames)) - {dict}
+                   or {(type(f.get("name")), type(f.get("filename")), type(f.get("line"))) for f in frames}
+                   - _FRAME_TYPES):
+        for k, frame in enumerate(frames):
+            conform(frame, FRAME, f"{where}['frames'][{k}]")
 
 
 def validate_snapshot(obj: Any) -> None:
@@ -138,13 +148,14 @@ def validate_snapshot(obj: Any) -> None:
         kind = f"a dict with keys {keys}" if keys is not None else f"a {type(obj).__name__}"
         raise ValueError(f"not a memory snapshot: the pickle holds {kind}, not 'segments'/'device_traces'")
     segments = _require(obj, "segments", list, "snapshot")
+    total = 0  # every size the analysis may add up, exactly
     for i, segment in enumerate(segments):
         where = f"segments[{i}]"
-        for key in ("address", "total_size"):
-            _require(segment, key, int, where)
+        _require(segment, "address", int, where)
+        total += _require(segment, "total_size", int, where)
         _optional(segment, "device", int, where)
         for j, block in enumerate(_require(segment, "blocks", list, where)):
-            _require(block, "size", int, f"{where}.blocks[{j}]")
+            total += _require(block, "size", int, f"{where}.blocks[{j}]")
             _require(block, "state", str, f"{where}.blocks[{j}]")
             _optional(block, "requested_size", int, f"{where}.blocks[{j}]")
             _optional(block, "frames", list, f"{where}.blocks[{j}]")
@@ -155,10 +166,60 @@ def validate_snapshot(obj: Any) -> None:
             where = f"device_traces[{d}][{i}]"
             if _require(entry, "action", str, where) in ADDRESS_ACTIONS:
                 _require(entry, "addr", int, where)
-                _require(entry, "size", int, where)
+                total += _require(entry, "size", int, where)
             _optional(entry, "frames", list, where)
             _optional(entry, "device_free", int, where)
             _optional(entry, "time_us", (int, float), where)
+    if total >= MAX_INT:
+        raise ValueError(f"its sizes add up to {total:,} bytes, past 2^63: no GPU holds that much, and the "
+                         "allocated and reserved bytes summed from them would be wrong")
+
+
+# The shapes of what the analysis reads (see `conform`): a stack frame, and the recorder's metadata.
+FRAME = {"name": str, "filename": str, "line?": int}
+_FRAME_TYPES = {(str, str, int), (str, str, type(None))}
+_OOM = {"step": int, "phase": str, "summary": str}
+METADATA = {
+    "config?": {"model": str, "ctx": int, "mode": str, "batch_size": int, "mixed_precision": bool},
+    "device_name?": str, "steps?": int, "warmup?": int, "max_entries?": int,
+    "peak_allocated_bytes?": int, "peak_reserved_bytes?": int,
+    "phases?": [{"step": int, "phase": str, "end_time_us": (int, float), "completed?": bool,
+                 "peak_allocated_bytes?": int, "peak_reserved_bytes?": int, "allocated_bytes?": int}],
+    "warmup_oom?": str, "oom?": _OOM, "tensor_roles?": {str: [int]}, "linear_weight_numels?": [int],
+}
+
+
+def conform(value: Any, shape: Any, where: str) -> None:
+    """Raise ValueError naming the first part of `value` that does not have `shape`: a type or tuple of types
+    (numbers also checked by `_check_number`), `[shape]` for a list of such items, `{str: shape}` for a dict
+    of such values, or a dict of named keys, where `key?` may be absent or None and other keys are
+    ignored."""
+    if isinstance(shape, list):
+        if not isinstance(value, list):
+            raise ValueError(f"{where} is a {type(value).__name__}, expected a list")
+        for i, item in enumerate(value):
+            conform(item, shape[0], f"{where}[{i}]")
+    elif isinstance(shape, dict):
+        if not isinstance(value, dict):
+            raise ValueError(f"{where} is a {type(value).__name__}, expected a dict")
+        if str in shape:
+            for key, item in value.items():
+                conform(key, str, f"a key of {where}")
+                conform(item, shape[str], f"{where}[{key!r}]")
+            return
+        for name, part in shape.items():
+            key = name.rstrip("?")
+            if value.get(key) is None and name.endswith("?"):
+                continue
+            if key not in value:
+                raise ValueError(f"{where} has no {key!r}")
+            conform(value[key], part, f"{where}[{key!r}]")
+    else:
+        kinds = shape if isinstance(shape, tuple) else (shape,)
+        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+            names = " or ".join(kind.__name__ for kind in kinds)
+            raise ValueError(f"{where} is a {type(value).__name__}, expected {names}")
+        _check_number(value, where)
 
 
 def sidecar_path(snapshot_path: str | Path) -> Path:
@@ -172,6 +233,10 @@ def _metadata_problem(data: object) -> str | None:
         return "is not profiler-kit memory metadata"
     if data.get("version") != SIDECAR_VERSION:
         return f"is version {data.get('version')!r} of profiler-kit memory metadata; this tool reads {SIDECAR_VERSION}"
+    try:
+        conform(data, METADATA, "the metadata")
+    except ValueError as exc:
+        return f"has the wrong shape: {exc}"
     return None
 
 
@@ -213,5 +278,8 @@ def load_metadata(snapshot_path: str | Path, snapshot: dict, use_sidecar: bool =
     sidecar, note = load_sidecar(snapshot_path) if use_sidecar else (None, None)
     if sidecar is not None:
         return sidecar, "sidecar", None
-    embedded = embedded_metadata(snapshot)
+    try:
+        embedded = embedded_metadata(snapshot)
+    except ProfilerKitError as exc:
+        raise ProfilerKitError(f"{snapshot_path}: {exc}") from None
     return embedded, None if embedded is None else "snapshot", note
