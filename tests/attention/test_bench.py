@@ -343,7 +343,7 @@ def test_bench_with_rounds_through_the_cli(tmp_path):
         (["bench", "--impl", "naive,magic"], "'magic': choose from naive, compiled"),
         (["bench", "--dtype", "fp8"], "'fp8': choose from fp32, bf16, fp16"),
         (["bench", "--resume"], "--resume needs --output"),
-        (["leaderboard", "--rounds", "0"], "0 is not in the range x>=1"),
+        (["leaderboard", "--rounds", "0"], "'0' must be positive"),
         (["leaderboard", "--dtype", "fp32,bf16"], "takes one value here"),
     ],
 )
