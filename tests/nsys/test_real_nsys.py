@@ -146,10 +146,12 @@ def test_gpu_capture_range_holds_only_the_profiled_steps(tmp_path):
         pytest.skip(str(exc))
     cfg = WorkloadConfig("tiny", 64, "train", batch_size=2, device="cuda")
     result = profile(cfg, warmup=2, steps=1, backend="nsys", output_dir=tmp_path, nsys_path=gpu_nsys.path)
-    assert result.capture == "cudaProfilerApi"
-    with sqlite3.connect(result.sqlite) as db:
+    assert (result.window.kind, result.window.steps) == ("profiler_kit.capture", 1)
+    export = result.summary_source
+    assert export.suffix == ".sqlite"
+    with sqlite3.connect(export) as db:
         kernels = db.execute("select count(*) from CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0]
     assert kernels > 0
-    counts = nvtx_counts(result.sqlite)
+    counts = nvtx_counts(export)
     assert "warmup" not in counts
     assert counts.get("forward") == 1 and counts.get("optimizer_step") == 1
