@@ -15,8 +15,9 @@ have come earlier had a synchronizing call returned sooner.
 `launch_gaps=False` predicts a run whose launches never hold the GPU back (CUDA graphs): within each outermost
 range (a step) every kernel is ready when the range's first kernel is.
 
-A range's time is from its start until the last kernel launched in it has both been launched and finished. Steps
-are those of the summary's per-step table (`kernels.steps`).
+A range's time is from its start until the last kernel launched in it has both been launched and finished; when
+the GPU runs behind the host, it starts when the range before it (a step, or a phase) is done, so that no moment
+counts twice. Steps are those of the summary's per-step table (`kernels.steps`).
 """
 
 from __future__ import annotations
@@ -268,16 +269,25 @@ def what_if(summary: KernelSummary, speedups: list[Speedup], launch_gaps: bool =
 
 def _range_times(kernels: pd.DataFrame, index: RangeIndex, range_ids: np.ndarray,
                  timeline: tuple[np.ndarray, np.ndarray], launch_gaps: bool) -> pd.DataFrame:
-    """Per range of `range_ids` with kernels: time from its start (or its first kernel's, if earlier) until its
-    last kernel was launched (when launches count) and done, and the GPU's busy time over its kernels' span."""
+    """Per range of `range_ids` with kernels: its time, from its start (or its first kernel's, if earlier, and
+    never before the ranges before it in its process are done) until its last kernel was launched (when
+    launches count) and done; and the GPU's busy time over its kernels' span. Ranges of one process never count
+    the same moment twice, so when the GPU runs behind the host a step's time starts when the step before it is
+    done."""
     rows, owners = launches_in(kernels, index, range_ids)
     starts, ends = timeline[0][rows], timeline[1][rows]
     spans = spans_by_owner(starts, ends, owners).set_index("owner")
     done = ends if not launch_gaps else np.maximum(ends, kernels["launch_ns"].to_numpy()[rows])
-    last = pd.Series(done).groupby(owners).max()
-    begin = np.minimum(index.ranges["start_ns"].to_numpy()[spans.index], spans["first_ns"].to_numpy())
-    return pd.DataFrame({"range_id": spans.index, "time_ns": last.reindex(spans.index).to_numpy() - begin,
-                         "busy_ns": spans["busy_ns"].to_numpy(), "span_ns": spans["span_ns"].to_numpy()})
+    frame = pd.DataFrame({
+        "range_id": spans.index,
+        "process": index.ranges["process"].to_numpy()[spans.index],
+        "begin": np.minimum(index.ranges["start_ns"].to_numpy()[spans.index], spans["first_ns"].to_numpy()),
+        "done": pd.Series(done).groupby(owners).max().reindex(spans.index).to_numpy(),
+        "busy_ns": spans["busy_ns"].to_numpy(), "span_ns": spans["span_ns"].to_numpy(),
+    }).sort_values(["process", "begin"], kind="stable")
+    before = frame.groupby("process")["done"].transform(lambda d: d.cummax().shift(fill_value=np.iinfo(np.int64).min))
+    frame["time_ns"] = np.maximum(frame["done"] - np.maximum(frame["begin"], before), 0)
+    return frame.sort_values("range_id")[["range_id", "time_ns", "busy_ns", "span_ns"]].reset_index(drop=True)
 
 
 def _verdict(busy: float, span: float) -> str:
@@ -305,11 +315,12 @@ def _range_table(kernels: pd.DataFrame, index: RangeIndex | None, phase_names: l
     rows = []
     if index is not None:
         names = index.names().to_numpy()
+        ids = np.flatnonzero(np.isin(names, phase_names))
+        m = _range_times(kernels, index, ids, measured, True)
+        p = _range_times(kernels, index, ids, predicted, launch_gaps)
         for phase in phase_names:
-            ids = np.flatnonzero(names == phase)
-            m = _range_times(kernels, index, ids, measured, True)
-            p = _range_times(kernels, index, ids, predicted, launch_gaps)
-            rows.append({"phase": phase, "ranges": len(m), **_row(phase, m, p)})
+            mine = names[m["range_id"].to_numpy()] == phase
+            rows.append({"phase": phase, "ranges": int(mine.sum()), **_row(phase, m[mine], p[mine])})
     whole = []
     origin = min(measured[0].min(), predicted[0].min())
     for starts, ends in (measured, predicted):

@@ -103,6 +103,17 @@ def test_replay_with_nothing_changed_gives_the_measured_times(path):
             assert measured[phase] >= span * (1 - 1e-9)
 
 
+def test_steps_count_no_moment_twice_when_the_gpu_runs_behind():
+    # Two steps (0-10 µs and 12-20 µs) each launch two 10 µs kernels at once; the GPU runs them back to back from
+    # 5 µs: 5-15, 16-26 (step 1), 27-37, 38-48 (step 2). Step 1 takes 26 µs, step 2 from 26 to 48: 22 µs.
+    trace = synthetic(["sgemm"] * 4, [0, 1, 12, 13], [5, 16, 27, 38], [10] * 4, [7] * 4, 50)
+    trace.ranges = range_frame(["step", "step", "fwd", "fwd"], [0, 12 * US, 0, 12 * US],
+                               [10 * US, 20 * US, 9 * US, 19 * US], [0] * 4, [1] * 4)
+    result = what_if(summarize_trace(trace), [])
+    assert result.steps["measured_ms"].tolist() == pytest.approx([0.026, 0.022])
+    assert phase_row(result, "fwd")["measured_ms"] == pytest.approx(0.048)
+
+
 def test_a_range_speedup_takes_the_kernels_launched_inside_it():
     trace = synthetic(["sgemm_a"] * 4, [0, 1, 2, 3], [5, 16, 27, 38], [10] * 4, [7] * 4, 50)
     # The first two kernels are launched inside `attn` (0-1.5 µs), inside the step.
