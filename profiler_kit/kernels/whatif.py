@@ -12,8 +12,10 @@ waited for another stream: the kernel that ended last before it, on another stre
 what it waited for. The host's launch times stay as measured: the replay does not move a launch that would
 have come earlier had a synchronizing call returned sooner.
 
-`launch_gaps=False` predicts a run whose launches never hold the GPU back (CUDA graphs): within each outermost
-range (a step) every kernel is ready when the range's first kernel is.
+`launch_gaps=False` predicts a run whose launches never hold the GPU back (CUDA graphs with a host that keeps
+ahead): every kernel is ready when the report's first one is, so each stream runs its kernels back to back, as a
+graph replays them (GRAPH_QUEUE_GAP_NS apart); the host's own pauses (a synchronizing call, loading data)
+vanish with the launch gaps.
 
 A range's time is from its start until the last kernel launched in it has both been launched and finished; when
 the GPU runs behind the host, it starts when the range before it (a step, or a phase) is done, so that no moment
@@ -41,6 +43,9 @@ COLUMNS = ("phase", "ranges", "measured_ms", "predicted_ms", "saved_ms", "saved_
 STEP_COLUMNS = ("step", "measured_ms", "predicted_ms", "saved_ms", "saved_pct")
 # The queue gap of a report in which no kernel ever waited behind another on its stream (docs/compare.md).
 UNMEASURED_QUEUE_GAP_NS = 1_000
+# Without launch gaps (a CUDA graph replay), kernels follow each other on a stream after this long: the median
+# on an H100 (docs/compare.md), where kernels launched one by one queue 1.6-4.3 µs apart.
+GRAPH_QUEUE_GAP_NS = 420
 # A kernel that starts this much later than its launch and its stream explain waited for another stream.
 WAIT_SLACK_NS = 2_000
 
@@ -102,10 +107,11 @@ def scaled_durations(kernels: pd.DataFrame, index: RangeIndex | None, speedups: 
     return durations
 
 
-def replay(kernels: pd.DataFrame, durations: np.ndarray, ready_floor: np.ndarray | None = None
-           ) -> tuple[np.ndarray, Timing]:
+def replay(kernels: pd.DataFrame, durations: np.ndarray, ready_floor: np.ndarray | None = None,
+           queue_gap_ns: float | None = None) -> tuple[np.ndarray, Timing]:
     """Predicted start of every kernel (float ns) when kernel i lasts `durations[i]`. `ready_floor`, when
-    given, replaces each kernel's launch constraint (launch + latency) by that time."""
+    given, replaces each kernel's launch constraint (launch + latency) by that time; `queue_gap_ns`, when given,
+    is every kernel's gap behind the one before it on its stream."""
     start = kernels["start_ns"].to_numpy().astype(np.float64)
     end = start + kernels["total_ns"].to_numpy()
     launch = kernels["launch_ns"].to_numpy()
@@ -136,6 +142,8 @@ def replay(kernels: pd.DataFrame, durations: np.ndarray, ready_floor: np.ndarray
     by_launch = ~by_wait & known & (launch_at + latency >= prev_end + gap)
     latency_of = np.where(by_launch, own_latency, np.minimum(latency, own_latency))
     gap_of = np.where(~by_wait & ~by_launch, own_gap, np.minimum(gap, own_gap))
+    if queue_gap_ns is not None:
+        gap, gap_of = queue_gap_ns, np.full(len(start), float(queue_gap_ns))
     ready = launch_at + latency_of if ready_floor is None else ready_floor
     if ready_floor is None:
         ready = np.where(known, ready, start)  # a kernel of unknown launch keeps its measured start as floor
@@ -185,23 +193,6 @@ def _waited_for(kernels: pd.DataFrame, start: np.ndarray, end: np.ndarray, expla
             if pos >= 0 and ends[pos] > explained[i]:
                 waited[i] = by_end[pos]
     return waited
-
-
-def _graph_floor(kernels: pd.DataFrame, steps: np.ndarray, index: RangeIndex | None, latency: int) -> np.ndarray:
-    """With no launch gaps: every kernel of a step is ready when the step's first kernel was launched, plus the
-    latency (never later than that kernel started); a kernel in no step, when the report's first one was."""
-    launch = kernels["launch_ns"].to_numpy().astype(np.float64)
-    known = kernels["launch_ns"].to_numpy() != NO_LAUNCH
-    start = kernels["start_ns"].to_numpy().astype(np.float64)
-    floor = np.full(len(kernels), min(launch[known].min() + latency, start.min()))
-    if index is None or not len(steps):
-        return floor
-    rows, owners = launches_in(kernels, index, steps)
-    if len(rows):
-        group = pd.DataFrame({"launch": launch[rows], "start": start[rows]}).groupby(owners)
-        floor[rows] = np.minimum(group["launch"].transform("min").to_numpy() + latency,
-                                 group["start"].transform("min").to_numpy())
-    return floor
 
 
 @dataclass
@@ -254,8 +245,11 @@ def what_if(summary: KernelSummary, speedups: list[Speedup], launch_gaps: bool =
     _, timing = replay(kernels, kernels["total_ns"].to_numpy().astype(np.float64))
     index = summary.index
     steps = find_steps(index, summary.phase_names) if index is not None else np.empty(0, dtype=np.int64)
-    floor = None if launch_gaps else _graph_floor(kernels, steps, index, timing.launch_latency_ns)
-    predicted_start, timing = replay(kernels, durations, floor)
+    floor = None
+    if not launch_gaps:  # every kernel ready when the report's first one is: the host never holds the GPU back
+        first = kernels["launch_ns"].to_numpy()[kernels["launch_ns"].to_numpy() != NO_LAUNCH].min()
+        floor = np.full(len(kernels), min(first + timing.launch_latency_ns, measured_start.min()), dtype=np.float64)
+    predicted_start, timing = replay(kernels, durations, floor, None if launch_gaps else GRAPH_QUEUE_GAP_NS)
     measured = (measured_start.astype(np.int64), (measured_start + kernels["total_ns"].to_numpy()).astype(np.int64))
     predicted = (np.rint(predicted_start).astype(np.int64), np.rint(predicted_start + durations).astype(np.int64))
     phases = _range_table(kernels, index, summary.phase_names, measured, predicted, launch_gaps)

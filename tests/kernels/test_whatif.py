@@ -14,7 +14,7 @@ import pytest
 from profiler_kit.errors import ProfilerKitError
 from profiler_kit.kernels import load, summarize_trace
 from profiler_kit.kernels.trace import KernelTrace, kernel_frame, range_frame
-from profiler_kit.kernels.whatif import Speedup, replay, what_if
+from profiler_kit.kernels.whatif import GRAPH_QUEUE_GAP_NS, Speedup, replay, what_if
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "kernels"
 REPO = Path(__file__).resolve().parents[2]
@@ -60,10 +60,10 @@ def test_launch_bound_stream_gains_only_its_last_kernel():
     # The step ends at max(last launch, last kernel end) after its start: 69 µs measured, 67 predicted.
     assert (row["measured_ms"], row["predicted_ms"]) == (pytest.approx(0.069), pytest.approx(0.067))
     assert not faster.timing.gap_measured and any("queued" in note for note in faster.notes)
-    # Without launch gaps every kernel is ready at 5 µs and they queue 1 µs apart (the unmeasured gap):
-    # ends 9, 14, 19, 24 µs.
+    # Without launch gaps every kernel is ready at 5 µs and they follow each other as a graph replays them,
+    # GRAPH_QUEUE_GAP_NS apart: the last ends at 5 + 4 × 4 µs + 3 gaps.
     graphed = what_if(summary, [], launch_gaps=False)
-    assert phase_row(graphed)["predicted_ms"] == pytest.approx(0.024)
+    assert phase_row(graphed)["predicted_ms"] == pytest.approx((21 * US + 3 * GRAPH_QUEUE_GAP_NS) / 1e6)
     assert phase_row(graphed)["verdict_predicted"] == "gpu-bound"
 
 
