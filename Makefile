@@ -59,6 +59,7 @@ demo: $(ENV)
 	$(PY) -m profiler_kit benchmark --model tiny --ctx 64,128 --mode forward,train --warmup 5 --steps 10 \
 		--cpu-threads 1 --device cpu
 	$(PY) -m profiler_kit kernels summarize profiles/examples/small_ctx128_train_bf16.sqlite --top 8
+	$(PY) -m profiler_kit memory summarize memory_snapshots/examples/plain_adamw_fused.pickle --top 5
 
 bench: $(ENV)
 	$(PY) -m profiler_kit benchmark --model $(MODEL) --ctx $(CTX) --mode $(MODE) $(MIXED_FLAG)
