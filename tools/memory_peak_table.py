@@ -49,8 +49,8 @@ def main() -> None:
         "folder",
         nargs="?",
         type=Path,
-        default=Path("docs/data/memory"),
-        help="where the sidecars are (default: docs/data/memory)",
+        default=Path("memory_snapshots"),
+        help="where the sidecars are (default: memory_snapshots, where `make memory` writes them)",
     )
     parser.add_argument("--model", default="xl", help="model preset of the sidecars (default: xl)")
     parser.add_argument("--ctx", default="128,256,512", help="comma list of contexts (default: 128,256,512)")
