@@ -53,7 +53,7 @@ EVEN = [400 * US] * (KERNELS - 1)  # launch-bound: idle 4/5 of the span, no gap 
 
 
 def test_warm_up_step_is_left_out_of_the_idle_verdict():
-    # Step 1 is slow (40 ms against 10) and launch-bound; the steady steps are busy.
+    # The first step is slow (40 ms against 10) and launch-bound; the steady steps are busy.
     summary = summarize_trace(synthetic([EVEN, SHORT, SHORT], [40, 10, 10]))
     assert summary.steps["state"].tolist() == ["warm-up", "steady", "steady"]
     assert summary.steps["idle_pct"].iloc[0] == pytest.approx(9 * 400 / (9 * 400 + 10 * 100) * 100)
@@ -66,7 +66,7 @@ def test_warm_up_step_is_left_out_of_the_idle_verdict():
 
 
 def test_one_long_gap_is_named_not_called_launch_bound():
-    long_gap = [*SHORT[:4], 50 * MS, *SHORT[5:]]  # before kernel 5 of step 3's fwd
+    long_gap = [*SHORT[:4], 50 * MS, *SHORT[5:]]  # before the fifth kernel of the third step's fwd
     summary = summarize_trace(synthetic([SHORT, SHORT, long_gap], [10, 10, 10]))
     idle = summary.idle.set_index("phase").loc["fwd"]
     assert idle["verdict"] == "one long gap"

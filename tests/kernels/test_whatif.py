@@ -105,7 +105,7 @@ def test_replay_with_nothing_changed_gives_the_measured_times(path):
 
 def test_steps_count_no_moment_twice_when_the_gpu_runs_behind():
     # Two steps (0-10 µs and 12-20 µs) each launch two 10 µs kernels at once; the GPU runs them back to back from
-    # 5 µs: 5-15, 16-26 (step 1), 27-37, 38-48 (step 2). Step 1 takes 26 µs, step 2 from 26 to 48: 22 µs.
+    # 5 µs: 5-15, 16-26 (the first step), 27-37, 38-48 (the second). The first takes 26 µs, the second 26-48: 22 µs.
     trace = synthetic(["sgemm"] * 4, [0, 1, 12, 13], [5, 16, 27, 38], [10] * 4, [7] * 4, 50)
     trace.ranges = range_frame(["step", "step", "fwd", "fwd"], [0, 12 * US, 0, 12 * US],
                                [10 * US, 20 * US, 9 * US, 19 * US], [0] * 4, [1] * 4)
