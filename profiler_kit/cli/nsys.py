@@ -35,7 +35,7 @@ from profiler_kit.recording.builtin import (
     workload_flops,
 )
 from profiler_kit.recording.runner import BACKENDS, ProgramRun, Window, nothing_recorded, run_program
-from profiler_kit.render import console_err, emit_report
+from profiler_kit.render import emit_report, say
 from profiler_kit.workload import WorkloadConfig
 
 if TYPE_CHECKING:
@@ -168,15 +168,13 @@ def nsys(click_ctx: click.Context, model: str, ctx: int, mode: str, batch_size: 
         distributed.leave()
     rank = distributed.torchrun_rank().rank if parallel != "none" else 0
     if rank != 0:
-        console_err.print(f"rank {rank} recorded " + ", ".join(map(str, result.paths)) + "; rank 0 prints its summary",
-                          soft_wrap=True)
+        say(f"rank {rank} recorded " + ", ".join(map(str, result.paths)) + "; rank 0 prints its summary")
         return
     per_phase, peak = workload_flops(cfg)
     _report(result, fmt, top, lambda summary: summary.add_flops(per_phase, peak_tflops=peak))
     if parallel != "none":
         every_rank = str(result.summary_source).replace(".rank0.", ".rank*.")
-        console_err.print(f"that is rank 0's; every rank and merged: profiler-kit kernels summarize {every_rank}",
-                          soft_wrap=True)
+        say(f"that is rank 0's; every rank and merged: profiler-kit kernels summarize {every_rank}")
 
 
 @nsys.command("attention")
@@ -207,8 +205,7 @@ def attention_cmd(impls: list[str] | None, batch: int, heads: int | None, seq: i
 
 
 def _report(result: ProfileResult, fmt: str, top: int, with_flops: Callable | None = None) -> None:
-    console_err.print(f"{result.window.describe()} on {result.device}: " + ", ".join(map(str, result.paths)),
-                      soft_wrap=True, markup=False, highlight=False)
+    say(f"{result.window.describe()} on {result.device}: " + ", ".join(map(str, result.paths)))
     from profiler_kit.kernels import summarize
 
     summary = summarize(result.summary_source, top=top, phases=list(result.phases))
@@ -229,11 +226,10 @@ def _report_program(run: ProgramRun, fmt: str, top: int, phases: list[str] | Non
                     peak_tflops: float | None) -> int:
     """Summarize what a program's run recorded; the exit status to leave with: the program's."""
     if run.files:
-        console_err.print(f"{run.window.describe()}: " + ", ".join(str(p) for p in run.files), soft_wrap=True,
-                          markup=False, highlight=False)
+        say(f"{run.window.describe()}: " + ", ".join(str(p) for p in run.files))
     if run.exit_code != 0:
         kept = "the summary covers what was recorded" if run.sources else "nothing was recorded"
-        console_err.print(f"the program exited with status {run.exit_code}; {kept}", soft_wrap=True)
+        say(f"the program exited with status {run.exit_code}; {kept}")
     if not run.sources:
         if run.exit_code == 0:
             raise ProfilerKitError("the command wrote no trace: it started no Python program that imports torch")

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from profiler_kit.errors import literal
 from profiler_kit.recording import api, mirror, ranges
 
 RECORD = "PROFILER_KIT_RECORD"
@@ -167,7 +168,7 @@ class TorchRecorder:
         try:
             self.profiler.export_chrome_trace(str(self.trace))
         except OSError as exc:  # at the program's exit: one line on its stderr, no traceback
-            print(f"profiler-kit: {self.trace}: could not be written ({exc.strerror or exc})", file=sys.stderr)
+            print(f"profiler-kit: {literal(self.trace)}: could not be written ({exc.strerror or exc})", file=sys.stderr)
         self.window.report()
 
     def program_start(self) -> None:

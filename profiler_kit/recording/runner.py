@@ -18,6 +18,7 @@ were.
 from __future__ import annotations
 
 import collections
+import glob
 import json
 import os
 import shlex
@@ -45,7 +46,7 @@ from profiler_kit.recording.child import (
     trace_path,
 )
 from profiler_kit.recording.nsys import NsysError, NsysInstall, export_sqlite, find_nsys, kill_group, output_tail
-from profiler_kit.render import console_err
+from profiler_kit.render import say
 
 BACKENDS = ("nsys", "torch")
 INJECT_DIR = Path(__file__).resolve().parent / "_inject"
@@ -241,20 +242,19 @@ def _rank_of(path: Path) -> int:
 
 def _run_torch(cmd: list[str], output: Path, force: bool) -> ProgramRun:
     single = trace_path(output, None)
-    ranked = tuple(output.parent.glob(f"{output.name}.rank*{TRACE_SUFFIX}"))
+    ranked = tuple(output.parent.glob(f"{glob.escape(output.name)}.rank*{TRACE_SUFFIX}"))
     with reserve_output(single, force, ranked):
         partial = _partial(output)
         extra = {RECORD: "torch", TRACE: str(partial.absolute())}
         if _is_launcher(cmd):
             extra[RANKS_ONLY] = "1"
-        console_err.print(f"torch.profiler: {shlex.join(cmd)}", soft_wrap=True, markup=False,
-                          highlight=False)
-        written = sorted(partial.parent.glob(f"{partial.name}*{TRACE_SUFFIX}"))
+        say(f"torch.profiler: {shlex.join(cmd)}")
+        written = sorted(partial.parent.glob(f"{glob.escape(partial.name)}*{TRACE_SUFFIX}"))
         for stale in written:  # another run of this process id's that died
             stale.unlink()
         try:
             code, out = run_child(cmd, child_env(extra))
-            written = sorted(partial.parent.glob(f"{partial.name}*{TRACE_SUFFIX}"))
+            written = sorted(partial.parent.glob(f"{glob.escape(partial.name)}*{TRACE_SUFFIX}"))
             traces = []
             for path in written:
                 final = output.with_name(output.name + path.name[len(partial.name):])
@@ -292,8 +292,7 @@ def _run_nsys(cmd: list[str], output: Path, nsys: NsysInstall, nsys_args: tuple[
         partial = _partial(output)
         profile = nsys_command(nsys, partial, cmd, ranged, nsys_args)
         what = "the program's window, or all from the first CUDA call" if ranged else "the whole run"
-        console_err.print(f"nsys {nsys.version_str} records {what}: {shlex.join(cmd)}",
-                          soft_wrap=True, markup=False, highlight=False)
+        say(f"nsys {nsys.version_str} records {what}: {shlex.join(cmd)}")
         env = child_env({RECORD: "nsys", **({WINDOW: "1"} if ranged else {})})
         written = partial.with_name(partial.name + REPORT_SUFFIX)
         try:

@@ -250,3 +250,13 @@ def test_a_main_script_that_opens_its_own_cuda_profiler_window_is_recognised(tmp
     assert not opens_own_window(tmp_path / "absent.py")
     block = program(tmp_path, "block", "import torch\nwith torch.cuda.profiler.profile():\n    pass\n")
     assert opens_own_window(block)
+
+
+def test_a_recording_path_with_markup_and_escape_codes_is_printed_literally(tmp_path):
+    script = program(tmp_path, "tiny", "import torch\nx = torch.ones(64, 64)\nfor _ in range(3):\n    x = x @ x / 64\n")
+    out = tmp_path / "[/x][bold]\x1b]0;title\x07run"
+    result = nsys_cli("--backend", "torch", "-o", out, "--", sys.executable, script)
+    assert result.exit_code == 0, result.output
+    assert "\x1b" not in result.stderr and "\\x1b" in result.stderr
+    assert "[/x][bold]" in result.stderr  # no markup was interpreted
+    assert Path(f"{out}.json.gz").exists()
