@@ -20,6 +20,7 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 BF16 = FIXTURES / "kernels" / "h100_tiny_train_bf16.sqlite"
 FP32 = FIXTURES / "kernels" / "h100_tiny_train_fp32.sqlite"
 SNAPSHOT = FIXTURES / "memory" / "tiny_ctx128_train_bf16.pickle"
+MLP = FIXTURES / "kernels" / "h100_example_mlp.sqlite"
 
 HOSTILE = ["[/x]", "[bold red]x[/bold red]", "evil\x1b]0;title\x07\x1b[2J", "two\nlines", "<unnamed>", "a|b`c`"]
 BOX_HEADER = "┃"
@@ -132,6 +133,9 @@ def test_error_line_escapes_control_characters_and_markup(tmp_path):
     ["memory", "compare", SNAPSHOT, SNAPSHOT],
     ["benchmark", "--model", "tiny", "--ctx", "8", "--mode", "forward", "--batch-size", "1", "--device", "cpu",
      "--warmup", "0", "--max-warmup", "0", "--steps", "1"],
+    ["kernels", "whatif", MLP],
+    ["attention", "bench", "--impl", "naive,flash-torch", "--batch", "1", "--heads", "1", "--seq", "16", "--d", "16",
+     "--dtype", "fp32", "--device", "cpu", "--warmup", "1", "--rep", "1"],
 ], ids=lambda a: " ".join(str(x)[-20:] for x in a[:3]))
 def test_csv_round_trips_through_pandas_and_json_has_the_envelope(args):
     result = _cli(*args, "--format", "csv")
