@@ -4,6 +4,7 @@ calls replaced inside the program by fakes that return a real H100 snapshot, the
 report); on a GPU, a plain program's own window is recorded and its roles found."""
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -128,3 +129,23 @@ def test_options_of_the_builtin_workload_are_refused_with_a_command(tmp_path):
     assert result.exit_code == 2 and "--ctx: options of the built-in workload" in result.stderr
     result = CliRunner().invoke(main, ["memory", "-o", str(tmp_path / "x"), "--model", "tiny"])
     assert result.exit_code == 2 and "-o: options of -- COMMAND" in result.stderr
+
+
+@pytest.mark.gpu
+def test_plain_program_window_on_gpu(tmp_path):
+    """A program of its own (Transformer, fused AdamW, its torch.cuda.profiler window after warm-up): the peak
+    falls in one of its named ranges, the parameters found are the model's to the byte, ≤ 2% is unknown."""
+    out = tmp_path / "plain"
+    run = subprocess.run([sys.executable, "-m", "profiler_kit", "memory", "-o", str(out), "--format", "json", "--",
+                          sys.executable, str(ROOT / "examples" / "memory_plain.py"), "--window", "--ranges",
+                          "--width", "1024", "--depth", "4", "--seq", "1024"],
+                         capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert run.returncode == 0, run.stderr
+    held = json.loads(next(line for line in run.stderr.splitlines() if line.startswith('{"snapshot"')))
+    report = json.loads(run.stdout)
+    assert report["metadata_source"] == "snapshot"
+    assert report["peak"]["phase"].split(" #")[0] in ("forward", "backward", "optimizer")
+    roles = {row["role"]: row for row in report["roles_at_peak"]}
+    assert roles["parameter"]["size_bytes"] == held["parameter_bytes"]
+    assert roles["unknown"]["share_pct"] <= 2.0
+    assert "recorded the program's torch.cuda.profiler.start()/stop() window" in report["notes"]
