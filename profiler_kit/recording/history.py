@@ -57,7 +57,9 @@ class MemoryRecorder:
         start_history(self.max_entries)
         self.recording = True
         self.captures = []
-        self.optimizers.update(o for o in gc.get_objects() if isinstance(o, torch.optim.Optimizer))
+        # type(), not isinstance(): the latter reads `__class__`, which some lazy or deprecated objects answer
+        # with a warning or an import.
+        self.optimizers.update(o for o in gc.get_objects() if issubclass(type(o), torch.optim.Optimizer))
         self._capture("window start")
 
     def _after_step(self, optimizer: torch.optim.Optimizer, _args: tuple, _kwargs: dict) -> None:
