@@ -1,4 +1,5 @@
-"""The recorders that run inside a profiled program (`profiler-kit nsys [--model ...] [-- COMMAND]`).
+"""The recorders that run inside a profiled program (`profiler-kit nsys [--model ...] [-- COMMAND]`,
+`profiler-kit memory -- COMMAND`).
 
 The parent process describes what to record in environment variables (the only channel into a program it
 does not control, and one that torchrun passes on to its workers); `install_from_environment` reads them once,
