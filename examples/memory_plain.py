@@ -3,6 +3,7 @@ profiler-kit, for `profiler-kit memory summarize` to explain:
 
     python examples/memory_plain.py --out memory_snapshots/plain.pickle
     profiler-kit memory summarize memory_snapshots/plain.pickle
+    profiler-kit memory -- python examples/memory_plain.py --window     # recorded from outside instead
 
 A causal Transformer language model (torch's own layers) on random tokens, trained with AdamW (fused by
 default) or SGD with momentum. The history starts after `--warmup` steps (so parameters and optimizer state are
@@ -10,6 +11,9 @@ older than the trace), `--steps` steps are recorded, and no range names a phase 
 `record_function` ranges. It prints what the program holds after its last step (parameters, their gradients,
 the optimizer's state on the GPU, in bytes) so that the report's roles can be checked against it. Needs a CUDA
 device.
+
+With `--window` it records nothing itself: it opens a `torch.cuda.profiler.start()`/`stop()` window around the
+recorded steps instead, the window `profiler-kit memory -- COMMAND` records.
 """
 
 from __future__ import annotations
@@ -41,7 +45,9 @@ class Model(nn.Module):
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True, help="the snapshot pickle to write")
+    parser.add_argument("--out", help="the snapshot pickle to write (needed unless --window)")
+    parser.add_argument("--window", action="store_true",
+                        help="record nothing: open a torch.cuda.profiler window around the recorded steps")
     parser.add_argument("--optimizer", choices=["adamw-fused", "adamw-foreach", "sgd-momentum"],
                         default="adamw-fused")
     parser.add_argument("--width", type=int, default=512)
@@ -54,7 +60,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=2, help="recorded steps")
     parser.add_argument("--ranges", action="store_true",
                         help="wrap forward, backward and optimizer in record_function ranges")
-    return parser.parse_args()
+    args = parser.parse_args()
+    if not args.window and args.out is None:
+        parser.error("--out is needed unless --window")
+    return args
 
 
 def make_optimizer(name: str, params) -> torch.optim.Optimizer:
@@ -101,14 +110,20 @@ def main() -> None:
     for _ in range(args.warmup):
         step(model, optimizer, tokens, args.ranges)
     torch.cuda.synchronize()
-    torch.cuda.memory._record_memory_history(max_entries=200_000)
+    if args.window:
+        torch.cuda.profiler.start()
+    else:
+        torch.cuda.memory._record_memory_history(max_entries=200_000)
     for _ in range(args.steps):
         step(model, optimizer, tokens, args.ranges)
     torch.cuda.synchronize()
-    snapshot = torch.cuda.memory._snapshot()
-    torch.cuda.memory._record_memory_history(enabled=None)
-    with open(args.out, "wb") as fh:
-        pickle.dump(snapshot, fh, protocol=4)
+    if args.window:
+        torch.cuda.profiler.stop()
+    else:
+        snapshot = torch.cuda.memory._snapshot()
+        torch.cuda.memory._record_memory_history(enabled=None)
+        with open(args.out, "wb") as fh:
+            pickle.dump(snapshot, fh, protocol=4)
     print(json.dumps({"snapshot": args.out, "optimizer": args.optimizer, **held_bytes(model, optimizer)}))
 
 

@@ -49,8 +49,8 @@ COMMANDS = {
                                "attention × optimizer."),
     "kernels": ("kernels", "Kernel time by category (matmul, attention, elementwise, ...), per phase and per "
                            "kernel."),
-    "memory": ("memory", "Record CUDA memory history around one config's steps, dump the snapshot, and explain "
-                         "its peak."),
+    "memory": ("memory", "Record CUDA memory history around one config's steps, or over any program's window, "
+                         "dump the snapshot, and explain its peak."),
     "models": ("models", "The model presets with exact parameter counts."),
     "nsys": ("nsys", "Profile one training-step config, or any program given after `--`: kernels per phase, "
                      "under Nsight Systems or torch.profiler."),

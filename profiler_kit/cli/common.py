@@ -27,6 +27,21 @@ class ProgramGroup(click.Group):
         return super().resolve_command(ctx, args)
 
 
+# Where the command to profile starts on the command line; click would read its words as a subcommand.
+COMMAND_KEY = "profiler_kit.command"
+
+
+class CommandGroup(ProgramGroup):
+    """A group that also takes `-- COMMAND [ARGS]...`: everything after `--` is the program to profile."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if "--" in args:
+            at = args.index("--")
+            ctx.meta[COMMAND_KEY] = args[at + 1:]
+            args = args[:at]
+        return super().parse_args(ctx, args)
+
+
 def comma_list(kind: Callable[[str], Any] = str, positive: bool = False) -> Callable:
     """A click callback that parses `a,b,c` into a list, checking each item."""
 

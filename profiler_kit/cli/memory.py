@@ -1,13 +1,23 @@
-"""`profiler-kit memory` (record a snapshot around one config's steps, then explain it),
-`profiler-kit memory summarize FILE.pickle` (explain any snapshot) and `profiler-kit memory compare A B`."""
+"""`profiler-kit memory` (record a snapshot around one config's steps, then explain it), `profiler-kit memory --
+COMMAND` (record any program's window), `profiler-kit memory summarize FILE.pickle` (explain any snapshot) and
+`profiler-kit memory compare A B`."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 
-from profiler_kit.cli.common import FORCE, ProgramGroup, format_option, non_negative_int, positive_int, workload_options
+from profiler_kit.cli.common import (
+    COMMAND_KEY,
+    FORCE,
+    CommandGroup,
+    format_option,
+    non_negative_int,
+    positive_int,
+    workload_options,
+)
 from profiler_kit.errors import ProfilerKitError
 from profiler_kit.files import check_output_paths
 from profiler_kit.memory import DEFAULT_TOP, MemoryReport, analyze_file, compare, plot_timeline, write_html
@@ -27,7 +37,12 @@ def _plot(report: MemoryReport, path: Path) -> Path:
     return plot_timeline(report.recon, report.roles, report.spans, path, report.title())
 
 
-@click.group("memory", cls=ProgramGroup, invoke_without_command=True)
+# The options `-- COMMAND` takes; every other one is the built-in workload's.
+PROGRAM_OPTIONS = ("output", "force", "max_entries", "top", "fmt")
+
+
+@click.group("memory", cls=CommandGroup, invoke_without_command=True,
+             subcommand_metavar="[-- PROGRAM [ARGS]... | summarize | compare]")
 @workload_options(sweep=False)
 @click.option("--warmup", type=non_negative_int, default=1, show_default=True,
               help="Unrecorded steps first (they allocate AdamW state and settle the allocator's cache).")
@@ -40,12 +55,26 @@ def _plot(report: MemoryReport, path: Path) -> Path:
               help="Write the timeline PNG (stacked by role) beside the pickle.")
 @click.option("--html/--no-html", "html", default=True, show_default=True,
               help="Write the self-contained HTML report beside the pickle.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="With -- COMMAND: the snapshot's path without extension [default: "
+                   "memory_snapshots/<program>_<timestamp>].")
+@FORCE
 @_report_options
 @click.pass_context
 def memory_cmd(click_ctx: click.Context, model, ctx, mode, batch_size, mixed_precision, compile_, cuda_graphs,
-               attention, device, seed, nvtx, optimizer, warmup, steps, max_entries, output_dir, plot, html, top,
-               fmt) -> None:
-    """Record CUDA memory history around one config's steps, dump the snapshot, and explain its peak.
+               attention, device, seed, nvtx, optimizer, warmup, steps, max_entries, output_dir, plot, html, output,
+               force, top, fmt) -> None:
+    """Record CUDA memory history around one config's steps, or over any program's window, dump the snapshot,
+    and explain its peak.
+
+    \b
+    Any program: profiler-kit memory [-o OUT] [--max-entries N] -- python train.py ARGS (or torchrun ...).
+    Records the program's window: the steps it marks with profiler_kit.capture, else what it opens with
+    torch.cuda.profiler.start() and stop(), else from CUDA's start-up to exit; the storages of its parameters,
+    gradients and optimizer state are listed in the snapshot at the window's start and after each optimizer
+    step. Writes OUT.pickle (OUT.rank<R>.pickle per torchrun worker), also when the program runs out of
+    memory, and prints the report of `memory summarize` for each. Exits with the program's exit status
+    (128 + N when a signal N ended it).
 
     Run `profiler-kit memory summarize FILE.pickle` to explain any snapshot, also on a machine without a GPU;
     the options above apply to recording only. The HTML report opens offline; the pickle also opens at
@@ -53,6 +82,17 @@ def memory_cmd(click_ctx: click.Context, model, ctx, mode, batch_size, mixed_pre
     """
     if click_ctx.invoked_subcommand is not None:
         return
+    given = [p for p in click_ctx.command.params
+             if click_ctx.get_parameter_source(p.name) == ParameterSource.COMMANDLINE]
+    command = click_ctx.meta.get(COMMAND_KEY)
+    if command is not None:
+        builtin = [p.opts[0] for p in given if p.name not in PROGRAM_OPTIONS]
+        if builtin:
+            raise click.UsageError(f"{', '.join(builtin)}: options of the built-in workload, not of -- COMMAND")
+        click_ctx.exit(_record_program(command, output, max_entries, force, top, fmt))
+    misplaced = [p.opts[0] for p in given if p.name in ("output", "force")]
+    if misplaced:
+        raise click.UsageError(f"{', '.join(misplaced)}: options of -- COMMAND")
     from profiler_kit.memory.recorder import record, require_cuda
     from profiler_kit.workload import WorkloadConfig
 
@@ -73,6 +113,28 @@ def memory_cmd(click_ctx: click.Context, model, ctx, mode, batch_size, mixed_pre
         oom = result.oom
         raise ProfilerKitError(f"out of memory in {oom['phase']} of recorded step {oom['step'] + 1} "
                                f"({oom['summary']}); the snapshot was saved anyway: {result.snapshot_path}")
+
+
+def _record_program(command: list[str], output: Path | None, max_entries: int, force: bool, top: int,
+                    fmt: str) -> int:
+    """Record `command`'s memory history (`recording.runner`), print each snapshot's report; the program's exit
+    status."""
+    from profiler_kit.recording.runner import MEMORY, default_output, run_program
+
+    output = output if output is not None else default_output(command, DEFAULT_OUTPUT_DIR)
+    run = run_program(command, MEMORY, output, force=force, max_entries=max_entries)
+    if run.files:
+        say(f"{run.window.describe()}: {', '.join(map(str, run.files))} (the pickle also opens at {MEMORY_VIZ_URL})")
+    if run.exit_code != 0:
+        kept = "the report covers what was recorded" if run.files else "nothing was recorded"
+        say(f"the program exited with status {run.exit_code}; {kept}")
+    if not run.files and run.exit_code == 0:
+        raise ProfilerKitError("the command wrote no snapshot: it started no Python program that used CUDA")
+    for path in run.files:
+        report = analyze_file(path, top)
+        report.notes.append(run.window.describe())
+        emit_report(report, fmt)
+    return run.exit_code
 
 
 _DEVICE_INDEX = click.option("--device-index", type=non_negative_int, default=None,

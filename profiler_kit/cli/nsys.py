@@ -15,7 +15,8 @@ from click.core import ParameterSource
 from profiler_kit import distributed
 from profiler_kit.cli.attention import dtype_names, impl_names
 from profiler_kit.cli.common import (
-    ProgramGroup,
+    COMMAND_KEY,
+    CommandGroup,
     comma_list,
     format_option,
     non_negative_int,
@@ -40,21 +41,6 @@ from profiler_kit.workload import WorkloadConfig
 
 if TYPE_CHECKING:
     from profiler_kit.kernels.summary import KernelSummary
-
-# Where the command to profile starts on the command line; click would read its words as a subcommand.
-COMMAND_KEY = "profiler_kit.command"
-
-
-class _CommandGroup(ProgramGroup):
-    """A group that also takes `-- COMMAND [ARGS]...`: everything after `--` is the program to profile."""
-
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        if "--" in args:
-            at = args.index("--")
-            ctx.meta[COMMAND_KEY] = args[at + 1:]
-            args = args[:at]
-        return super().parse_args(ctx, args)
-
 
 def _recording_options(fn: Callable) -> Callable:
     """Options of both commands: steps, recorder, where the files go, how the summary is shown."""
@@ -107,7 +93,7 @@ def _program_options(fn: Callable) -> Callable:
 PROGRAM_ONLY = ("output", "nsys_args", "capture", "phases", "flops_per_step", "peak_tflops")
 
 
-@click.group("nsys", cls=_CommandGroup, invoke_without_command=True,
+@click.group("nsys", cls=CommandGroup, invoke_without_command=True,
              subcommand_metavar="[-- PROGRAM [ARGS]... | attention [OPTIONS]]")
 @workload_options(sweep=False)
 @parallel_option

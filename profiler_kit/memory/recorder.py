@@ -126,7 +126,7 @@ class _PhaseMeter:
         return self.phases[len(done)] if len(done) < len(self.phases) else self.phases[-1]
 
 
-def _start_history(max_entries: int) -> None:
+def start_history(max_entries: int) -> None:
     kwargs = {"context": "all", "stacks": STACKS, "max_entries": max_entries}
     # Without clearing, a second recording in the same process keeps the first one's events; without global
     # annotations, only ranges opened on this thread are kept. Older torch releases lack one or both flags.
@@ -149,7 +149,7 @@ def linear_weight_numels(workload: Workload) -> list[int]:
     return [m.weight.numel() for m in workload.model.modules() if isinstance(m, torch.nn.Linear)]
 
 
-def _write_atomically(path: Path, data: bytes) -> None:
+def write_atomically(path: Path, data: bytes) -> None:
     """Write beside the target, then rename: an interrupted dump never leaves a truncated file behind."""
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(data)
@@ -194,7 +194,7 @@ def record(
         synchronize(workload.device)
         meter = _PhaseMeter(workload.device, workload.phases)
         oom = None
-        _start_history(max_entries)
+        start_history(max_entries)
         try:
             for step in range(steps):
                 progress(f"recording step {step + 1}/{steps}")
@@ -239,10 +239,10 @@ def record(
         # The JSON round trip stores plain containers only (torch's version string is a str subclass, which the
         # restricted unpickler refuses), i.e. exactly what the sidecar file holds.
         snapshot[EMBEDDED_KEY] = json.loads(side_text)
-        _write_atomically(snapshot_file, pickle.dumps(snapshot, protocol=SNAPSHOT_PICKLE_PROTOCOL))
+        write_atomically(snapshot_file, pickle.dumps(snapshot, protocol=SNAPSHOT_PICKLE_PROTOCOL))
         del snapshot
     finally:
         release(workload)
     side_file = sidecar_path(snapshot_file)
-    _write_atomically(side_file, side_text.encode())
+    write_atomically(side_file, side_text.encode())
     return RecordResult(snapshot_file, side_file, sidecar)

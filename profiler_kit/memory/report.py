@@ -134,6 +134,8 @@ def _notes(recon: Reconstruction, spans: list[PhaseSpan], top: pd.DataFrame, rol
         if oom:
             notes.append(f"the recorded step ran out of memory in {oom['phase']} (step {oom['step'] + 1}): "
                          f"{oom['summary']}")
+        if meta.get("program_oom"):
+            notes.append(f"the program ran out of memory ({meta['program_oom']}); the snapshot is its memory then")
     elif not spans and recon.n_entries:
         notes.append("no phases: the snapshot has no recorder metadata and no record_function ranges "
                      "(wrap the steps in profiler_kit.phase(name) or torch.profiler.record_function)")

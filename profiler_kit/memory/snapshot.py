@@ -185,7 +185,8 @@ METADATA = {
     "peak_allocated_bytes?": int, "peak_reserved_bytes?": int,
     "phases?": [{"step": int, "phase": str, "end_time_us": (int, float), "completed?": bool,
                  "peak_allocated_bytes?": int, "peak_reserved_bytes?": int, "allocated_bytes?": int}],
-    "warmup_oom?": str, "oom?": _OOM, "tensor_roles?": {str: [int]}, "linear_weight_numels?": [int],
+    "warmup_oom?": str, "oom?": _OOM, "program_oom?": str, "tensor_roles?": {str: [int]},
+    "linear_weight_numels?": [int],
 }
 
 

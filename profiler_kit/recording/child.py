@@ -1,11 +1,14 @@
-"""The recorders that run inside a profiled program (`profiler-kit nsys [--model ...] [-- COMMAND]`).
+"""The recorders that run inside a profiled program (`profiler-kit nsys [--model ...] [-- COMMAND]`,
+`profiler-kit memory -- COMMAND`).
 
 The parent process describes what to record in environment variables (the only channel into a program it
 does not control, and one that torchrun passes on to its workers); `install_from_environment` reads them once,
 in the `sitecustomize` that the parent puts first on PYTHONPATH:
 
-    PROFILER_KIT_RECORD       torch: record with torch.profiler; nsys: the program runs under nsys
-    PROFILER_KIT_TRACE        torch: where the trace goes, without `.json.gz`
+    PROFILER_KIT_RECORD       torch: record with torch.profiler; nsys: the program runs under nsys;
+                              memory: record the CUDA memory history (`history`)
+    PROFILER_KIT_TRACE        torch, memory: where the trace or snapshot goes, without `.json.gz`/`.pickle`
+    PROFILER_KIT_MAX_ENTRIES  memory: the history's ring size
     PROFILER_KIT_WINDOW       nsys with a cudaProfilerApi capture range: open it (see below); else whole run
     PROFILER_KIT_RANKS_ONLY   1: record only processes that have a RANK (torchrun's workers, not torchrun)
 
@@ -38,8 +41,10 @@ RECORD = "PROFILER_KIT_RECORD"
 TRACE = "PROFILER_KIT_TRACE"
 WINDOW = "PROFILER_KIT_WINDOW"
 RANKS_ONLY = "PROFILER_KIT_RANKS_ONLY"
-ENV_KEYS = (RECORD, TRACE, WINDOW, RANKS_ONLY)
+MAX_ENTRIES = "PROFILER_KIT_MAX_ENTRIES"
+ENV_KEYS = (RECORD, TRACE, WINDOW, RANKS_ONLY, MAX_ENTRIES)
 TRACE_SUFFIX = ".json.gz"
+SNAPSHOT_SUFFIX = ".pickle"
 WINDOW_PREFIX = "profiler-kit window: "
 # What a recording holds.
 WHOLE_RUN, CAPTURE, PROGRAM_WINDOW = "whole run", "profiler_kit.capture", "torch.cuda.profiler"
@@ -47,10 +52,10 @@ WHOLE_RUN, CAPTURE, PROGRAM_WINDOW = "whole run", "profiler_kit.capture", "torch
 _OPENS_WINDOW = re.compile(r"\bcuda\.profiler\.(start|profile)\s*\(|\bcudaProfilerStart\b")
 
 
-def trace_path(stem: str | os.PathLike, rank: str | None) -> Path:
-    """`<stem>.json.gz`, or `<stem>.rank<R>.json.gz` for a process of a distributed job."""
+def trace_path(stem: str | os.PathLike, rank: str | None, suffix: str = TRACE_SUFFIX) -> Path:
+    """`<stem>.json.gz` (or another `suffix`), or `<stem>.rank<R>.json.gz` for a process of a distributed job."""
     stem = Path(stem)
-    return stem.with_name(stem.name + (f".rank{rank}" if rank is not None else "") + TRACE_SUFFIX)
+    return stem.with_name(stem.name + (f".rank{rank}" if rank is not None else "") + suffix)
 
 
 def _synchronize() -> None:
@@ -268,5 +273,14 @@ def install_from_environment(env: Mapping[str, str]) -> None:
         api.set_recorder(nsys_recorder)
         mirror.patch_cuda_profiler(nsys_recorder.program_start, nsys_recorder.program_stop)
         torch.cuda._lazy_call(nsys_recorder.on_cuda_init)
+    elif backend == "memory":
+        from profiler_kit.recording.history import MemoryRecorder
+
+        memory = MemoryRecorder(trace_path(env[TRACE], rank, SNAPSHOT_SUFFIX), int(env[MAX_ENTRIES]), window)
+        api.set_recorder(memory)
+        ranges.set_record_function(True)  # phases become record_function ranges, which the history keeps
+        mirror.install(record=True)
+        mirror.patch_cuda_profiler(memory.program_start, memory.program_stop)
+        memory.begin_whole_run()
     else:
-        raise ValueError(f"{RECORD}={backend!r}: expected torch or nsys")
+        raise ValueError(f"{RECORD}={backend!r}: expected torch, nsys or memory")

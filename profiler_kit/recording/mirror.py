@@ -2,8 +2,8 @@
 
 `install` wraps the range functions a program may call: `torch.cuda.nvtx.range_push`/`range_pop` (and so
 `torch.cuda.nvtx.range`) and the `nvtx` package's `push_range`/`pop_range` and `annotate`. Every range still
-goes to NVTX as before; with `record` it is also a torch.profiler `record_function` of the same name (so a
-torch.profiler trace holds the ranges nsys would), and each one is told to the step counter
+goes to NVTX as before; with `record` it is also a `record_function` of the same name while one records (so a
+torch.profiler trace, or a memory history, holds the ranges nsys would), and each one is told to the step counter
 (`ranges.notify`). `patch_cuda_profiler` routes `torch.cuda.profiler.start`/`stop` to the recorder.
 """
 
@@ -23,7 +23,7 @@ _open = threading.local()
 
 def _opened(name: str, record: bool) -> None:
     rf = None
-    if record and torch.autograd._profiler_enabled():
+    if record and ranges.recording():
         rf = torch.profiler.record_function(name)
         rf.__enter__()
     _open.__dict__.setdefault("stack", []).append(rf)

@@ -91,7 +91,8 @@ def notify(name: str | None) -> None:
         observer(name)
 
 
-def _recording() -> bool:
+def recording() -> bool:
+    """Whether ranges are also `record_function`s now."""
     return _state["record_function"] or torch.autograd._profiler_enabled()
 
 
@@ -124,7 +125,7 @@ def push_range(name: str, marked: bool = False) -> None:
         return
     if marked:
         _phases.setdefault(name, None)
-    record = torch.profiler.record_function(name) if _recording() else None
+    record = torch.profiler.record_function(name) if recording() else None
     if record is not None:
         record.__enter__()
     stack.append((record, marked))

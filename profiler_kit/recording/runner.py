@@ -1,10 +1,11 @@
-"""Running a program under a recorder: `profiler-kit nsys [--backend torch] -- COMMAND`, and the built-in
-workload, which is started as one more program (`builtin`).
+"""Running a program under a recorder: `profiler-kit nsys [--backend torch] -- COMMAND`, `profiler-kit memory --
+COMMAND` (backend `memory`), and the built-in workload, which is started as one more program (`builtin`).
 
 nsys backend: `nsys profile --trace=cuda,nvtx COMMAND`, with a `cudaProfilerApi` capture range on a machine
 with CUDA (the program's window, see `child`), then the SQLite export. torch backend: the command runs with
 `profiler_kit/recording/_inject` first on PYTHONPATH, whose `sitecustomize` starts torch.profiler in every
 Python process of it (for torchrun, in each worker, one trace per rank), so the program needs no change.
+memory backend: the same, with the CUDA memory history recorded instead (`history`), one snapshot per rank.
 
 The program runs in a process group of its own: a signal this process gets (Ctrl-C, SIGTERM, SIGHUP) goes to
 the whole group, a second one kills it, and what the program left running when it ended is stopped. Its
@@ -33,11 +34,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from profiler_kit.environment import note
-from profiler_kit.errors import ProfilerKitError
+from profiler_kit.errors import ProfilerKitError, UsageProblem
 from profiler_kit.files import publish, reserve_output
 from profiler_kit.recording.child import (
+    MAX_ENTRIES,
     RANKS_ONLY,
     RECORD,
+    SNAPSHOT_SUFFIX,
     TRACE,
     TRACE_SUFFIX,
     WHOLE_RUN,
@@ -49,6 +52,8 @@ from profiler_kit.recording.nsys import NsysError, NsysInstall, export_sqlite, f
 from profiler_kit.render import say
 
 BACKENDS = ("nsys", "torch")
+MEMORY = "memory"
+NO_CUDA_HISTORY = "CUDA memory history needs a CUDA device"
 INJECT_DIR = Path(__file__).resolve().parent / "_inject"
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 # Fewer options than nsys's defaults: no CPU sampling or context switches, which would grow the report and
@@ -216,16 +221,28 @@ def run_child(cmd: Sequence[str], env: dict[str, str]) -> tuple[int, _Output]:
 
 def run_program(command: list[str], backend: str, output: Path | None = None,
                 nsys_path: str | os.PathLike | None = None, nsys_args: tuple[str, ...] = (),
-                capture: bool = True, force: bool = False) -> ProgramRun:
-    """Run `command` under `backend` (nsys or torch), writing `<output>.nsys-rep` and `.sqlite`, or
-    `<output>.json.gz` (`<output>.rank<R>.json.gz` per torchrun worker). `capture` False records the whole
-    run under nsys even when the program opens a window; `force` replaces existing outputs."""
-    if backend not in BACKENDS:
+                capture: bool = True, force: bool = False, max_entries: int | None = None) -> ProgramRun:
+    """Run `command` under `backend` (nsys, torch or memory), writing `<output>.nsys-rep` and `.sqlite`, or
+    `<output>.json.gz`, or `<output>.pickle` (`<output>.rank<R>.json.gz`/`.pickle` per torchrun worker).
+    `capture` False records the whole run under nsys even when the program opens a window; `force` replaces
+    existing outputs; `max_entries` is the memory history's ring size. The memory backend needs CUDA: without
+    it nothing starts (UsageProblem)."""
+    if backend not in (*BACKENDS, MEMORY):
         raise ProfilerKitError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
+    if backend == MEMORY:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UsageProblem(NO_CUDA_HISTORY)
+        if max_entries is None or max_entries < 1:
+            raise ProfilerKitError(f"max_entries must be at least 1, got {max_entries}")
     cmd = resolve_command(command)
     output = Path(output) if output is not None else default_output(command)
     if backend == "torch":
-        return _run_torch(cmd, output, force)
+        return _run_in_process(cmd, output, force, "torch", TRACE_SUFFIX, {})
+    if backend == MEMORY:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        return _run_in_process(cmd, output, force, MEMORY, SNAPSHOT_SUFFIX, {MAX_ENTRIES: str(max_entries)})
     nsys = find_nsys(nsys_path)
     note("nsys", nsys.version_str)
     return _run_nsys(cmd, output, nsys, nsys_args, capture, force)
@@ -236,25 +253,29 @@ def _partial(output: Path) -> Path:
 
 
 def _rank_of(path: Path) -> int:
-    rank = path.name.removesuffix(TRACE_SUFFIX).rsplit(".rank", 1)[-1]
+    rank = path.name.removesuffix(TRACE_SUFFIX).removesuffix(SNAPSHOT_SUFFIX).rsplit(".rank", 1)[-1]
     return int(rank) if rank.isdigit() else -1
 
 
-def _run_torch(cmd: list[str], output: Path, force: bool) -> ProgramRun:
-    single = trace_path(output, None)
-    ranked = tuple(output.parent.glob(f"{glob.escape(output.name)}.rank*{TRACE_SUFFIX}"))
+def _run_in_process(cmd: list[str], output: Path, force: bool, backend: str, suffix: str,
+                    settings: dict[str, str]) -> ProgramRun:
+    """Run `cmd` with a recorder inside each of its Python processes (torch or memory), each writing
+    `<output><suffix>` or `<output>.rank<R><suffix>`."""
+    single = trace_path(output, None, suffix)
+    ranked = tuple(output.parent.glob(f"{glob.escape(output.name)}.rank*{suffix}"))
     with reserve_output(single, force, ranked):
         partial = _partial(output)
-        extra = {RECORD: "torch", TRACE: str(partial.absolute())}
+        extra = {RECORD: backend, TRACE: str(partial.absolute()), **settings}
         if _is_launcher(cmd):
             extra[RANKS_ONLY] = "1"
-        say(f"torch.profiler: {shlex.join(cmd)}")
-        written = sorted(partial.parent.glob(f"{glob.escape(partial.name)}*{TRACE_SUFFIX}"))
+        what = "torch.profiler" if backend == "torch" else "CUDA memory history"
+        say(f"{what}: {shlex.join(cmd)}")
+        written = sorted(partial.parent.glob(f"{glob.escape(partial.name)}*{suffix}"))
         for stale in written:  # another run of this process id's that died
             stale.unlink()
         try:
             code, out = run_child(cmd, child_env(extra))
-            written = sorted(partial.parent.glob(f"{glob.escape(partial.name)}*{TRACE_SUFFIX}"))
+            written = sorted(partial.parent.glob(f"{glob.escape(partial.name)}*{suffix}"))
             traces = []
             for path in written:
                 final = output.with_name(output.name + path.name[len(partial.name):])
@@ -264,7 +285,7 @@ def _run_torch(cmd: list[str], output: Path, force: bool) -> ProgramRun:
             for path in written:
                 path.unlink(missing_ok=True)
     traces.sort(key=_rank_of)
-    return out.result(cmd, "torch", code, tuple(traces), tuple(traces))
+    return out.result(cmd, backend, code, tuple(traces), tuple(traces))
 
 
 def merge_flags(defaults: list[str], extra: tuple[str, ...]) -> list[str]:

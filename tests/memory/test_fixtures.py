@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from click.testing import CliRunner
+from memory_replay import replay_levels, replay_range_peak
 
 from profiler_kit.cli import main
 from profiler_kit.memory import analyze, analyze_file, load_snapshot, report_html
@@ -37,25 +38,6 @@ TINY_PARAMS = count_parameters(from_name("tiny", 128))
 # The allocator counts whole blocks (512 B rounding); the trace counts requested bytes. For the tiny model's many
 # small tensors this reads up to about 2% higher.
 COUNTER_SLACK = 0.03
-
-
-def replay_levels(snapshot: dict) -> tuple[np.ndarray, np.ndarray]:
-    """Allocated bytes after each trace entry, rebuilt backwards from the final allocated blocks (a different
-    route from the analysis, which walks forwards), with each entry's time (made monotone: the trace's clock may
-    step back by a few µs)."""
-    trace = snapshot["device_traces"][0]
-    final = sum(b["requested_size"] for s in snapshot["segments"] for b in s["blocks"]
-                if b["state"] in ("active_allocated", "active_pending_free"))
-    delta = np.array([e["size"] if e["action"] == "alloc" else -e["size"] if e["action"] == "free_completed"
-                      else 0 for e in trace], dtype=np.int64)
-    after = final - delta.sum() + np.cumsum(delta)
-    return after, np.maximum.accumulate(np.array([e["time_us"] for e in trace]))
-
-
-def replay_range_peak(levels: np.ndarray, times: np.ndarray, start_us: int, end_us: int) -> int:
-    before = levels[times < start_us]
-    inside = levels[(times >= start_us) & (times <= end_us)]
-    return int(max(before[-1] if len(before) else levels[0], inside.max(initial=0)))
 
 
 def test_phases_of_a_plain_snapshot_come_from_its_annotations_and_match_a_replay():

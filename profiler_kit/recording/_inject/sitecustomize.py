@@ -1,5 +1,5 @@
-"""Loaded by every Python process that `profiler-kit nsys -- COMMAND` starts (this folder leads PYTHONPATH):
-sets up the recorder that the parent asked for, so the program needs no change."""
+"""Loaded by every Python process that `profiler-kit nsys -- COMMAND` or `memory -- COMMAND` starts (this folder
+leads PYTHONPATH): sets up the recorder that the parent asked for, so the program needs no change."""
 
 import os
 import sys
