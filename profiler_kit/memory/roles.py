@@ -213,13 +213,17 @@ def _persistent_state(a: pd.DataFrame, out: pd.DataFrame, rounded: bool) -> None
                 for key, rows in a[grads].groupby(keys[grads]).groups.items()}
     blocks = {key: sorted(rows, key=lambda idx: a.at[idx, "addr"])
               for key, rows in a[kept].groupby(keys[kept]).groups.items()}
+    # Parameters and state that other evidence (their stacks) already named count towards each size's share.
+    known_params = Counter(keys[out["role"] == PARAMETER])
+    known_state = Counter(keys[out["role"] == OPTIMIZER_STATE])
     votes: Counter[int] = Counter()
     for key, n in per_size.items():
-        if len(blocks.get(key, ())) >= n:
-            votes[min(len(blocks[key]) // n - 1, MAX_STATE_PER_PARAMETER)] += n
+        total = len(blocks.get(key, ())) + known_params[key] + known_state[key]
+        if total >= n:
+            votes[min(total // n - 1, MAX_STATE_PER_PARAMETER)] += n
     state_per_param = votes.most_common(1)[0][0] if votes else 0
     group = 1 + state_per_param
-    matched = 0
+    matched = sum(known_params.values())
     for key, rows in blocks.items():
         n = per_size.get(key, 0)
         if n == 0:
@@ -227,11 +231,14 @@ def _persistent_state(a: pd.DataFrame, out: pd.DataFrame, rounded: bool) -> None
             continue
         share = (f"{BEFORE_TRACE_KEPT}; sized like a gradient: per gradient, its parameter and "
                  f"{_STATE_NAMES.get(state_per_param, 'no optimizer state')}")
-        params, state = rows[:n], rows[n:n * group]
+        n_params = max(n - known_params[key], 0)
+        n_state = max(n * state_per_param - known_state[key], 0)
+        params, state = rows[:n_params], rows[n_params:n_params + n_state]
         _set(out, params, PARAMETER, share)
         _set(out, state, OPTIMIZER_STATE, share)
-        out.loc[rows[n * group:], "evidence"] = (f"{BEFORE_TRACE_KEPT}; more blocks of its size than parameters "
-                                                  f"and their optimizer state ({group} per gradient)")
+        out.loc[rows[n_params + n_state:], "evidence"] = (
+            f"{BEFORE_TRACE_KEPT}; more blocks of its size than parameters and their optimizer state ({group} per "
+            "gradient)")
         matched += len(params)
     counters = [idx for key in STEP_COUNTER_BYTES for idx in blocks.get(key, ()) if not rounded]
     if state_per_param and counters and len(counters) == matched and not any(per_size.get(k) for k in
