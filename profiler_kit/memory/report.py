@@ -12,7 +12,16 @@ import pandas as pd
 from profiler_kit.memory.analyze import MIB, Reconstruction, reconstruct
 from profiler_kit.memory.evidence import allocation_marks
 from profiler_kit.memory.phases import INFERRED_SOURCE, PhaseSpan, inferred_spans, phase_at, phase_peaks, phase_spans
-from profiler_kit.memory.roles import UNKNOWN, evidence_summary, infer_roles, roles_at, sizes_are_rounded
+from profiler_kit.memory.roles import (
+    GRADIENT,
+    OPTIMIZER_STATE,
+    PARAMETER,
+    UNKNOWN,
+    evidence_summary,
+    infer_roles,
+    roles_at,
+    sizes_are_rounded,
+)
 from profiler_kit.memory.snapshot import load_metadata, load_snapshot
 from profiler_kit.memory.tables import expected_vs_measured, frame_with_optional_ints, top_allocations
 from profiler_kit.render import records
@@ -152,12 +161,32 @@ def _notes(recon: Reconstruction, spans: list[PhaseSpan], top: pd.DataFrame, rol
                      "to the last allocation or free of the autograd engine, a forward from the first allocation "
                      "by Python code before it")
     alive = recon.alive_at(recon.peak_index)
+    notes.extend(_absent_at_peak(recon, spans, roles, alive))
     unknown = roles.loc[alive.index, "role"] == UNKNOWN
     unknown_bytes = int(alive.loc[unknown, "size_bytes"].sum())
     if unknown_bytes:
         share = 100 * unknown_bytes / recon.peak_allocated_bytes
         reasons = evidence_summary(alive.loc[unknown, "size_bytes"], roles.loc[alive.index[unknown], "evidence"])
         notes.append(f"{share:.0f}% of the bytes at the peak have role 'unknown': {reasons}")
+    return notes
+
+
+def _absent_at_peak(recon: Reconstruction, spans: list[PhaseSpan], roles: pd.DataFrame,
+                    alive: pd.DataFrame) -> list[str]:
+    """Why the parameters, gradients or optimizer state that the trace holds are not alive at the peak: when the
+    last one before it was freed and when the next one after it was made."""
+    notes = []
+    peak, a = recon.peak_index, recon.allocations
+    for role in (PARAMETER, GRADIENT, OPTIMIZER_STATE):
+        mine = roles["role"] == role
+        if not mine.any() or (roles.loc[alive.index, "role"] == role).any():
+            continue
+        before, after = a.loc[mine & (a["end"] <= peak), "end"], a.loc[mine & (a["start"] > peak), "start"]
+        why = [f"the last one before it was freed at event {before.max()} ({phase_at(spans, int(before.max()))})"
+               if len(before) else "",
+               f"the next one is made at event {after.min()} ({phase_at(spans, int(after.min()))})"
+               if len(after) else ""]
+        notes.append(f"no {role} is alive at the peak (event {peak}): " + "; ".join(w for w in why if w))
     return notes
 
 

@@ -194,7 +194,12 @@ def test_a_real_window_recording_finds_what_the_program_holds_with_and_without_i
     bare = tmp_path / "bare.pickle"
     bare.write_bytes(pickle.dumps(snapshot, protocol=4))
     for path in (snapshot_path, bare):
-        roles = _roles(analyze_file(path).to_json())
+        report = analyze_file(path).to_json()
+        roles = _roles(report)
+        # The peak comes inside the backward before any gradient is made: the report says why none is there.
+        assert roles["gradient"]["size_bytes"] == 0
+        assert any(n.startswith("no gradient is alive at the peak") and "zero_grad" in n and "backward" in n
+                   for n in report["notes"])
         assert roles["parameter"]["size_bytes"] == held["parameter_bytes"]
         assert roles["optimizer state"]["size_bytes"] == held["optimizer_state_bytes"]
         assert roles["unknown"]["share_pct"] <= 2.0
