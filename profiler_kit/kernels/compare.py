@@ -139,7 +139,9 @@ def _whole(runs: list[dict[str, int]]) -> dict[str, int]:
 def saved_side(path: Path, doc: object) -> Side:
     """A side from a saved JSON document: a comparison's B side (`kernels compare --format json`), or a
     summary's runs (`kernels summarize --format json`)."""
-    saved = doc.get("b") if isinstance(doc, dict) and isinstance(doc.get("b"), dict) else doc
+    saved = None
+    if isinstance(doc, dict):
+        saved = doc.get("b") if isinstance(doc.get("b"), dict) else doc.get("runs")
     if not isinstance(saved, dict) or saved.get("unit") not in (STEP, REPORT) or "runs" not in saved:
         raise ProfilerKitError(f"{path}: no saved runs (a `kernels compare` or `kernels summarize` JSON document "
                                "with `runs` and `unit`)")

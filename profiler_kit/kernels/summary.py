@@ -154,6 +154,10 @@ class KernelSummary:
                 for r in self.kernels.head(self.top).itertuples(index=False)
             ],
         }
+        from profiler_kit.kernels.compare import side_of  # compare builds on this module
+
+        # The report as one side of a comparison (`kernels compare --baseline`): its runs and its kernels.
+        obj["runs"] = side_of([self], "A").to_json()
         if self.nvtx is not None:
             obj["nvtx"] = {
                 "range": self.nvtx,

@@ -26,7 +26,7 @@ BF16 = FIXTURES / "h100_tiny_train_bf16.sqlite"
 FP32 = FIXTURES / "h100_tiny_train_fp32.sqlite"
 CPU_REPORT = FIXTURES / "cpu_tiny_train_nsys2022.nsys-rep"
 CONTRACT = {"schema_version", "environment", "source", "time_basis", "kernel_count", "total_ns", "categories",
-            "memory_ops_ns", "phases", "phase_rule", "steps", "mfu", "idle", "top_kernels"}
+            "memory_ops_ns", "phases", "phase_rule", "steps", "mfu", "idle", "top_kernels", "runs"}
 
 
 def run(*args: str):
@@ -58,6 +58,9 @@ def test_json_contract(source):
     assert result.exit_code == 0, result.output
     obj = json.loads(result.stdout)
     assert set(obj) == CONTRACT
+    # The report as one side of a comparison: its runs (a step each, or the whole report) and its kernels.
+    assert obj["runs"]["unit"] in ("step", "report") and obj["runs"]["runs"] and obj["runs"]["kernels"]
+    assert sum(run["total"] for run in obj["runs"]["runs"]) <= obj["total_ns"]
     assert list(obj["categories"]) == list(CATEGORIES)
     assert all(isinstance(v, int) for v in obj["categories"].values())
     assert sum(obj["categories"].values()) == obj["total_ns"] > 0

@@ -63,6 +63,10 @@ def test_against_splits_the_sides_and_a_saved_side_stands_for_a(tmp_path):
     direct = json.loads(run(FP32, BF16, "--fail-above", "5", "--format", "json").stdout)
     assert again["gate"]["checks"] == direct["gate"]["checks"]
     assert run("--baseline", tmp_path / "missing.json", BF16).exit_code == 1
+    summary = tmp_path / "summary.json"
+    summary.write_text(CliRunner().invoke(main, ["kernels", "summarize", str(FP32), "--format", "json"]).stdout)
+    from_summary = json.loads(run("--baseline", summary, BF16, "--fail-above", "5", "--format", "json").stdout)
+    assert from_summary["gate"]["checks"] == direct["gate"]["checks"]
 
 
 def test_runs_of_steps_and_whole_reports_do_not_mix():
