@@ -45,7 +45,7 @@ def load_torch_trace(obj: object, path: Path) -> KernelTrace:
         columns=["cat", "name", "pid", "tid", "ts", "dur", "args"],
     )
     try:
-        return _load(events, path, _phase_names(obj))
+        return _load(events, path, *_phase_names(obj))
     except (KeyError, TypeError, ValueError) as exc:
         raise ProfilerKitError(f"{path}: a Chrome trace with malformed events ({exc!r})") from None
 
@@ -68,11 +68,18 @@ def _usable(events: pd.DataFrame, what: str, times: tuple[str, ...], notes: list
     return events[ok]
 
 
-def _phase_names(obj: dict) -> list[str]:
-    """The names the recorder listed as opened with `profiler_kit.phase`; none when the trace has no list."""
+def _phase_names(obj: dict) -> tuple[list[str], list[str]]:
+    """The names the recorder listed as opened with `profiler_kit.phase` (none when the trace has no list), and
+    a note when the list is there but not a list of names."""
     meta = obj.get("profiler_kit")
+    if meta is None:
+        return [], []
     phases = meta.get("phases") if isinstance(meta, dict) else None
-    return [p for p in phases if isinstance(p, str)] if isinstance(phases, list) else []
+    names = [p for p in phases if isinstance(p, str)] if isinstance(phases, list) else []
+    if isinstance(phases, list) and len(names) == len(phases):
+        return names, []
+    return names, ["the trace's profiler_kit.phases is not a list of names: ranges opened with profiler_kit.phase "
+                   "are taken only where it names them"]
 
 
 def _missing(value: object) -> bool:
@@ -111,8 +118,7 @@ def _arg(events: pd.DataFrame, field: str, missing: int) -> np.ndarray:
     return _ids(events["args"].map(lambda a: a.get(field) if isinstance(a, dict) else None), missing)
 
 
-def _load(events: pd.DataFrame, path: Path, phase_names: list[str]) -> KernelTrace:
-    notes: list[str] = []
+def _load(events: pd.DataFrame, path: Path, phase_names: list[str], notes: list[str]) -> KernelTrace:
     kernels = _usable(events[events["cat"] == "kernel"], "kernel", ("ts", "dur"), notes)
     launches = _usable(events[events["cat"].isin(LAUNCH_CATEGORIES)], "launch", ("ts",), notes)
     # GPU events carry the device as their pid: the launch's pid is the process.

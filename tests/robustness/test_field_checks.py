@@ -313,3 +313,15 @@ def test_absurd_attention_bench_settings_are_refused_before_any_work():
 def test_an_unbalanced_quote_in_nsys_args_is_a_usage_error():
     result = CliRunner().invoke(main, ["nsys", "--backend", "torch", "--nsys-args", "--trace 'cuda", "--", "true"])
     assert result.exit_code == 2 and "No closing quotation" in result.stderr, result.stderr
+
+
+def test_a_phase_list_that_is_not_names_is_noted_and_its_names_kept(tmp_path):
+    with gzip.open(FIXTURES / "kernels" / "cpu_tiny_train_torch.json.gz", "rt") as fh:
+        trace = json.load(fh)
+    trace["profiler_kit"] = {"phases": ["forward", 7, None]}
+    path = tmp_path / "odd.json"
+    path.write_text(json.dumps(trace))
+    loaded = load(path)
+    assert any("profiler_kit.phases is not a list of names" in note for note in loaded.notes)
+    marked = loaded.ranges[loaded.ranges["marked"]]
+    assert set(marked["name"]) <= {"forward"}
