@@ -107,16 +107,18 @@ def main() -> None:
     model = Model(args.vocab, args.width, args.depth, args.heads).cuda()
     optimizer = make_optimizer(args.optimizer, model.parameters())
     tokens = torch.randint(0, args.vocab, (args.batch, args.seq + 1), device="cuda")
-    for _ in range(args.warmup):
-        step(model, optimizer, tokens, args.ranges)
-    torch.cuda.synchronize()
+
+    def steps(count: int) -> None:
+        for _ in range(count):
+            step(model, optimizer, tokens, args.ranges)
+        torch.cuda.synchronize()
+
+    steps(args.warmup)
     if args.window:
         torch.cuda.profiler.start()
     else:
         torch.cuda.memory._record_memory_history(max_entries=200_000)
-    for _ in range(args.steps):
-        step(model, optimizer, tokens, args.ranges)
-    torch.cuda.synchronize()
+    steps(args.steps)
     if args.window:
         torch.cuda.profiler.stop()
     else:
