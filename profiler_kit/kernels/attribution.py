@@ -12,10 +12,13 @@ one binary search. A report has a handful of threads and depths, so the only Pyt
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import pandas as pd
 
-from profiler_kit.kernels.trace import NO_LAUNCH
+from profiler_kit.kernels import trace
+from profiler_kit.kernels.trace import NO_LAUNCH, blocks, joined
 
 
 class RangeIndex:
@@ -78,25 +81,46 @@ class RangeIndex:
         return np.flatnonzero(np.isin(self.parent, range_ids))
 
     def containing(
-        self, times_ns: np.ndarray, process: np.ndarray, range_ids: np.ndarray
+        self, times_ns: np.ndarray, process: np.ndarray, range_ids: np.ndarray, among: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
         """(point, range) index pairs where range `range_ids[...]` contains time `times_ns[point]` and belongs
-        to the point's process (on any thread)."""
+        to the point's process (on any thread), layer by layer and, within a layer, by point. `among`: a mask
+        of the points to consider (all by default)."""
+        per_layer: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
+        for layer, points, ids in self._pairs(times_ns, process, range_ids, among):
+            per_layer.setdefault(layer, []).append((points, ids))
+        pairs = [pair for layer in sorted(per_layer) for pair in per_layer[layer]]
+        del per_layer
+        points, ids = [p for p, _ in pairs], [i for _, i in pairs]
+        del pairs
+        return joined(points), joined(ids)
+
+    def _pairs(
+        self, times_ns: np.ndarray, process: np.ndarray, range_ids: np.ndarray, among: np.ndarray | None
+    ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+        """(layer, points, range ids) of `containing`, a block of points at a time (`trace.blocks`; block by
+        block, then layer by layer): what is held at once grows with a block, not with the points. Layers are
+        numbered in the order of their first range among `range_ids`."""
         chosen = self.ranges.iloc[range_ids].assign(range_id=range_ids, depth=self.depth[range_ids])
-        points_out, ranges_out = [], []
-        by_process = pd.Series(np.arange(len(times_ns))).groupby(process).indices
+        layers = []
         for (proc, _thread, _depth), layer in chosen.groupby(["process", "thread", "depth"], sort=False):
-            points = by_process.get(proc)
-            if points is None:
-                continue
             layer = layer.sort_values("start_ns")
-            found = _locate(layer["start_ns"].to_numpy(), layer["end_ns"].to_numpy(), times_ns[points])
-            hit = found >= 0
-            points_out.append(points[hit])
-            ranges_out.append(layer["range_id"].to_numpy()[found[hit]])
-        if not points_out:
-            return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
-        return np.concatenate(points_out), np.concatenate(ranges_out)
+            starts, ends = layer["start_ns"].to_numpy(), layer["end_ns"].to_numpy()
+            layers.append((proc, starts, ends, layer["range_id"].to_numpy(), starts[0], ends.max()))
+        for block in blocks(len(times_ns)) if layers else ():
+            times, procs = times_ns[block], process[block]
+            first, last = (times.min(), times.max()) if len(times) else (0, -1)
+            for number, (proc, starts, ends, ids, lo, hi) in enumerate(layers):
+                # Points outside the layer's extent cannot fall in it: only the others are searched.
+                if hi < first or lo > last:
+                    continue
+                mine = (procs == proc) & (times >= lo) & (times <= hi)
+                if among is not None:
+                    mine &= among[block]
+                points = np.flatnonzero(mine)
+                found = _locate(starts, ends, times[points])
+                hit = found >= 0
+                yield number, points[hit] + block.start, ids[found[hit]]
 
 
 def _locate(starts: np.ndarray, ends: np.ndarray, times: np.ndarray) -> np.ndarray:
@@ -108,27 +132,73 @@ def _locate(starts: np.ndarray, ends: np.ndarray, times: np.ndarray) -> np.ndarr
     return np.where(inside, idx, -1)
 
 
-def launched(kernels: pd.DataFrame) -> np.ndarray:
-    """Row positions of the kernels whose launch is known."""
-    return np.flatnonzero(kernels["launch_ns"].to_numpy() != NO_LAUNCH)
-
-
 def launches_in(kernels: pd.DataFrame, index: RangeIndex, range_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(kernel row, range id) pairs: each kernel launched inside each of `range_ids` (any thread of its
     process)."""
-    rows = launched(kernels)
-    points, owners = index.containing(kernels["launch_ns"].to_numpy()[rows], kernels["process"].to_numpy()[rows],
-                                      range_ids)
-    return rows[points], owners
+    launch = kernels["launch_ns"].to_numpy()
+    return index.containing(launch, kernels["process"].to_numpy(), range_ids, among=launch != NO_LAUNCH)
+
+
+def launches_by_group(
+    kernels: pd.DataFrame, index: RangeIndex, range_ids: np.ndarray
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """`launches_in` for groups of `range_ids` at a time, consecutive by start, each holding about a quarter
+    of `trace.BLOCK_ROWS` launches at most (a range with more is a group alone): every range's kernels are in
+    one group, and what a caller holds at once grows with a group, not with the report. At least one group,
+    empty without ranges."""
+    launch = kernels["launch_ns"].to_numpy()
+    ranges = index.ranges
+    range_ids = np.asarray(range_ids, dtype=np.int64)
+    starts, ends = ranges["start_ns"].to_numpy()[range_ids], ranges["end_ns"].to_numpy()[range_ids]
+    order = np.argsort(starts, kind="stable")
+    # Launches in each range's time span, of any process: at least those it holds.
+    times = np.sort(launch[launch != NO_LAUNCH])
+    held = np.searchsorted(times, ends[order], side="right") - np.searchsorted(times, starts[order], side="left")
+    del times
+    group = np.cumsum(held) // max(trace.BLOCK_ROWS // 4, 1)
+    cuts = np.flatnonzero(np.r_[True, group[1:] != group[:-1]]) if len(group) else np.zeros(1, dtype=np.int64)
+    for chunk in np.split(range_ids[order], cuts[1:]):
+        yield launches_in(kernels, index, np.sort(chunk))
 
 
 def membership(
     kernels: pd.DataFrame, index: RangeIndex, range_ids: np.ndarray, labels: list[str]
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(kernel row, label) pairs, each once, for every range of `range_ids` containing a kernel's launch; a
-    range's label is the position of its name in `labels`."""
-    rows, ids = launches_in(kernels, index, range_ids)
+    """(kernel row, label) pairs, each once, sorted, for every range of `range_ids` containing a kernel's
+    launch; a range's label is the position of its name in `labels`. Rows are int32 where they fit: there is
+    a pair for about every kernel."""
+    rows: list[np.ndarray] = []
+    label: list[np.ndarray] = []
+    for block_rows, block_labels in membership_blocks(kernels, index, range_ids, labels):
+        rows.append(block_rows)
+        label.append(block_labels)
+    return joined(rows, np.int32 if len(kernels) < 2**31 else np.int64), joined(label, np.int32)
+
+
+def membership_blocks(
+    kernels: pd.DataFrame, index: RangeIndex, range_ids: np.ndarray, labels: list[str]
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """`membership`'s pairs a block of kernels at a time (rows int64, labels int32), blocks in order."""
     range_label = pd.Index(labels).get_indexer(index.names())
-    # Nested ranges of one name, or ranges of several threads, can hold a launch more than once.
-    keys = np.unique(rows * len(labels) + range_label[ids])
-    return keys // len(labels), keys % len(labels)
+    launch = kernels["launch_ns"].to_numpy()
+    keys: list[np.ndarray] = []
+    current = None
+    for _layer, rows, ids in index._pairs(launch, kernels["process"].to_numpy(), range_ids, launch != NO_LAUNCH):
+        if not len(rows):
+            continue
+        block = rows[0] // trace.BLOCK_ROWS
+        if block != current and keys:
+            yield _distinct(keys, len(labels))
+            keys = []
+        current = block
+        keys.append(rows * len(labels) + range_label[ids])
+    if keys:
+        yield _distinct(keys, len(labels))
+
+
+def _distinct(keys: list[np.ndarray], width: int) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct (row, label) pairs of keys row × width + label, sorted. Nested ranges of one name, or
+    ranges of several threads, can hold a launch more than once."""
+    out = np.sort(np.concatenate(keys))
+    out = out[np.r_[True, out[1:] != out[:-1]]]
+    return out // width, (out % width).astype(np.int32)

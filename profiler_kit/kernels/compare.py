@@ -17,6 +17,7 @@ absolute floor, by default 1% of A's total), and fails when it regressed by more
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,12 +26,13 @@ import numpy as np
 import pandas as pd
 
 from profiler_kit.errors import ProfilerKitError
-from profiler_kit.kernels.attribution import launches_in, membership
+from profiler_kit.kernels.attribution import launches_in, membership_blocks
 from profiler_kit.kernels.categories import CATEGORIES
 from profiler_kit.kernels.names import match, normalized, top_movers
 from profiler_kit.kernels.noise import REGRESSED, run_frame, runs_from_json, runs_to_json, verdicts
 from profiler_kit.kernels.steps import find_steps
 from profiler_kit.kernels.summary import DEFAULT_TOP, NS_PER_MS, KernelSummary, display_name
+from profiler_kit.kernels.trace import blocks, summed
 from profiler_kit.render import records
 
 TOTAL = "total"
@@ -48,7 +50,8 @@ _PREFIX = {"phases": "phase ", "categories": "category ", "kernels": "kernel "}
 
 def report_runs(summary: KernelSummary) -> tuple[list[dict[str, int]], str]:
     """The runs of one summarized report, each {quantity: ns} (`total`, `phase P`, `category C`, `kernel K` with
-    K the normalized name), and their unit: one per step when the report has a per-step table, else one."""
+    K the normalized name), and their unit: one per step when the report has a per-step table, else one.
+    Kernels are summed by integer codes (of their run, category and normalized name), never by name per row."""
     kernels, index = summary.attributed, summary.index
     if kernels is None:
         kernels = summary.kernels
@@ -60,24 +63,41 @@ def report_runs(summary: KernelSummary) -> tuple[list[dict[str, int]], str]:
         count, unit = len(steps), STEP
     else:
         run_of, count, unit = np.zeros(len(kernels), dtype=np.int64), 1, REPORT
-    frame = pd.DataFrame({"run": run_of, "category": kernels["category"].astype(str).to_numpy(),
-                          "kernel": normalized(kernels["name"]).to_numpy(), "ns": kernels["total_ns"].to_numpy()})
-    frame = frame[frame["run"] >= 0]
     runs: list[dict[str, int]] = [{TOTAL: 0} for _ in range(count)]
-    for key, grouped in ((None, frame.groupby("run")["ns"].sum()),
-                         ("category ", frame.groupby(["run", "category"])["ns"].sum()),
-                         ("kernel ", frame.groupby(["run", "kernel"])["ns"].sum())):
-        for where, ns in grouped.items():
-            run, name = (where, TOTAL) if key is None else (where[0], key + where[1])
-            runs[run][name] = int(ns)
+    names = kernels["name"].astype("category")
+    kernel_of, folded = pd.factorize(normalized(pd.Series(names.cat.categories, dtype=object)))
+    name_codes, categories = names.cat.codes.to_numpy(), kernels["category"].astype("category")
+    ns = kernels["total_ns"].to_numpy()
+    for prefix, codes, labels in ((None, np.zeros(len(ns), dtype=np.int8), [TOTAL]),
+                                  ("category ", categories.cat.codes.to_numpy(), categories.cat.categories),
+                                  ("kernel ", None, folded)):
+        _add_runs(runs, prefix, labels, ((run_of[block], kernel_of[name_codes[block]] if codes is None
+                                          else codes[block], ns[block]) for block in blocks(len(ns))))
     if index is not None and summary.phase_names:
         ids = np.flatnonzero(index.names().isin(summary.phase_names).to_numpy())
-        prows, codes = membership(kernels, index, ids, summary.phase_names)
-        phased = pd.DataFrame({"run": run_of[prows], "phase": np.asarray(summary.phase_names)[codes],
-                               "ns": kernels["total_ns"].to_numpy()[prows]})
-        for (run, phase), ns in phased[phased["run"] >= 0].groupby(["run", "phase"])["ns"].sum().items():
-            runs[run][f"phase {phase}"] = int(ns)
+        _add_runs(runs, "phase ", summary.phase_names, ((run_of[rows], phase, ns[rows]) for rows, phase in
+                                                        membership_blocks(kernels, index, ids, summary.phase_names)))
     return runs, unit
+
+
+def _add_runs(runs: list[dict[str, int]], prefix: str | None, labels: Sequence,
+              parts: Iterable[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> None:
+    """Into each run, the time of each label (`prefix` + label; the label alone without a prefix) its kernels
+    have, labels in name order. `parts`: the run (below 0: in no run), label code and time of each kernel, a
+    block of kernels at a time."""
+    order = np.argsort(np.asarray(labels, dtype=object).astype(str), kind="stable")
+    rank = np.empty(len(order), dtype=np.int64)
+    rank[order] = np.arange(len(order))
+    width = max(len(labels), 1)
+
+    def cells(run: np.ndarray, codes: np.ndarray, ns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        ran = run >= 0
+        return run[ran].astype(np.int64) * width + rank[codes[ran]], ns[ran]
+
+    keys, (sums,) = summed((cells(*part) for part in parts), 1)
+    for key, value in zip(keys.tolist(), sums.tolist(), strict=True):
+        label = str(labels[order[key % width]])
+        runs[key // width][label if prefix is None else prefix + label] = value
 
 
 @dataclass

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from profiler_kit.kernels.attribution import RangeIndex, launches_in
+from profiler_kit.kernels.attribution import RangeIndex, launches_by_group, launches_in
 from profiler_kit.kernels.categories import COMMUNICATION
 
 # Above this share of idle time in a phase's GPU span, the phase is launch-bound.
@@ -80,17 +80,24 @@ def phase_idle(kernels: pd.DataFrame, index: RangeIndex, phases: list[str],
     idle share, the largest idle gaps and the verdict (`launch-bound`, `gpu-bound`, or `one long gap` when one
     gap holds most of the idle time and the rest of the span is busy; empty without kernels). `dominant_gap`
     describes that one gap of a phase idle above LAUNCH_BOUND_PCT (else None). `among`: a mask of the ranges to
-    consider (those of the steady steps), all by default. Every phase at once: no loop over ranges."""
+    consider (those of the steady steps), all by default. Every phase at once, its ranges a group at a time
+    (`launches_by_group`): no loop over ranges."""
     label_of = pd.Index(phases).get_indexer(index.names())
     chosen = label_of >= 0 if among is None else (label_of >= 0) & among
     ids = np.flatnonzero(chosen)
-    members, owners = launches_in(kernels, index, ids)
-    starts = kernels["start_ns"].to_numpy()[members]
-    ends = starts + kernels["total_ns"].to_numpy()[members]
-    pieces = spans_by_owner(starts, ends, owners)
+    parts, largest = [], {}
+    # A group of ranges at a time (all the kernels of a range are in its group): per range its span, busy
+    # time and largest gap (`gap_before` turned into the row of the kernel after it), per phase its largest gaps.
+    for members, owners in launches_by_group(kernels, index, ids):
+        starts = kernels["start_ns"].to_numpy()[members]
+        ends = starts + kernels["total_ns"].to_numpy()[members]
+        part = spans_by_owner(starts, ends, owners)
+        parts.append(part.assign(gap_before=members[part["gap_before"].to_numpy(dtype=np.int64)]))
+        order, gap = _gaps_before(starts, ends, owners)
+        for label, gaps in _largest_gaps(gap, label_of[owners[order]]).items():
+            largest[label] = sorted([*largest.get(label, []), *gaps], reverse=True)[:LARGEST_GAPS]
+    pieces = pd.concat(parts).sort_values("owner", kind="stable", ignore_index=True)
     pieces["label"] = label_of[pieces["owner"].to_numpy(dtype=np.int64)]
-    order, gap = _gaps_before(starts, ends, owners)
-    largest = _largest_gaps(gap, label_of[owners[order]])
     lengths = (index.ranges["end_ns"] - index.ranges["start_ns"]).to_numpy()
     count = len(phases)
     wall, span, busy = (np.zeros(count, dtype=np.int64) for _ in range(3))
@@ -107,8 +114,8 @@ def phase_idle(kernels: pd.DataFrame, index: RangeIndex, phases: list[str],
                               gaps[label], index)
         if found is not None:
             after = found.pop("gap_before")
-            found["offset_ns"] = int(starts[after]) - found["gap_ns"] - found.pop("first_ns")
-            found["next_kernel"] = str(kernels["name"].iloc[members[after]])
+            found["offset_ns"] = int(kernels["start_ns"].iloc[after]) - found["gap_ns"] - found.pop("first_ns")
+            found["next_kernel"] = str(kernels["name"].iloc[after])
             if found["rest_idle_pct"] <= LAUNCH_BOUND_PCT:
                 verdict[label] = ONE_GAP
             dominant[label] = found

@@ -14,13 +14,22 @@ note.
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from profiler_kit.errors import ProfilerKitError
-from profiler_kit.kernels.trace import NO_LAUNCH, KernelTrace, kernel_frame, match_launches, memory_frame, range_frame
+from profiler_kit.kernels.trace import (
+    NO_LAUNCH,
+    KernelTrace,
+    LaunchMatcher,
+    blocks,
+    kernel_frame,
+    memory_frame,
+    range_frame,
+)
 
 KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
 RUNTIME_TABLE = "CUPTI_ACTIVITY_KIND_RUNTIME"
@@ -53,6 +62,8 @@ FIELD_TYPES = {
     "StringIds": {"id": ("integer",), "value": ("text",)},
     MEMORY_TABLES["memcpy"]: {"copyKind": ANY_ID},
 }
+# Rows fetched from SQLite at a time: only this many Python row tuples are alive at once.
+FETCH_ROWS = 65_536
 # Timestamps are used only within [0, MAX_TIME_NS): differences and sums of them then stay within int64.
 MAX_TIME_NS = 2**62
 
@@ -149,9 +160,9 @@ def _timed(table: str, alias: str = "") -> str:
 
 
 def _skipped(con: sqlite3.Connection, table: str, valid: str, what: str, notes: list[str],
-             among: str = "1") -> None:
+             among: str = "1") -> int:
     """Count the rows of `table` (those matching `among`) that fail `valid`: all of them is an error, some a
-    note."""
+    note. Returns how many pass."""
     total, bad = con.execute(
         f"SELECT count(*), coalesce(sum(NOT ({valid})), 0) FROM {table} WHERE {among}").fetchone()
     if bad and bad == total:
@@ -159,6 +170,26 @@ def _skipped(con: sqlite3.Connection, table: str, valid: str, what: str, notes: 
                                f"(integers from 0 to 2^62, end ≥ start)")
     if bad:
         notes.append(f"skipped {bad:,} of {total:,} {what} without a usable start and end time in {table}")
+    return total - bad
+
+
+def fetch_blocks(con: sqlite3.Connection, query: str, columns: int) -> Iterator[np.ndarray]:
+    """The rows of `query` (integers) as int64 arrays of at most FETCH_ROWS rows: only one block of Python row
+    tuples is alive at once."""
+    cursor = con.execute(query)
+    while block := cursor.fetchmany(FETCH_ROWS):
+        yield np.array(block, dtype=np.int64).reshape(-1, columns)
+
+
+def fetch_columns(con: sqlite3.Connection, query: str, rows: int, columns: int) -> list[np.ndarray]:
+    """The integer columns of `query`'s result (at most `rows` rows) as int64 arrays, filled block by block."""
+    out = [np.empty(rows, dtype=np.int64) for _ in range(columns)]
+    at = 0
+    for values in fetch_blocks(con, query, columns):
+        for column, array in enumerate(out):
+            array[at: at + len(values)] = values[:, column]
+        at += len(values)
+    return [array[:at] for array in out]
 
 
 def kernel_name_column(columns: set[str]) -> str:
@@ -169,38 +200,35 @@ def kernel_name_column(columns: set[str]) -> str:
 
 
 def _kernels(con: sqlite3.Connection, schema: dict[str, set[str]], notes: list[str]) -> pd.DataFrame:
-    """One row per kernel execution. The launch join is done in numpy (`match_launches`): SQLite would first
-    build a temporary index over the whole runtime table, which costs more than reading both tables."""
+    """One row per kernel execution, its name an integer code into one table of distinct names (`_names`).
+    The launch join is done in numpy (`LaunchMatcher`, the launch calls read block by block): SQLite would
+    first build a temporary index over the whole runtime table, which costs more than reading both tables."""
     columns = schema[KERNEL_TABLE]
-    name_col = kernel_name_column(columns)
     process = "globalPid" if "globalPid" in columns else "0"
     correlation = "correlationId" if "correlationId" in columns else "NULL"
     stream = "coalesce(streamId, 0)" if "streamId" in columns else "0"
-    _skipped(con, KERNEL_TABLE, _timed(KERNEL_TABLE), "kernels", notes)
-    rows = con.execute(
-        f"SELECT coalesce({correlation}, {NO_LAUNCH}), coalesce({process}, 0), end - start, {name_col}, start, "
-        f"{stream} FROM {KERNEL_TABLE} WHERE {_timed(KERNEL_TABLE)}"
-    ).fetchall()
-    if not rows:
+    count = _skipped(con, KERNEL_TABLE, _timed(KERNEL_TABLE), "kernels", notes)
+    if not count:
         return kernel_frame([], [], [], [])
-    table = np.array(rows, dtype=object)
-    corr, processes, durations, name_cells, starts, streams = (table[:, i] for i in range(6))
-    names = _names(con, name_cells)
+    cell, names, keys, key_codes = _names(con, kernel_name_column(columns), "StringIds" in schema)
+    corr, processes, durations, cells, starts, streams = fetch_columns(
+        con, f"SELECT coalesce({correlation}, {NO_LAUNCH}), coalesce({process}, 0), end - start, {cell}, start, "
+        f"{stream} FROM {KERNEL_TABLE} WHERE {_timed(KERNEL_TABLE)}", count, 6)
+    codes = np.empty(len(cells), dtype=np.int32)
+    for block in blocks(len(cells)):
+        codes[block] = key_codes[np.searchsorted(keys, cells[block])]
+    del cells
+    matcher = LaunchMatcher(corr, processes if process != "0" else None)
+    del corr, processes
     if RUNTIME_TABLE in schema:
-        kernel_process = processes.astype(np.int64) if process != "0" else None
-        launch_ns, launch_process = match_launches(
-            corr.astype(np.int64), *_launches(con, schema, notes), kernel_process=kernel_process
-        )
-    else:
-        launch_ns, launch_process = np.full(len(rows), NO_LAUNCH), np.zeros(len(rows), dtype=np.int64)
-    return kernel_frame(names, durations.astype(np.int64), launch_ns, launch_process,
-                        start_ns=starts.astype(np.int64), stream=streams.astype(np.int64))
+        for block in _launches(con, schema, notes):
+            matcher.add(block[:, 0], block[:, 1], block[:, 2] & PROCESS_MASK)
+    return kernel_frame(pd.Categorical.from_codes(codes, categories=names), durations, matcher.launch_ns,
+                        matcher.process, start_ns=starts, stream=streams)
 
 
-def _launches(
-    con: sqlite3.Connection, schema: dict[str, set[str]], notes: list[str]
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Correlation id, start and process of the runtime/driver calls that can launch kernels."""
+def _launches(con: sqlite3.Connection, schema: dict[str, set[str]], notes: list[str]) -> Iterator[np.ndarray]:
+    """Blocks of (correlation id, start, thread) of the runtime/driver calls that can launch kernels."""
     columns = schema[RUNTIME_TABLE]
     where = " WHERE correlationId IS NOT NULL"
     if "nameId" in columns and "StringIds" in schema:
@@ -209,23 +237,37 @@ def _launches(
         where += f" AND nameId IN ({', '.join(ids) or 'NULL'})"
     thread = "coalesce(globalTid, 0)" if "globalTid" in columns else "0"
     _skipped(con, RUNTIME_TABLE, _time("start"), "launch calls", notes, among=where.removeprefix(" WHERE "))
-    rows = con.execute(f"SELECT correlationId, start, {thread} FROM {RUNTIME_TABLE}{where} "
-                       f"AND {_time('start')}").fetchall()
-    table = np.array(rows, dtype=np.int64).reshape(-1, 3)
-    return table[:, 0], table[:, 1], table[:, 2] & PROCESS_MASK
+    return fetch_blocks(con, f"SELECT correlationId, start, {thread} FROM {RUNTIME_TABLE}{where} "
+                             f"AND {_time('start')}", 3)
 
 
-def _names(con: sqlite3.Connection, cells: np.ndarray) -> pd.Categorical:
-    """Kernel names from their cells: a StringIds id (each distinct one looked up once) or the name itself."""
-    is_text = np.array([isinstance(cell, str) for cell in cells], dtype=bool)
-    values = cells.copy()
-    if not is_text.all():
-        unique, inverse = np.unique(cells[~is_text].astype(np.int64), return_inverse=True)
-        lookup = dict(con.execute("SELECT id, value FROM StringIds")) if unique.size else {}
-        found = np.array([lookup.get(int(i), f"<string {int(i)}>") for i in unique], dtype=object)
-        values[~is_text] = found[inverse]
-    names, codes = np.unique(values.astype(str), return_inverse=True)
-    return pd.Categorical.from_codes(codes, categories=names)
+def _names(con: sqlite3.Connection, column: str, strings: bool) -> tuple[str, list[str], np.ndarray, np.ndarray]:
+    """How kernel names are read: the SQL expression to read per kernel (an integer), the sorted distinct names,
+    and the integers that expression yields (sorted) with the code of each one's name. Each distinct cell is
+    read and looked up once, so a name of any length is held once whatever the number of its kernels. A cell
+    is a StringIds id (`strings`: the export has that table) or, in old exports, the name itself."""
+    source = f"FROM {KERNEL_TABLE} WHERE {_timed(KERNEL_TABLE)}"
+    has_text = con.execute(f"SELECT 1 {source} AND typeof({column}) = 'text' LIMIT 1").fetchone() is not None
+    lookup: dict[int, str] = {}
+    if has_text:
+        # Each distinct cell gets a row number in a temporary table; kernels yield that number, not the text.
+        con.execute("CREATE TEMP TABLE IF NOT EXISTS kernel_cells (number INTEGER PRIMARY KEY, cell UNIQUE)")
+        con.execute("DELETE FROM temp.kernel_cells")
+        con.execute(f"INSERT INTO temp.kernel_cells (cell) SELECT DISTINCT {column} {source}")
+        cell = f"(SELECT number FROM temp.kernel_cells WHERE cell = {KERNEL_TABLE}.{column})"
+        rows = con.execute("SELECT number, cell FROM temp.kernel_cells").fetchall()
+    else:
+        cell = column
+        rows = [(i, i) for (i,) in con.execute(f"SELECT DISTINCT {column} {source}")]
+        if strings:
+            lookup = dict(con.execute(f"SELECT id, value FROM StringIds WHERE id IN "
+                                      f"(SELECT DISTINCT {column} {source})"))
+    found = [v if isinstance(v, str) else lookup.get(v, f"<string {v}>") for _, v in rows]
+    names = sorted(set(found))
+    position = {name: code for code, name in enumerate(names)}
+    keys = np.array([key for key, _ in rows], dtype=np.int64)
+    order = np.argsort(keys)
+    return cell, names, keys[order], np.array([position[name] for name in found], dtype=np.int32)[order]
 
 
 def _event_type(con: sqlite3.Connection, schema: dict[str, set[str]], name: str, default: int) -> int:

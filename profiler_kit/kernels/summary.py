@@ -31,13 +31,13 @@ import numpy as np
 import pandas as pd
 
 from profiler_kit.errors import ProfilerKitError
-from profiler_kit.kernels.attribution import RangeIndex, launched, membership
+from profiler_kit.kernels.attribution import RangeIndex, membership
 from profiler_kit.kernels.categories import CATEGORIES, categorize, optimizer_work
 from profiler_kit.kernels.idle import phase_idle
 from profiler_kit.kernels.phases import PhaseChoice, choose_phases, left_out
 from profiler_kit.kernels.sources import load
 from profiler_kit.kernels.steps import WARMUP, WARMUP_FACTOR, find_steps, step_table
-from profiler_kit.kernels.trace import KernelTrace
+from profiler_kit.kernels.trace import NO_LAUNCH, KernelTrace, blocks, summed
 
 # What the times are: GPU kernel durations, or (a trace without kernels) CPU operator self times.
 GPU_KERNELS, CPU_OPS = "gpu_kernels", "cpu_ops"
@@ -307,13 +307,12 @@ def _add_phases(summary: KernelSummary, asked: bool) -> None:
     """The phase totals, the per-step table, where the GPU idles (on the steady steps) and the notes about
     them, into `summary` (whose `attributed` kernels and `index` are set)."""
     kernels, index, notes, names = summary.attributed, summary.index, summary.notes, summary.phase_names
-    summary.phases, rows, labels = _phases(kernels, index, names, asked, notes)
-    in_phase = labels < len(names)
+    summary.phases, rows, labels, outside = _phases(kernels, index, names, asked, notes)
     timestamped = summary.basis == GPU_KERNELS and "start_ns" in kernels.columns
     steps = find_steps(index, names)
     steady = None
     if len(steps):
-        summary.steps = step_table(kernels, index, steps, names, rows[in_phase], labels[in_phase], timestamped)
+        summary.steps = step_table(kernels, index, steps, names, rows, labels, timestamped)
         if summary.basis == CPU_OPS:  # operators' time, and no GPU to idle
             summary.steps = summary.steps.rename(columns={"kernel_ms": "operator_ms"}).drop(columns="idle_pct")
         warm = (summary.steps["state"] == WARMUP).to_numpy()
@@ -336,7 +335,7 @@ def _add_phases(summary: KernelSummary, asked: bool) -> None:
                 "ranges open when they were launched, and e.g. PyTorch's autograd thread runs a layer's backward "
                 "outside the forward's per-layer ranges"
             )
-    notes += left_out(kernels, index, names, steps, rows[~in_phase], int(kernels["total_ns"].sum()),
+    notes += left_out(kernels, index, names, steps, outside, int(kernels["total_ns"].sum()),
                       summary.timed)
 
 
@@ -352,33 +351,44 @@ def _gap_note(phase: str, gap: dict[str, Any]) -> str:
 
 def by_name(kernels: pd.DataFrame) -> pd.DataFrame:
     """One row per kernel name, largest total first (ties by name, so the order is stable)."""
-    grouped = kernels.groupby(["name", "category"], observed=True, as_index=False).agg(
-        instances=("instances", "sum"), total_ns=("total_ns", "sum")
-    )
+    names = kernels["name"].astype("category")
+    sums = _label_sums(kernels, (None, names.cat.codes.to_numpy()))
+    grouped = pd.DataFrame({"name": names.cat.categories.to_numpy(dtype=object)[sums["label"].to_numpy()],
+                            "category": np.asarray(CATEGORIES, dtype=object)[sums["category"].to_numpy()],
+                            "instances": sums["instances"], "total_ns": sums["total_ns"]})
     grouped = grouped.astype({"name": str, "category": str})
     return grouped.sort_values(["total_ns", "name"], ascending=[False, True], ignore_index=True)
+
+
+def _label_sums(kernels: pd.DataFrame, *parts: tuple[np.ndarray | None, np.ndarray]) -> pd.DataFrame:
+    """label, category (its position in CATEGORIES), instances and total_ns summed per label and category, for
+    the pairs that hold a kernel, in order. Each part is (rows, labels): the kernels at `rows` (all for None)
+    with one integer label per row taken; summed a block of rows at a time."""
+    width = len(CATEGORIES)
+    category = kernels["category"].cat.codes.to_numpy()
+    instances, total = kernels["instances"].to_numpy(), kernels["total_ns"].to_numpy()
+
+    def cells(rows: np.ndarray | None, labels: np.ndarray, block: slice) -> tuple[np.ndarray, ...]:
+        taken = block if rows is None else rows[block]
+        return (np.asarray(labels[block], dtype=np.int64) * width + category[taken], instances[taken],
+                total[taken])
+
+    keys, (instances, total) = summed((cells(rows, labels, block) for rows, labels in parts
+                                       for block in blocks(len(labels))), 2)
+    return pd.DataFrame({"label": keys // width, "category": keys % width, "instances": instances,
+                         "total_ns": total})
 
 
 def _ids_named(index: RangeIndex, names: list[str]) -> np.ndarray:
     return np.flatnonzero(index.names().isin(names).to_numpy())
 
 
-def _totals(
-    kernels: pd.DataFrame, rows: np.ndarray, label_codes: np.ndarray, labels: list[str], column: str
-) -> pd.DataFrame:
-    """`column`, category, instances, total_ns of the kernels at `rows` under their labels, labels in order
-    and the larger categories first."""
-    frame = pd.DataFrame(
-        {
-            "label": label_codes,
-            "category": kernels["category"].cat.codes.to_numpy()[rows],
-            "instances": kernels["instances"].to_numpy()[rows],
-            "total_ns": kernels["total_ns"].to_numpy()[rows],
-        }
-    )
-    grouped = frame.groupby(["label", "category"], as_index=False).agg(
-        instances=("instances", "sum"), total_ns=("total_ns", "sum")
-    )
+def _totals(kernels: pd.DataFrame, labels: list[str], column: str,
+            *parts: tuple[np.ndarray, np.ndarray]) -> pd.DataFrame:
+    """`column`, category, instances, total_ns of the kernels of `parts` ((rows, label positions) each) under
+    their labels, labels in order and the larger categories first."""
+    grouped = _label_sums(kernels, *parts)
+    # A sort on several columns is stable: equal totals of one label stay in category order.
     grouped = grouped.sort_values(["label", "total_ns"], ascending=[True, False], ignore_index=True)
     return pd.DataFrame(
         {
@@ -392,9 +402,9 @@ def _totals(
 
 def _phases(
     kernels: pd.DataFrame, index: RangeIndex, names: list[str], asked: bool, notes: list[str]
-) -> tuple[pd.DataFrame, np.ndarray, np.ndarray]:
-    """Kernel totals per phase and category (kernels in no phase under OUTSIDE_PHASES), and the (kernel row,
-    phase position) pairs behind them, OUTSIDE_PHASES being position len(names)."""
+) -> tuple[pd.DataFrame, np.ndarray, np.ndarray, np.ndarray]:
+    """Kernel totals per phase and category (kernels launched in no phase under OUTSIDE_PHASES), the (kernel
+    row, phase position) pairs behind the phases' totals, and the rows of the kernels launched in no phase."""
     if asked:
         present = set(index.names())
         missing = [p for p in names if p not in present]
@@ -402,14 +412,14 @@ def _phases(
             notes.append(f"no NVTX range named {', '.join(missing)} in this report")
     labels = [*names, OUTSIDE_PHASES]
     rows, codes = membership(kernels, index, _ids_named(index, names), labels)
+    outside = np.empty(0, dtype=np.int64)
     if names:
-        all_launched = launched(kernels)
-        in_phase = np.zeros(len(kernels), dtype=bool)
-        in_phase[rows] = True
-        outside = all_launched[~in_phase[all_launched]]
-        rows = np.concatenate([rows, outside])
-        codes = np.concatenate([codes, np.full(len(outside), len(names))])
-    return _totals(kernels, rows, codes, labels, "phase"), rows, codes
+        in_none = kernels["launch_ns"].to_numpy() != NO_LAUNCH
+        in_none[rows] = False
+        outside = np.flatnonzero(in_none)
+        del in_none
+    table = _totals(kernels, labels, "phase", (rows, codes), (outside, np.full(len(outside), len(names))))
+    return table, rows, codes, outside
 
 
 def _inside(
@@ -434,7 +444,7 @@ def _inside(
     # Sub-ranges of one range never overlap; across threads a launch may fall in two, the first one counts.
     label_of = np.full(len(kernels), len(labels) - 1)
     label_of[child_rows[::-1]] = child_codes[::-1]
-    split = _totals(kernels, inside, label_of[inside], labels, "sub_range")
+    split = _totals(kernels, labels, "sub_range", (inside, label_of[inside]))
     return kernels.iloc[inside].reset_index(drop=True), split
 
 

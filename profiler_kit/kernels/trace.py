@@ -7,7 +7,7 @@ per-name totals. `KernelTrace` holds whatever the source knows, with `None` for 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,6 +16,8 @@ import pandas as pd
 
 from profiler_kit.errors import ProfilerKitError
 
+# Kernels a pass over every kernel of a report takes at a time (`blocks`).
+BLOCK_ROWS = 1 << 20
 # `launch_ns` of a kernel whose launching call is not in the source (no runtime table, unmatched id).
 NO_LAUNCH = -1
 # Durations of one trace must add up to less than this: every sum a summary takes (per category, phase, range,
@@ -64,24 +66,87 @@ def kernel_frame(
     """A `kernels` frame with the right dtypes; per-execution when launch times are given, with the GPU start
     and stream of each execution when those are given."""
     durations = checked_total(durations_ns, "kernel")
-    frame = pd.DataFrame(
-        {
-            "name": names
-            if isinstance(names, pd.Categorical)
-            else pd.Categorical(np.asarray(names, dtype=object)),
-            "instances": np.ones(len(durations), dtype=np.int64)
-            if instances is None
-            else np.asarray(instances, dtype=np.int64),
-            "total_ns": durations,
-        }
-    )
+    columns = {
+        "name": names if isinstance(names, pd.Categorical) else pd.Categorical(np.asarray(names, dtype=object)),
+        "instances": np.ones(len(durations), dtype=np.int64) if instances is None
+        else np.asarray(instances, dtype=np.int64),
+        "total_ns": durations,
+    }
     if launch_ns is not None:
-        frame["launch_ns"] = np.asarray(launch_ns, dtype=np.int64)
-        frame["process"] = np.asarray(process, dtype=np.int64)
+        columns["launch_ns"] = np.asarray(launch_ns, dtype=np.int64)
+        columns["process"] = np.asarray(process, dtype=np.int64)
     if start_ns is not None:
-        frame["start_ns"] = np.asarray(start_ns, dtype=np.int64)
-        frame["stream"] = np.asarray(stream, dtype=np.int64)
+        columns["start_ns"] = np.asarray(start_ns, dtype=np.int64)
+        columns["stream"] = np.asarray(stream, dtype=np.int64)
+    # copy=False: the columns are the arrays given, not copies of them (a report's kernels can be millions).
+    frame = pd.DataFrame(columns, copy=False)
     return frame
+
+
+class LaunchMatcher:
+    """Launch time and process of each kernel, matched by correlation id (and process, when kernels carry
+    theirs) against launch calls given in blocks (`add`), in the order the source lists them: the kernels'
+    ids are sorted once and each block finds its kernels by binary search, so no more than one block of
+    launches is held. Ids are non-negative; a negative one (an event without an id) matches nothing. Where one
+    process lists an id twice, its first launch counts. Kernels without a match keep NO_LAUNCH."""
+
+    def __init__(self, kernel_corr: np.ndarray, kernel_process: np.ndarray | None = None) -> None:
+        kernel_corr = np.asarray(kernel_corr, dtype=np.int64)
+        self._count = len(kernel_corr)
+        # Kernels without an id sort first and match nothing: launches with one are searched for only.
+        order = np.argsort(kernel_corr, kind="stable")
+        self._ids = kernel_corr[order]
+        self._order = order.astype(np.int32) if self._count < 2**31 else order
+        del order
+        self._kernel_process: np.ndarray | int | None = None
+        if kernel_process is not None and len(kernel_process):
+            kernel_process = np.asarray(kernel_process, dtype=np.int64)
+            # One process (the usual report) is one number, not one per kernel.
+            single = kernel_process.min() == kernel_process.max()
+            self._kernel_process = int(kernel_process[0]) if single else kernel_process[self._order]
+        self._launch_ns: np.ndarray | None = None
+        self._process: np.ndarray | None = None
+
+    @property
+    def launch_ns(self) -> np.ndarray:
+        """The launch time of each kernel, NO_LAUNCH where none matched."""
+        self._outputs()
+        return self._launch_ns
+
+    @property
+    def process(self) -> np.ndarray:
+        """The process of each kernel's launch, 0 where none matched."""
+        self._outputs()
+        return self._process
+
+    def _outputs(self) -> None:
+        # Made at the first launch block, once the caller has let go of what it read to build the matcher.
+        if self._launch_ns is None:
+            self._launch_ns = np.full(self._count, NO_LAUNCH, dtype=np.int64)
+            self._process = np.zeros(self._count, dtype=np.int64)
+
+    def add(self, corr: np.ndarray, launch_ns: np.ndarray, process: np.ndarray) -> None:
+        """One block of launch calls: correlation id, CPU start and process of each."""
+        self._outputs()
+        corr = np.asarray(corr, dtype=np.int64)
+        first = np.searchsorted(self._ids, corr, side="left")
+        count = np.searchsorted(self._ids, corr, side="right") - first
+        count[corr < 0] = 0
+        launch = np.repeat(np.arange(len(corr)), count)
+        # Sorted positions of every kernel each launch may have launched (a graph launch has several).
+        at = np.repeat(first - np.cumsum(count) + count, count) + np.arange(len(launch))
+        process = np.asarray(process, dtype=np.int64)[launch]
+        if self._kernel_process is not None:
+            kernel_process = (self._kernel_process if isinstance(self._kernel_process, int)
+                              else self._kernel_process[at])
+            same = kernel_process == process
+            launch, at, process = launch[same], at[same], process[same]
+        rows = self._order[at]
+        free = self._launch_ns[rows] == NO_LAUNCH
+        # Reversed, so that of two launches of one kernel in this block the first is written last.
+        rows, launch, process = rows[free][::-1], launch[free][::-1], process[free][::-1]
+        self._launch_ns[rows] = np.asarray(launch_ns, dtype=np.int64)[launch]
+        self._process[rows] = process
 
 
 def match_launches(
@@ -91,34 +156,10 @@ def match_launches(
     launch_process: np.ndarray,
     kernel_process: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Launch time and process of each kernel, matched by correlation id (and process, when kernels carry
-    theirs): a sort and a binary search instead of a join. Ids are non-negative; a negative one (an event
-    without an id) matches nothing. Unmatched kernels get NO_LAUNCH."""
-    kernel_key = np.asarray(kernel_corr, dtype=np.int64)
-    with_id = np.asarray(launch_corr, dtype=np.int64) >= 0
-    launch_key = np.asarray(launch_corr, dtype=np.int64)[with_id]
-    launch_ns = np.asarray(launch_ns, dtype=np.int64)[with_id]
-    launch_process = np.asarray(launch_process, dtype=np.int64)[with_id]
-    known = kernel_key >= 0
-    if len(launch_key) == 0 or len(kernel_key) == 0:
-        return np.full(len(kernel_key), NO_LAUNCH, dtype=np.int64), np.zeros(len(kernel_key), dtype=np.int64)
-    if kernel_process is not None:
-        # Correlation ids are unique within a process: (process, id) becomes one integer key, from the ids'
-        # ranks among all ids (not the ids themselves, which may be as large as int64 allows).
-        kernel_process = np.asarray(kernel_process, dtype=np.int64)
-        processes, launch_pidx = np.unique(launch_process, return_inverse=True)
-        kernel_pidx = np.minimum(np.searchsorted(processes, kernel_process), len(processes) - 1)
-        known &= processes[kernel_pidx] == kernel_process
-        ids, ranks = np.unique(np.concatenate([launch_key, kernel_key]), return_inverse=True)
-        stride = len(ids)
-        launch_key = launch_pidx * stride + ranks[: len(launch_key)]
-        kernel_key = kernel_pidx * stride + ranks[len(launch_key):]
-    order = np.argsort(launch_key, kind="stable")
-    sorted_keys = launch_key[order]
-    pos = np.minimum(np.searchsorted(sorted_keys, kernel_key), len(sorted_keys) - 1)
-    hit = known & (sorted_keys[pos] == kernel_key)
-    launch = np.where(hit, launch_ns[order][pos], NO_LAUNCH)
-    return launch, np.where(hit, launch_process[order][pos], 0)
+    """Launch time and process of each kernel (`LaunchMatcher`), all launch calls given at once."""
+    matcher = LaunchMatcher(kernel_corr, kernel_process)
+    matcher.add(launch_corr, launch_ns, launch_process)
+    return matcher.launch_ns, matcher.process
 
 
 def checked_total(durations_ns: Iterable[int] | np.ndarray, what: str) -> np.ndarray:
@@ -126,10 +167,57 @@ def checked_total(durations_ns: Iterable[int] | np.ndarray, what: str) -> np.nda
     at 2^63 would be a wrong number, not an error. The float sum decides (its rounding is far below the
     margin MAX_TOTAL_NS leaves)."""
     durations = np.asarray(durations_ns, dtype=np.int64)
-    if len(durations) and (durations.min() < 0 or durations.astype(float).sum() >= MAX_TOTAL_NS):
+    if len(durations) and (durations.min() < 0 or durations.sum(dtype=float) >= MAX_TOTAL_NS):
         raise ProfilerKitError(f"the {what} durations are negative or add up to more than 2^62 ns (146 years); "
                                "no recording holds that much")
     return durations
+
+
+def blocks(count: int) -> Iterator[slice]:
+    """Slices of BLOCK_ROWS rows that cover `count` rows, in order: the passes over every kernel of a report
+    hold one block's temporaries at a time."""
+    return (slice(first, first + BLOCK_ROWS) for first in range(0, count, BLOCK_ROWS))
+
+
+def joined(parts: list[np.ndarray], dtype: type = np.int64) -> np.ndarray:
+    """The arrays of `parts` end to end, emptying the list as they are copied: the parts and the whole are
+    not both held at once."""
+    out = np.empty(sum(len(part) for part in parts), dtype=dtype)
+    at = 0
+    parts.reverse()
+    while parts:
+        part = parts.pop()
+        out[at: at + len(part)] = part
+        at += len(part)
+    return out
+
+
+def summed(parts: Iterable[tuple[np.ndarray, ...]], values: int) -> tuple[np.ndarray, list[np.ndarray]]:
+    """`group_sums` of each part's (keys, *values), `values` arrays of values each, added up over the parts."""
+    done = [group_sums(*part) for part in parts]
+    keys = np.concatenate([np.empty(0, dtype=np.int64), *(keys for keys, _ in done)])
+    return group_sums(keys, *(np.concatenate([np.empty(0, dtype=np.int64), *(sums[i] for _, sums in done)])
+                              for i in range(values)))
+
+
+def group_sums(keys: np.ndarray, *values: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+    """The distinct non-negative integer `keys` (sorted) and, for each of `values`, its int64 sum per key:
+    exact, unlike np.bincount's float sums, and without the per-row memory of a pandas groupby. Keys that are
+    few for their range are summed in place (np.add.at), others after a sort."""
+    keys = np.asarray(keys, dtype=np.int64)
+    size = int(keys.max()) + 1 if len(keys) else 0
+    if size <= 4 * len(keys) + (1 << 20):
+        held = np.bincount(keys, minlength=size) > 0
+        sums = []
+        for value in values:
+            out = np.zeros(size, dtype=np.int64)
+            np.add.at(out, keys, value)
+            sums.append(out[held])
+        return np.flatnonzero(held), sums
+    order = np.argsort(keys, kind="stable")
+    ordered = keys[order]
+    heads = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
+    return ordered[heads], [np.add.reduceat(np.asarray(value, dtype=np.int64)[order], heads) for value in values]
 
 
 def range_frame(
