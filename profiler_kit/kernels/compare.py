@@ -85,7 +85,7 @@ def _add_runs(runs: list[dict[str, int]], prefix: str | None, labels: Sequence,
     """Into each run, the time of each label (`prefix` + label; the label alone without a prefix) its kernels
     have, labels in name order. `parts`: the run (below 0: in no run), label code and time of each kernel, a
     block of kernels at a time."""
-    order = np.argsort(np.asarray(labels, dtype=object).astype(str), kind="stable")
+    order = np.array(sorted(range(len(labels)), key=lambda i: str(labels[i])), dtype=np.int64)
     rank = np.empty(len(order), dtype=np.int64)
     rank[order] = np.arange(len(order))
     width = max(len(labels), 1)

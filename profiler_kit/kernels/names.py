@@ -19,6 +19,8 @@ import re
 import numpy as np
 import pandas as pd
 
+from profiler_kit.kernels.categories import MATCHED_CHARS
+
 GEMM = "GEMM (cuBLAS)"
 # Library GEMMs: which kernel cuBLAS picks depends on dtype, shape and GPU, so all of them are one operation.
 _GEMM = re.compile(r"nvjet|xmma_gemm|sgemm|hgemm|gemm_kernel|gemmSN|cutlass.*gemm|gemv|ampere_.*gemm|sm\d+_.*gemm",
@@ -77,8 +79,9 @@ def _first_template_arg(text: str, found: re.Match) -> str:
 
 
 def normalize(name: str) -> str:
-    """What the kernel computes, without dtypes, sizes, tile shapes or numbered suffixes."""
-    text = name.strip().removeprefix("void ")
+    """What the kernel computes, without dtypes, sizes, tile shapes or numbered suffixes; folded from the name's
+    first MATCHED_CHARS characters, as categories are."""
+    text = name[:MATCHED_CHARS].strip().removeprefix("void ")
     if _SPLIT_K.search(text):
         return f"{GEMM} split-K reduction"
     if _GEMM.search(text):

@@ -246,22 +246,19 @@ def _names(con: sqlite3.Connection, column: str, strings: bool) -> tuple[str, li
     and the integers that expression yields (sorted) with the code of each one's name. Each distinct cell is
     read and looked up once, so a name of any length is held once whatever the number of its kernels. A cell
     is a StringIds id (`strings`: the export has that table) or, in old exports, the name itself."""
-    source = f"FROM {KERNEL_TABLE} WHERE {_timed(KERNEL_TABLE)}"
-    has_text = con.execute(f"SELECT 1 {source} AND typeof({column}) = 'text' LIMIT 1").fetchone() is not None
-    lookup: dict[int, str] = {}
-    if has_text:
-        # Each distinct cell gets a row number in a temporary table; kernels yield that number, not the text.
-        con.execute("CREATE TEMP TABLE IF NOT EXISTS kernel_cells (number INTEGER PRIMARY KEY, cell UNIQUE)")
-        con.execute("DELETE FROM temp.kernel_cells")
-        con.execute(f"INSERT INTO temp.kernel_cells (cell) SELECT DISTINCT {column} {source}")
-        cell = f"(SELECT number FROM temp.kernel_cells WHERE cell = {KERNEL_TABLE}.{column})"
-        rows = con.execute("SELECT number, cell FROM temp.kernel_cells").fetchall()
+    cells = [cell for (cell,) in con.execute(f"SELECT DISTINCT {column} FROM {KERNEL_TABLE} "
+                                             f"WHERE {_timed(KERNEL_TABLE)}")]
+    if any(isinstance(cell, str) for cell in cells):
+        # Kernels yield the position of their cell among the distinct ones (a function of this connection),
+        # never the text itself.
+        number_of = {cell: number for number, cell in enumerate(cells)}
+        con.create_function("kernel_cell", 1, number_of.__getitem__, deterministic=True)
+        cell, rows = f"kernel_cell({column})", list(enumerate(cells))
     else:
-        cell = column
-        rows = [(i, i) for (i,) in con.execute(f"SELECT DISTINCT {column} {source}")]
-        if strings:
-            lookup = dict(con.execute(f"SELECT id, value FROM StringIds WHERE id IN "
-                                      f"(SELECT DISTINCT {column} {source})"))
+        cell, rows = column, [(i, i) for i in cells]
+    ids = [v for _, v in rows if not isinstance(v, str)]
+    lookup = dict(con.execute(f"SELECT id, value FROM StringIds WHERE id IN ({', '.join(map(str, ids))})")
+                  ) if strings and ids else {}
     found = [v if isinstance(v, str) else lookup.get(v, f"<string {v}>") for _, v in rows]
     names = sorted(set(found))
     position = {name: code for code, name in enumerate(names)}
