@@ -24,6 +24,7 @@ import gzip
 import json
 import math
 import pickle
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -36,7 +37,7 @@ from pathlib import Path
 import pandas as pd
 
 from profiler_kit.errors import ProfilerKitError
-from profiler_kit.kernels.nsys_sqlite import KERNEL_TABLE
+from profiler_kit.kernels.nsys_sqlite import KERNEL_TABLE, kernel_name_column, table_columns
 from profiler_kit.kernels.speedtest import build_repeated_export, reference_query
 from profiler_kit.memory.analyze import SEGMENT_SIGN, pick_device
 from profiler_kit.memory.snapshot import EMBEDDED_KEY, load_sidecar, load_snapshot, sidecar_path
@@ -62,23 +63,28 @@ class Measurement:
     error: str = ""
 
 
-# Runs argv[2:] as its child and writes its wall seconds, CPU seconds (user + system: on a shared machine the
-# steadier of the two) and peak RSS (KiB) to the file argv[1]. A process's peak RSS starts at its parent's size
-# when it is spawned, so the command is spawned from this small process, not from the benchmark (which holds
-# pandas and the builders).
-_WRAPPER = ("import resource, subprocess, sys, time; t = time.perf_counter(); rc = subprocess.call(sys.argv[2:]); "
-            "t = time.perf_counter() - t; u = resource.getrusage(resource.RUSAGE_CHILDREN); "
+# Runs argv[3:] as its child and writes its wall seconds, CPU seconds (user + system: on a shared machine the
+# steadier of the two) and peak RSS (KiB) to the file argv[1]; argv[2], when not 0, caps the child's address
+# space (bytes), so that a run past a memory bound fails instead of filling the machine. A process's peak RSS
+# starts at its parent's size when it is spawned, so the command is spawned from this small process, not from
+# the benchmark (which holds pandas and the builders).
+_WRAPPER = ("import resource, subprocess, sys, time; cap = int(sys.argv[2]); "
+            "cap and resource.setrlimit(resource.RLIMIT_AS, (cap, cap)); t = time.perf_counter(); "
+            "rc = subprocess.call(sys.argv[3:]); t = time.perf_counter() - t; "
+            "u = resource.getrusage(resource.RUSAGE_CHILDREN); "
             "open(sys.argv[1], 'w').write(f'{t} {u.ru_utime + u.ru_stime} {u.ru_maxrss}'); sys.exit(rc)")
 
 
-def measure(argv: list[str]) -> Measurement:
+def measure(argv: list[str], address_space_mib: int | None = None) -> Measurement:
     """Run `argv` with stdout discarded; its wall and CPU time, the peak RSS of that process alone (counted from a
-    small launcher's size, ~10 MiB), its exit status and the last line it wrote on stderr when it failed."""
+    small launcher's size, ~10 MiB), its exit status and the last line it wrote on stderr when it failed.
+    `address_space_mib` caps its address space (a run past it fails, out of memory)."""
+    cap = str((address_space_mib or 0) * MIB)
     with tempfile.TemporaryDirectory() as tmp:
         usage, err = Path(tmp) / "usage", Path(tmp) / "stderr"
         with open(err, "wb") as fh:
-            rc = subprocess.call([sys.executable, "-c", _WRAPPER, str(usage), *argv], stdout=subprocess.DEVNULL,
-                                 stderr=fh)
+            rc = subprocess.call([sys.executable, "-c", _WRAPPER, str(usage), cap, *argv],
+                                 stdout=subprocess.DEVNULL, stderr=fh)
         wall, cpu, rss_kib = usage.read_text().split()
         lines = err.read_text(errors="replace").strip().splitlines()
     return Measurement(float(wall), float(cpu), int(rss_kib) / 1024, rc, lines[-1] if rc and lines else "")
@@ -311,6 +317,23 @@ def bench_export(source: Path, workdir: Path, kernels: int) -> dict:
     floor = measure(_python(SQL_FLOOR, str(big), reference_query(big)))
     rows = copies * _sqlite_kernels(source)
     return _row(big.name, rows, big, "kernels summarize", run, "SQL: kernels ⋈ launches, by name", floor)
+
+
+def build_long_name_export(source: Path, target: Path, chars: int) -> None:
+    """Write `target`: the nsys export `source` with the name of its first kernel made `chars` characters long
+    (its template arguments padded), the way a generated kernel may be named."""
+    shutil.copyfile(source, target)
+    con = sqlite3.connect(target)
+    try:
+        column = kernel_name_column(table_columns(con)[KERNEL_TABLE])
+        (name_id,) = con.execute(f"SELECT {column} FROM {KERNEL_TABLE} ORDER BY start LIMIT 1").fetchone()
+        (name,) = con.execute("SELECT value FROM StringIds WHERE id = ?", (name_id,)).fetchone()
+        head, _, tail = name.partition("<")
+        long = f"{head}<{'x' * max(chars - len(name) - 1, 0)},{tail}" if tail else name + "x" * (chars - len(name))
+        con.execute("UPDATE StringIds SET value = ? WHERE id = ?", (long, name_id))
+        con.commit()
+    finally:
+        con.close()
 
 
 def _sqlite_kernels(path: Path) -> int:

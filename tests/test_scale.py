@@ -1,5 +1,7 @@
 """The scale benchmark's grown inputs: a real trace or snapshot repeated k times must summarize as exactly k
-copies of the original (kernels, phases, allocations per role), and the tool prints one row per input."""
+copies of the original (kernels, phases, allocations per role), and the tool prints one row per input. Also the
+memory bounds every `make test` keeps: summaries of a 1M-kernel export and of an export with a 50 MB kernel
+name, each run in its own process, within 1 GiB and 2 GiB of peak RSS."""
 
 from __future__ import annotations
 
@@ -17,12 +19,19 @@ import pytest
 from profiler_kit.errors import ProfilerKitError
 from profiler_kit.kernels import summarize
 from profiler_kit.memory.report import analyze_file
-from profiler_kit.scale import build_repeated_snapshot, build_repeated_trace, measure
+from profiler_kit.kernels.speedtest import build_repeated_export
+from profiler_kit.scale import build_long_name_export, build_repeated_snapshot, build_repeated_trace, measure
 
 REPO = Path(__file__).resolve().parents[1]
 KERNELS = REPO / "tests" / "fixtures" / "kernels"
 MEMORY = REPO / "tests" / "fixtures" / "memory"
 COPIES = 3
+EXPORT = KERNELS / "h100_tiny_train_bf16.sqlite"
+# case → the input's builder and the peak RSS (MiB) its summary must stay within.
+MEMORY_BOUNDS = {
+    "1M kernels": (lambda path: build_repeated_export(EXPORT, path, 1_000_000), 1024),
+    "a 50 MB kernel name": (lambda path: build_long_name_export(EXPORT, path, 50 * 2**20), 2048),
+}
 
 
 def _times(one: dict, k: int) -> dict:
@@ -107,3 +116,15 @@ def test_the_tool_prints_one_row_per_input(tmp_path):
         assert row["cpu_ratio"] == pytest.approx(row["cpu_s"] / row["floor_cpu_s"])
         assert row["peak_rss_mib"] > row["floor_rss_mib"] > 0
     assert sorted(p.suffix for p in tmp_path.iterdir()) == [".json", ".pickle", ".sqlite"]
+
+
+@pytest.mark.parametrize("case", list(MEMORY_BOUNDS))
+def test_a_summary_stays_within_its_memory_bound(tmp_path, case):
+    build, bound_mib = MEMORY_BOUNDS[case]
+    export = tmp_path / "export.sqlite"
+    build(export)
+    # Its address space is capped at 4× the bound: a summary far past it fails soon instead of filling the machine.
+    run = measure([sys.executable, "-m", "profiler_kit", "kernels", "summarize", str(export), "--format", "json"],
+                  address_space_mib=4 * bound_mib)
+    assert run.returncode == 0 and run.peak_rss_mib <= bound_mib, (
+        f"{case}: exit {run.returncode} {run.error}, peak RSS {run.peak_rss_mib:,.0f} MiB (bound {bound_mib:,} MiB)")
