@@ -111,7 +111,7 @@ class Workload:
         with self.device:  # build in place: initialising billions of weights on the host first is slow
             model = TransformerLM(self.model_cfg, attention=cfg.attention, loss_chunk_rows=cfg.loss_chunk_rows)
         if cfg.parallel != "none":
-            model = distributed.wrap(model, cfg.parallel, self.device)
+            model = distributed.wrap(model, cfg.parallel, self.device, cfg.mixed_precision)
         self.model = model
         # "reduce-overhead" records the compiled forward and backward as CUDA graphs and replays them: one launch
         # each instead of one per kernel, for steps whose host time exceeds their GPU time.

@@ -56,6 +56,7 @@ class Rank:
 
     rank: int
     node: int | None
+    process: int | None
     summary: KernelSummary
     steady: np.ndarray | None
     totals: dict[str, Any]
@@ -169,7 +170,7 @@ class RankedSummary:
         ranks = []
         for m in self.members:
             doc = m.summary.to_json()
-            doc["rank"], doc["node"], doc["path"] = m.rank, m.node, str(m.summary.path)
+            doc.update(rank=m.rank, node=m.node, process=m.process, path=str(m.summary.path))
             doc["steady"] = dict(m.totals)
             doc["communication"] = {r.pop("phase"): r for r in records(m.communication)}
             doc["phase_wall_ns"] = m.walls
@@ -219,10 +220,9 @@ def split_processes(trace: KernelTrace) -> list[tuple[int | None, KernelTrace]]:
     """(process id, its trace) for each process that ran kernels (or, without kernels, CPU operators), in
     process-id order: an nsys report of a torchrun job holds every rank's process. The id is None when the
     source has none. Memory operations are not split (None)."""
-    timed = trace.kernels if len(trace.kernels) or trace.cpu_ops is None else trace.cpu_ops
-    if "launch_ns" not in timed.columns:
+    processes = processes_of(trace)
+    if processes is None:
         return [(None, trace)]
-    processes = np.unique(timed["process"].to_numpy()[timed["launch_ns"].to_numpy() != NO_LAUNCH])
     if len(processes) <= 1:
         return [(int(processes[0]) if len(processes) else None, trace)]
 
@@ -238,6 +238,15 @@ def split_processes(trace: KernelTrace) -> list[tuple[int | None, KernelTrace]]:
                                 process_ranks=mine(trace.process_ranks, proc),
                                 process_nodes=mine(trace.process_nodes, proc)))
             for proc in processes]
+
+
+def processes_of(trace: KernelTrace) -> np.ndarray | None:
+    """The ids of the processes that ran kernels (or, without kernels, CPU operators); None when the source
+    has no process ids."""
+    timed = trace.kernels if len(trace.kernels) or trace.cpu_ops is None else trace.cpu_ops
+    if "launch_ns" not in timed.columns:
+        return None
+    return np.unique(timed["process"].to_numpy()[timed["launch_ns"].to_numpy() != NO_LAUNCH])
 
 
 def rank_traces(paths: list[Path]) -> list[tuple[int, KernelTrace]]:
@@ -356,7 +365,9 @@ def _rank(rank: int, trace: KernelTrace, summary: KernelSummary, steady: np.ndar
               "categories": {c: int(categories.get(c, 0)) for c in CATEGORIES},
               "phase_ns": _phase_ns(summary, among)}
     node = next(iter(trace.process_nodes.values())) if len(trace.process_nodes) == 1 else None
-    return Rank(rank, node, summary, steady, totals, communication(kernels, index, names, among),
+    processes = processes_of(trace)
+    process = int(processes[0]) if processes is not None and len(processes) == 1 else None
+    return Rank(rank, node, process, summary, steady, totals, communication(kernels, index, names, among),
                 phase_wall(index, names, among), collectives.calls_per_phase(trace, kernels, index, names, among),
                 runs)
 

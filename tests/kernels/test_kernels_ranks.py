@@ -20,7 +20,7 @@ from click.testing import CliRunner
 from profiler_kit.cli import main
 from profiler_kit.errors import ProfilerKitError
 from profiler_kit.kernels import load, summarize_trace
-from profiler_kit.kernels.collectives import kind_of
+from profiler_kit.kernels.collectives import calls_per_phase, kind_of
 from profiler_kit.kernels.idle import covered_ns
 from profiler_kit.kernels.ranks import assign_ranks, rank_of, rank_traces, split_processes, summarize_ranks
 from profiler_kit.kernels.trace import KernelTrace, kernel_frame, range_frame
@@ -29,6 +29,9 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "kernels"
 # Listed out of order on purpose: ranks come from the names.
 RANKS = [FIXTURES / "cpu_ddp2_gloo.rank1.json.gz", FIXTURES / "cpu_ddp2_gloo.rank0.json.gz"]
 DDP_NSYS = FIXTURES / "h100_ddp1_nsys.sqlite"
+# nsys around `torchrun --nproc-per-node 2 tests/distributed/ddp_program.py --marks --capture 2 2` on two GPUs
+# (lab/gpu/dist.sh records it).
+TWO_GPUS_NSYS = FIXTURES / "gpu2_ddp_nccl.sqlite"
 REPO = Path(__file__).resolve().parents[2]
 MS, US = 1_000_000, 1_000
 ALL_REDUCE = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
@@ -337,3 +340,37 @@ def test_one_report_of_several_processes_is_split_per_process():
     assert [rank for rank, _ in ranked] == [0, 1]
     assert any("by its place among the reports and processes" in n for n in ranked[1][1].notes)
     assert summarize_ranks(ranked).summaries[1].total_ns == summarize_trace(b).total_ns
+
+
+@pytest.mark.skipif(not TWO_GPUS_NSYS.is_file(), reason="no 2-GPU NCCL recording among the fixtures")
+def test_a_two_gpu_nccl_recording():
+    """Each rank is its process, with the RANK it had; its kernel time, its NCCL kernels' time and NCCL's calls
+    in each phase are what SQL finds for that process; the program's steps 2 and 3 keep their numbers; the
+    collectives are matched across the ranks on the report's one clock."""
+    import sqlite3
+
+    con = sqlite3.connect(TWO_GPUS_NSYS)
+    per_process = dict(con.execute("SELECT globalPid, sum(end - start) FROM CUPTI_ACTIVITY_KIND_KERNEL "
+                                   "GROUP BY globalPid"))
+    nccl = dict(con.execute("SELECT k.globalPid, sum(k.end - k.start) FROM CUPTI_ACTIVITY_KIND_KERNEL AS k JOIN "
+                            "StringIds AS s ON s.id = k.demangledName WHERE s.value LIKE 'nccl%' GROUP BY 1"))
+    calls = con.execute(
+        "SELECT c.globalTid & ~0xFFFFFF, ps.value, count(*) FROM NVTX_EVENTS AS c JOIN StringIds AS cs "
+        "ON cs.id = c.textId, NVTX_EVENTS AS p JOIN StringIds AS ps ON ps.id = p.textId WHERE cs.value IN "
+        "('ncclAllReduce', 'ncclAllGather', 'ncclReduceScatter', 'ncclBroadcast') AND ps.value IN ('forward', "
+        "'backward', 'optimizer') AND c.start BETWEEN p.start AND p.end AND c.globalTid & ~0xFFFFFF = "
+        "p.globalTid & ~0xFFFFFF GROUP BY 1, 2").fetchall()
+    con.close()
+    ranked_traces = rank_traces([TWO_GPUS_NSYS])
+    assert [rank for rank, _ in ranked_traces] == [0, 1]
+    assert all(trace.process_ranks for _, trace in ranked_traces)
+    ranked = summarize_ranks(ranked_traces)
+    for (_, trace), member in zip(ranked_traces, ranked.members, strict=True):
+        summary = member.summary
+        assert summary.total_ns == per_process[member.process] > 0
+        assert summary.category_ns()["communication"] == nccl[member.process] > 0
+        counted = calls_per_phase(trace, summary.attributed, summary.index, summary.phase_names)
+        assert {phase: n for phase, n in counted.items() if n} == {
+            phase: n for process, phase, n in calls if process == member.process}
+        assert summary.steps["step"].tolist() == [2, 3]
+    assert ranked.arrivals.comparable and len(ranked.arrivals.table)
