@@ -157,7 +157,7 @@ class RankedSummary:
             comm[f"{column}_ms"] = comm.pop(f"{column}_ns") / NS_PER_MS
         tables = [
             (f"Per rank ({len(self.ranks)} ranks, over {self.scope()}; {first.timed})", self.rank_table()),
-            (f"All ranks merged: time by category over {self.scope()}", merged[merged["total_ms"] > 0]),
+            ("All ranks merged: time by category", merged[merged["total_ms"] > 0]),
             ("Communication per phase, all ranks: overlapped by compute elsewhere, and exposed", comm),
             ("Stragglers: each phase's wall time across ranks", self.stragglers()),
         ]
