@@ -1,11 +1,13 @@
-"""A data-parallel training program as users write one, for the tests and the GPU checks: DistributedDataParallel
-over NCCL on GPUs (one per rank, `cuda:LOCAL_RANK`) and gloo on CPUs, started by torchrun:
+"""A data-parallel training program as users write one, for the tests and the GPU checks: the example language
+model (examples/train_mlp.py) in DistributedDataParallel over NCCL on GPUs (one per rank, `cuda:LOCAL_RANK`) and
+gloo on CPUs, started by torchrun:
 
-    torchrun --nproc-per-node 2 tests/distributed/ddp_program.py --steps 6 [--marks] [--capture 2 2]
+    torchrun --nproc-per-node 2 tests/distributed/ddp_program.py --warmup 2 --steps 6 [--marks] [--capture]
         [--bind-device] [--late-rank 1 --late-s 1.5 --late-at collective]
 
-Plain by default (no annotation at all); `--marks` puts `profiler_kit.phase` ranges around each step and its
-forward, backward and optimizer; `--capture W S` records steps W to W+S-1 only (`profiler_kit.capture`).
+It runs `--warmup` + `--steps` steps, plain by default (no annotation at all); `--marks` puts
+`profiler_kit.phase` ranges around each step and its forward, backward and optimizer; `--capture` records the
+last `--steps` only (`profiler_kit.capture`).
 `--late-rank R` makes rank R start late: it sleeps before `init_process_group` (`--late-at init`) or after it,
 before the first collective (`--late-at collective`, DDP's check of the parameters' shapes). NCCL sets up its
 communicator at the first collective unless `--bind-device` gives `init_process_group` the rank's GPU, which
@@ -18,7 +20,9 @@ import argparse
 import contextlib
 import gc
 import os
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -26,22 +30,22 @@ from torch import nn
 
 import profiler_kit
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+from train_mlp import MLPLanguageModel, add_training_arguments  # noqa: E402
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--width", type=int, default=256)
-    parser.add_argument("--depth", type=int, default=4)
-    parser.add_argument("--batch", type=int, default=32)
+    add_training_arguments(parser)
     parser.add_argument("--marks", action="store_true")
-    parser.add_argument("--capture", type=int, nargs=2, metavar=("WARMUP", "STEPS"))
+    parser.add_argument("--capture", action="store_true")
     parser.add_argument("--late-rank", type=int)
     parser.add_argument("--late-s", type=float, default=1.0)
     parser.add_argument("--late-at", choices=("init", "collective"), default="collective")
     parser.add_argument("--bind-device", action="store_true")
     args = parser.parse_args()
 
-    cap = profiler_kit.capture(*args.capture) if args.capture else None  # before the first CUDA call
+    cap = profiler_kit.capture(args.warmup, args.steps) if args.capture else None  # before the first CUDA call
     mark = profiler_kit.phase if args.marks else lambda name: contextlib.nullcontext()
     rank = int(os.environ["RANK"])
     late = args.late_rank == rank
@@ -55,24 +59,23 @@ def main() -> None:
     if late and args.late_at == "collective":
         time.sleep(args.late_s)
     torch.manual_seed(0)  # the same weights on every rank
-    blocks = [nn.Sequential(nn.Linear(args.width, 2 * args.width), nn.GELU(), nn.Linear(2 * args.width, args.width))
-              for _ in range(args.depth)]
-    model = nn.Sequential(*blocks).to(device)
+    model = MLPLanguageModel(args.vocab, args.width, args.depth).to(device)
     ddp = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
     optimizer = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
     generator = torch.Generator().manual_seed(rank)  # a batch of its own on each rank
-    batch = torch.randn(args.batch, args.width, generator=generator).to(device)
-    for _ in range(args.steps):
+    tokens = torch.randint(0, args.vocab, (args.batch, args.seq + 1), generator=generator).to(device)
+    for _ in range(args.warmup + args.steps):
         with cap.step() if cap else mark("step"):
             with mark("forward"):
-                loss = ddp(batch).pow(2).mean()
+                logits = ddp(tokens[:, :-1])
+                loss = nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
             with mark("backward"):
                 loss.backward()
             with mark("optimizer"):
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
     if rank == 0:
-        print(f"loss {loss.item():.4f} after {args.steps} steps on {dist.get_world_size()} ranks")
+        print(f"loss {loss.item():.4f} after {args.warmup + args.steps} steps on {dist.get_world_size()} ranks")
     # DDP's reducer holds the process group: freed here, where gloo's worker threads can still take the GIL to free
     # their last work, not as main() returns, where freeing the group joins them with the GIL held (a deadlock
     # of torch's gloo that a profiler's timing makes likely).

@@ -29,9 +29,9 @@ TWO_GPUS = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device
 pytestmark = [pytest.mark.gpu, pytest.mark.gpu_slow, TWO_GPUS]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
 PROGRAMS = {
-    "ddp_marks": [DDP, "--marks", "--steps", "8", "--width", "1024"],
-    "ddp_plain": [DDP, "--steps", "8", "--width", "1024"],
-    "fsdp2_nvtx": [FSDP2, "--steps", "8", "--width", "1024"],
+    "ddp_marks": [DDP, "--marks", "--warmup", "0", "--steps", "8", "--width", "1024"],
+    "ddp_plain": [DDP, "--warmup", "0", "--steps", "8", "--width", "1024"],
+    "fsdp2_nvtx": [FSDP2, "--warmup", "0", "--steps", "8", "--width", "1024"],
 }
 LATE_S = 2.0
 MS = 1_000_000
@@ -92,7 +92,8 @@ def test_torch_backend_each_rank_is_its_trace(tmp_path, name):
 def test_a_rank_that_starts_late_is_a_one_off(tmp_path):
     """NCCL set up at init_process_group (`--bind-device`); rank 1 sleeps before the first collective, whose kernel
     on rank 0 waits for it."""
-    doc = record(tmp_path / "late", [DDP, "--marks", "--steps", "8", "--width", "1024", "--bind-device",
+    doc = record(tmp_path / "late", [DDP, "--marks", "--warmup", "0", "--steps", "8", "--width", "1024",
+                                     "--bind-device",
                                      "--late-rank", "1", "--late-s", str(LATE_S), "--late-at", "collective"])
     first = doc["one_off"]
     assert first["rank"] == 0 and first["late_rank"] == 1 and not first["in_tables"]

@@ -20,6 +20,8 @@ HERE = Path(__file__).resolve().parent
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 PROFILE = [sys.executable, "-m", "profiler_kit", "nsys", "--backend", "torch"]
 LATE_S = 2.0
+# The example model at its smallest: a step of a few ms, so that a busy 2-core box stays far below LATE_S.
+SMALL = ["--width", "32", "--depth", "2", "--vocab", "64", "--batch", "2", "--seq", "16"]
 MS = 1_000_000
 
 
@@ -57,19 +59,19 @@ def finished(proc: subprocess.Popen, timeout_s: float = 300) -> dict:
 def test_a_rank_that_starts_late(tmp_path, late_at):
     """Rank 1 sleeps LATE_S before its first collective (the wait NCCL's lazy set-up puts in the first
     collective), or before init_process_group (gloo connects there, where no operator runs)."""
-    program = [str(HERE / "ddp_program.py"), "--marks", "--steps", "6", "--width", "64", "--depth", "2",
+    program = [str(HERE / "ddp_program.py"), "--marks", "--warmup", "0", "--steps", "6", *SMALL,
                "--late-rank", "1", "--late-s", str(LATE_S), "--late-at", late_at]
     doc = finished(recorded(tmp_path / "late", ["--standalone", "--nproc-per-node", "2"], program, tmp_path))
     assert [r["rank"] for r in doc["ranks"]] == [0, 1]
     assert doc["steady_steps"] and set(doc["steady_steps"]) <= set(range(6))
     for rank in doc["ranks"]:
         assert list(rank["phases"]) == ["forward", "backward", "optimizer"]
-        # The steady steps hold a few milliseconds of gloo all-reduce per step, not the 2 s wait.
-        assert rank["steady"]["categories"]["communication"] < 0.1 * LATE_S * 1e3 * MS
+        # The steady steps hold milliseconds of gloo all-reduce per step, not the 2 s wait.
+        assert rank["steady"]["categories"]["communication"] < 0.25 * LATE_S * 1e3 * MS
         assert rank["collective_calls"]["backward"] == len(doc["steady_steps"])
         assert rank["steady"]["steps"] == len(doc["steady_steps"])
     for stats in doc["stragglers"].values():
-        assert stats["max_wall_ms"] < 0.1 * LATE_S * 1e3
+        assert stats["max_wall_ms"] < 0.25 * LATE_S * 1e3
     first = doc["one_off"]
     if late_at == "collective":
         # Rank 0 waited in DDP's first collective for rank 1: in its recording, set apart from the steady steps.
@@ -86,7 +88,7 @@ def test_a_rank_that_starts_late(tmp_path, late_at):
 
 def test_two_nodes_of_two_ranks_give_global_ranks(tmp_path):
     port = str(free_port())
-    program = [str(HERE / "ddp_program.py"), "--marks", "--steps", "4", "--width", "32", "--depth", "1"]
+    program = [str(HERE / "ddp_program.py"), "--marks", "--warmup", "0", "--steps", "4", *SMALL]
     nodes = [recorded(tmp_path / f"node{node}", ["--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "2",
                                                  "--master-addr", "127.0.0.1", "--master-port", port],
                       program, tmp_path) for node in (0, 1)]
@@ -106,7 +108,7 @@ def test_two_nodes_of_two_ranks_give_global_ranks(tmp_path):
 
 
 def test_fsdp2_program_with_nvtx_phases(tmp_path):
-    program = [str(HERE / "fsdp2_program.py"), "--steps", "4", "--width", "64", "--depth", "2"]
+    program = [str(HERE / "fsdp2_program.py"), "--warmup", "0", "--steps", "4", *SMALL]
     doc = finished(recorded(tmp_path / "fsdp", ["--standalone", "--nproc-per-node", "2"], program, tmp_path))
     assert [r["rank"] for r in doc["ranks"]] == [0, 1]
     for rank in doc["ranks"]:

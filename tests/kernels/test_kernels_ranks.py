@@ -29,7 +29,8 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "kernels"
 # Listed out of order on purpose: ranks come from the names.
 RANKS = [FIXTURES / "cpu_ddp2_gloo.rank1.json.gz", FIXTURES / "cpu_ddp2_gloo.rank0.json.gz"]
 DDP_NSYS = FIXTURES / "h100_ddp1_nsys.sqlite"
-# nsys around `torchrun --nproc-per-node 2 tests/distributed/ddp_program.py --marks --capture 2 2` on two GPUs
+# nsys around `torchrun --nproc-per-node 2 tests/distributed/ddp_program.py --marks --capture --warmup 2 --steps
+# 2` on two GPUs
 # (lab/gpu/dist.sh records it).
 TWO_GPUS_NSYS = FIXTURES / "gpu2_ddp_nccl.sqlite"
 REPO = Path(__file__).resolve().parents[2]
