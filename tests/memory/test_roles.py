@@ -160,13 +160,12 @@ def test_persistent_blocks_divide_into_parameters_and_optimizer_state(optimizer,
     assert roles[truth["unknown"][0]] == "unknown"
     if optimizer == "adam":
         assert "Adam's exp_avg, exp_avg_sq" in evidence[truth["parameter"][0]]
-    # Phases: the snapshot names only the optimizer's steps (and zero_grad); forward and backward are inferred.
-    def step(k: int) -> list[str]:
-        zero_grad = [f"Optimizer.zero_grad#{optimizer}.zero_grad #{k}"] if stacks == "python" else []
-        return zero_grad + [f"forward #{k}", f"backward #{k}", f"Optimizer.step#{optimizer}.step #{k}"]
-
-    assert [s.label for s in report.spans] == step(1) + step(2)
-    assert report.summary.loc[0, "peak_phase"] == "backward #1"
+    # Phases: the snapshot names only PyTorch's optimizer steps (and zero_grad, never a phase), which end each
+    # step; forward and backward are inferred.
+    assert [s.label for s in report.spans] == [f"step {k}, {phase}" for k in (1, 2)
+                                               for phase in ("forward", "backward", "optimizer_step")]
+    assert [s.source for s in report.spans] == ["inferred", "inferred", "pytorch"] * 2
+    assert report.summary.loc[0, "peak_phase"] == "step 1, backward"
     kinds = dict(zip(a["size_bytes"], report.roles, strict=False))
     assert kinds[3_000_000] == "temporary" and kinds[2_000_000] == "temporary" and kinds[300_000] == "activation"
 
@@ -203,7 +202,7 @@ def test_a_history_from_the_start_of_the_program_names_parameters_by_their_stack
     assert [roles[a] for a in params] == ["parameter"] * len(params)
     assert {roles[a] for a in grads} == {"gradient"} and {roles[a] for a in state} == {"optimizer state"}
     assert roles[saved] == "activation"
-    assert [s.label for s in report.spans] == ["forward", "backward", "Optimizer.step#adam.step"]
+    assert [s.label for s in report.spans] == ["step 1, forward", "step 1, backward", "step 1, optimizer_step"]
     assert report.spans[0].start == len(params)  # the forward starts after the model is on the device
 
 
