@@ -118,8 +118,8 @@ def _role(made: frozenset[str], freed: frozenset[str], freed_in_backward: bool, 
         return AUTOCAST_COPY, "made by autocast's cast cache"
     if UNSHARDED in made:
         return UNSHARDED_PARAMETER, "made by FSDP's all-gather of the sharded parameters"
-    if DDP_BUCKET in made:
-        return GRADIENT_BUCKET, "made by DDP's reducer (torch/nn/parallel/distributed.py) for its buckets"
+    if DDP_BUCKET in made and (span is None or outlives):  # what the reducer frees at once is its scratch
+        return GRADIENT_BUCKET, "made by DDP's reducer (torch/nn/parallel/distributed.py) and kept: its buckets"
     if kind == "forward" and LINEAR in made and size in bf16_weights and freed_in_backward:
         return AUTOCAST_COPY, "a Linear weight's size in bf16, made by nn.Linear in forward, freed in backward"
     if ZERO_GRAD in freed:

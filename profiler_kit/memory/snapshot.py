@@ -200,8 +200,10 @@ METADATA = {
     "config?": {"model": str, "ctx": int, "mode": str, "batch_size": int, "mixed_precision": bool},
     "device_name?": str, "steps?": int, "warmup?": int, "max_entries?": int,
     "peak_allocated_bytes?": int, "peak_reserved_bytes?": int,
-    "phases?": [{"step": int, "phase": str, "end_time_us": (int, float), "completed?": bool,
-                 "peak_allocated_bytes?": int, "peak_reserved_bytes?": int, "allocated_bytes?": int}],
+    "phases?": [{"step": int, "phase": str, "kind?": str, "start_time_us?": (int, float), "end_time_us": (int, float),
+                 "completed?": bool, "peak_allocated_bytes?": int, "peak_reserved_bytes?": int,
+                 "allocated_bytes?": int}],
+    "rank?": int, "world_size?": int, "local_rank?": int, "node?": int,
     "warmup_oom?": str, "oom?": _OOM, "program_oom?": str, "tensor_roles?": {str: [int]},
     "linear_weight_numels?": [int],
 }

@@ -49,7 +49,8 @@ def _plain(tensor: Any) -> list[Any]:
     if getattr(type(tensor), "__tensor_flatten__", None) is None:
         return [tensor]
     names, _ = tensor.__tensor_flatten__()
-    return [inner for name in names for inner in _plain(getattr(tensor, name))]
+    inners = [getattr(tensor, name) for name in names]  # tensors, and opaque objects (a DTensor's device mesh)
+    return [plain for inner in inners if _is_tensor(inner) for plain in _plain(inner)]
 
 
 def _is_tensor(value: Any) -> bool:
@@ -135,8 +136,10 @@ def capture_storages(parameters: Iterable[Any], optimizers: Iterable[Any] = (), 
     params = lister.each(lambda: parameters) + lister.each_of(
         optimizer_list, lambda opt: [p for group in opt.param_groups for p in group["params"]])
     capture: dict[str, Any] = {"label": label} if time_us is None else {"label": label, "time_us": time_us}
+    # FSDP2 swaps a module's parameters for the unsharded ones while they exist: those are listed as such first.
+    unsharded = lister.storages(lister.each_of(module_list, _fsdp_unsharded))
     capture["parameter"] = lister.storages(params)
-    capture["unsharded_parameter"] = lister.storages(lister.each_of(module_list, _fsdp_unsharded))
+    capture["unsharded_parameter"] = unsharded
     capture["gradient_bucket"] = lister.storages(lister.each_of(module_list, _ddp_buckets))
     capture["gradient"] = lister.storages(lister.each_of(params, lambda p: [] if p.grad is None else [p.grad]))
     capture["optimizer_state"] = lister.storages(lister.each_of(optimizer_list, lambda opt: [
