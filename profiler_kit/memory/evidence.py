@@ -9,7 +9,8 @@ stack without any Python frame, which only threads that run no Python have), the
 made or freed it (`in_backward`: activation checkpointing's recomputation, FSDP's backward hooks), DDP's reducer
 made it (`ddp_bucket`: its gradient buckets, made by `Reducer::initialize_buckets` when DDP is built and when it
 rebuilds them before the second forward), FSDP2 all-gathered it (`unsharded`: the all-gather's output and each
-parameter's unsharded storage).
+parameter's unsharded storage), gradient clipping made it (`clip_grad`: between a step's last backward and its
+optimizer step).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ PYTHON = "python"
 IN_BACKWARD = "in_backward"
 DDP_BUCKET = "ddp_bucket"
 UNSHARDED = "unsharded"
+CLIP_GRAD = "clip_grad"
 # Per allocation: the marks of the stack that made it and of the stack that freed it.
 Marks = tuple[list[frozenset[str]], list[frozenset[str]]]
 _OPTIM_FILE = re.compile(r"(^|[/\\])torch[/\\]optim[/\\]")
@@ -48,6 +50,7 @@ _FSDP_FILE = re.compile(r"(^|[/\\])torch[/\\]distributed[/\\]fsdp[/\\]")
 # with `alloc_storage`), while copying the all-gather's flat output out, which `foreach_all_gather` makes.
 _UNSHARD = frozenset({"foreach_all_gather_copy_out", "init_all_gather_outputs", "alloc_storage"})
 _ALL_GATHER, _ALL_GATHER_INPUTS = "foreach_all_gather", "_get_param_all_gather_inputs"
+_CLIP_GRAD_FILE = re.compile(r"(^|[/\\])torch[/\\]nn[/\\]utils[/\\]clip_grad\.py$")
 _DDP_FILE = re.compile(r"(^|[/\\])torch[/\\]nn[/\\]parallel[/\\]distributed\.py$")
 # Where DDP's Python code builds its reducer (and its buckets) and asks it to rebuild them.
 _DDP_BUCKETS = frozenset({"_ddp_init_helper", "_pre_forward"})
@@ -88,6 +91,8 @@ def frame_marks(frames: list[dict], stackless_is_engine: bool) -> frozenset[str]
             found.add(ENGINE)
         elif name in _RECOMPUTE and _CHECKPOINT_FILE.search(filename):
             found.add(IN_BACKWARD)
+        elif _CLIP_GRAD_FILE.search(filename):
+            found.add(CLIP_GRAD)
         elif _AUTOGRAD_CALL_FILE.search(filename) or (name == "backward" and _TENSOR_FILE.search(filename)):
             found.add(BACKWARD_CALL)
         elif _OPTIM_FILE.search(filename) and name != "zero_grad":

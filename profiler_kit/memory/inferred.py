@@ -4,7 +4,7 @@ A plain script's snapshot carries at most PyTorch's own ranges (`Optimizer.step#
 entry says what ran by the stack that allocated or freed there (`evidence.allocation_marks`): the autograd
 engine, the `backward()` call or code that runs inside a backward (activation checkpointing's recomputation,
 FSDP's backward hooks) is a backward; `torch/optim` an optimizer step; other Python code, not a module's
-constructor or its move to the device, a forward. Runs of one kind become phases.
+constructor or its move to the device nor gradient clipping, a forward. Runs of one kind become phases.
 """
 
 from __future__ import annotations
@@ -12,20 +12,22 @@ from __future__ import annotations
 import numpy as np
 
 from profiler_kit.memory.analyze import Reconstruction
-from profiler_kit.memory.evidence import BACKWARD_CALL, ENGINE, IN_BACKWARD, MODULE_INIT, OPTIMIZER, PYTHON
+from profiler_kit.memory.evidence import BACKWARD_CALL, CLIP_GRAD, ENGINE, IN_BACKWARD, MODULE_INIT, OPTIMIZER, PYTHON
 from profiler_kit.names import PHASES
 
 # Kinds of evidence an entry of the trace gives about the phase it runs in.
 _FORWARD, _BACKWARD, _OPTIMIZER = 1, 2, 3
 _NAMES = dict(zip((_FORWARD, _BACKWARD, _OPTIMIZER), PHASES, strict=True))
 _BACKWARD_MARKS = frozenset({ENGINE, BACKWARD_CALL, IN_BACKWARD})
+# Python code that is not a forward: building the model or moving it to the device, clipping gradients.
+_NOT_FORWARD = frozenset({MODULE_INIT, CLIP_GRAD})
 
 
 def _entry_kinds(recon: Reconstruction, made: list[frozenset[str]], freed: list[frozenset[str]]
                  ) -> np.ndarray:
     """Per trace entry: backward where backward code allocates or frees, optimizer where `torch/optim`
-    allocates, forward where other Python code allocates (not a module's constructor or its move to the device);
-    0 elsewhere."""
+    allocates, forward where other Python code allocates (not a module's constructor or its move to the device,
+    not gradient clipping); 0 elsewhere."""
     n = recon.n_entries
     kinds = np.zeros(n, dtype=np.int8)
     a = recon.allocations
@@ -35,7 +37,7 @@ def _entry_kinds(recon: Reconstruction, made: list[frozenset[str]], freed: list[
                 kinds[start] = _BACKWARD
             elif OPTIMIZER in m:
                 kinds[start] = _OPTIMIZER
-            elif PYTHON in m and MODULE_INIT not in m:  # building or moving the model is not its forward
+            elif PYTHON in m and not m & _NOT_FORWARD:
                 kinds[start] = _FORWARD
         if end < n and f & _BACKWARD_MARKS:
             kinds[end] = _BACKWARD

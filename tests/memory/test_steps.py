@@ -1,9 +1,9 @@
 """Phases per step. One training loop of its own (2 micro-batches of gradient accumulation, activation
-checkpointing whose recomputation runs inside the backward, AdamW, 3 steps whose last micro-batch is the largest)
-is written as a snapshot four ways: with the recorder's phases (kinds, steps, times), with only the automatic marks
-as annotations, with the program's own range names, and with no marks at all. Each time the phases are named by
-step and phase, the peak is the last step's second backward, and every peak per step and phase equals an
-independent replay of the trace over that phase's time."""
+checkpointing whose recomputation runs inside the backward, gradient clipping, AdamW, 3 steps whose last
+micro-batch is the largest) is written as a snapshot four ways: with the recorder's phases (kinds, steps, times),
+with only the automatic marks as annotations, with the program's own range names, and with no marks at all. Each
+time the phases are named by step and phase, the peak is the last step's second backward, and every peak per step
+and phase equals an independent replay of the trace over that phase's time."""
 
 from contextlib import contextmanager
 
@@ -18,6 +18,8 @@ from profiler_kit.memory.analyze import MIB
 MODEL = {"filename": "/home/me/model.py", "line": 12, "name": "forward"}
 LOOP = {"filename": "/home/me/train.py", "line": 40, "name": "train"}
 CHECKPOINT = "/venv/lib/python3.11/site-packages/torch/utils/checkpoint.py"
+CLIP = [{"filename": "/venv/lib/python3.11/site-packages/torch/nn/utils/clip_grad.py", "line": 80,
+         "name": "_clip_grads_with_norm_"}, LOOP]
 # The forward of a checkpointed block runs inside `checkpoint()`; its recomputation runs from the autograd engine's
 # thread through the saved-tensor unpack hook.
 FORWARD = [MODEL, {"filename": CHECKPOINT, "line": 495, "name": "checkpoint"}, LOOP]
@@ -72,6 +74,7 @@ class Loop:
                         p.free(grad_scratch, engine=True)
                         for addr in saved:
                             p.free(addr, engine=True)
+                p.free(p.alloc(4, CLIP), CLIP)  # the gradients' norm, between the backwards and the step
                 with self.range("optimizer_step", "opt"):
                     with p.range("Optimizer.step#AdamW.step") if self.how != "recorder" else _nothing():
                         scratch = p.alloc(30_000, OPTIM)
