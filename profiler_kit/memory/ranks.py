@@ -88,15 +88,15 @@ class MergedReport:
     notes: list[str]
 
     def caption(self) -> str:
-        lines = [f"{len(self.ranks)} ranks: " + ", ".join(r.source for r in self.ranks) + "; MiB = 2^20 bytes"]
+        high, low = self._extremes()
+        lines = [f"{len(self.ranks)} ranks: " + ", ".join(r.source for r in self.ranks) + f"; the highest peak is "
+                 f"rank {high.rank}'s, the lowest rank {low.rank}'s; MiB = 2^20 bytes"]
         return "\n".join(lines + [f"note: {n}" for n in self.notes])
 
     def tables(self, display: bool = False) -> list[tuple[str, pd.DataFrame]]:
         """The merged view's tables; the same for every format (`display` is the render layer's protocol)."""
-        high, low = self._extremes()
         return [("peak per rank", self.per_rank),
-                (f"allocated at rank {high.rank}'s peak (the highest) by role, against rank {low.rank}'s (the "
-                 "lowest)", self.highest)]
+                ("allocated at the highest rank's peak by role, against the lowest rank's", self.highest)]
 
     def _extremes(self) -> tuple[RankPeak, RankPeak]:
         return (max(self.ranks, key=lambda r: r.peak_allocated_bytes),

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 ROOT = Path(__file__).parents[2]
-HERE = Path(__file__).parent
+EXAMPLES = ROOT / "examples"
 TWO_GPUS = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
 
 
@@ -44,7 +44,7 @@ def test_sharded_memory_per_rank_on_two_gpus(tmp_path, parallel):
     optimizer state AdamW's two fp32 moments of them within 1%, at most 5% of its bytes are unknown; FSDP2's
     all-gathered parameters and DDP's buckets have their own roles; the merged view covers both ranks."""
     docs, stderr = _record(tmp_path, parallel, ["torchrun", "--standalone", "--nproc-per-node", "2",
-                                                str(HERE / "sharded_program.py"), "--parallel", parallel])
+                                                str(EXAMPLES / "memory_sharded.py"), "--parallel", parallel])
     held = {h["rank"]: h for h in _lines(stderr, "held")}
     *reports, merged = docs
     assert len(reports) == 2 and sorted(held) == [0, 1]
@@ -68,7 +68,7 @@ def test_sharded_memory_per_rank_on_two_gpus(tmp_path, parallel):
 @pytest.mark.gpu
 @pytest.mark.gpu_slow
 def test_an_unannotated_program_has_its_peak_named_by_step_and_phase(tmp_path):
-    (report,), stderr = _record(tmp_path, "accumulate", [sys.executable, str(HERE / "accumulate_program.py")])
+    (report,), stderr = _record(tmp_path, "accumulate", [sys.executable, str(EXAMPLES / "memory_accumulate.py")])
     (loop,) = _lines(stderr, "loop")
     steps, micro = loop["steps"], loop["micro_batches"]
     phases = report["phases"]

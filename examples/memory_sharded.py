@@ -1,8 +1,8 @@
-"""A training program of its own for the sharded-memory GPU tests, run by torchrun on 2 GPUs (NCCL) with no
+"""A sharded training program of its own, recorded from outside on 2 GPUs (torchrun, NCCL), with no
 annotations: a stack of MLP blocks with layer norms, wrapped in DDP or in FSDP2 (`fully_shard` per block and on
 the root, bf16 `MixedPrecisionPolicy` with fp32 gradient reduction), AdamW, a few steps on random data.
 
-    profiler-kit memory -o OUT -- torchrun --standalone --nproc-per-node 2 tests/memory/sharded_program.py \\
+    profiler-kit memory -o OUT -- torchrun --standalone --nproc-per-node 2 examples/memory_sharded.py \\
         --parallel fsdp
 
 After its last step each rank prints one JSON line on stderr (`{"held": ...}`) with what it holds: the bytes of
@@ -21,17 +21,7 @@ import sys
 import torch
 import torch.distributed as dist
 from torch import nn
-
-
-class Block(nn.Module):
-    def __init__(self, width: int) -> None:
-        super().__init__()
-        self.norm = nn.LayerNorm(width)
-        self.up = nn.Linear(width, 4 * width)
-        self.down = nn.Linear(4 * width, width)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.down(nn.functional.gelu(self.up(self.norm(x))))
+from train_mlp import Block
 
 
 def parse_args() -> argparse.Namespace:

@@ -1,8 +1,8 @@
-"""A training program of its own for the GPU test of phases per step, with no annotations: a stack of MLP blocks,
+"""A training program of its own with no annotations, recorded from outside on one GPU: a stack of MLP blocks,
 every other one under activation checkpointing (its forward runs again inside the backward), `--micro-batches`
 forwards and backwards per step (gradient accumulation), gradient clipping and AdamW, `--steps` steps.
 
-    profiler-kit memory -o OUT -- python tests/memory/accumulate_program.py
+    profiler-kit memory -o OUT -- python examples/memory_accumulate.py
 
 The last micro-batch of the last step is the largest, so the peak falls in that step's last backward. It prints
 one JSON line on stderr (`{"loop": ...}`) with its steps and micro-batches.
@@ -17,17 +17,7 @@ import sys
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
-
-
-class Block(nn.Module):
-    def __init__(self, width: int) -> None:
-        super().__init__()
-        self.norm = nn.LayerNorm(width)
-        self.up = nn.Linear(width, 4 * width)
-        self.down = nn.Linear(4 * width, width)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.down(nn.functional.gelu(self.up(self.norm(x))))
+from train_mlp import Block
 
 
 class Model(nn.Module):
