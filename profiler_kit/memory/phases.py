@@ -250,21 +250,27 @@ def _from_annotations(times: np.ndarray, snapshot: dict, device: int
                                   key=lambda r: (r.start_us, -r.end_us)))
     held = _held(phases, optimizer)
     holders = set(held[held >= 0].tolist())
+    # PyTorch's optimizer steps that no phase holds stand in for the optimizer phase.
+    stand_ins = [replace(r, name=OPTIMIZER_STEP) for r, k in zip(optimizer, held, strict=True) if k < 0]
+    explicit = [r for r in ranges if _STEP_RANGE.match(r.name)]
+    step_ranges = sorted(explicit or outer, key=lambda r: r.start_us)
+    if step_ranges:  # each phase in the step whose time holds its start, counted from the first
+        phases, stand_ins = ([replace(r, step=int(k) if k >= 0 else None) for r, k in
+                              zip(group, _held(step_ranges, group), strict=True)] for group in (phases, stand_ins))
     spans = [replace(span, holds_optimizer_step=k in holders)
              for k, span in enumerate(_spans(times, phases, ANNOTATION_SOURCE))]
-    # PyTorch's optimizer steps that no phase holds stand in for the optimizer phase.
-    spans += _spans(times, [replace(r, name=OPTIMIZER_STEP) for r, k in zip(optimizer, held, strict=True)
-                            if k < 0], PYTORCH_SOURCE)
-    step_ranges = [r for r in ranges if _STEP_RANGE.match(r.name)]
-    steps_from = (f"the {step_ranges[0].name!r} ranges" if step_ranges else
+    spans += _spans(times, stand_ins, PYTORCH_SOURCE)
+    steps_from = (f"the {explicit[0].name.split('#')[0]!r} ranges" if explicit else
                   f"the {outer[0].name!r} ranges, which hold the phases" if outer else None)
-    return sorted(spans, key=lambda s: s.start), _step_spans(times, step_ranges or outer), steps_from
+    return sorted(spans, key=lambda s: s.start), _step_spans(times, step_ranges), steps_from
 
 
 def _in_steps(spans: list[PhaseSpan], steps: list[StepSpan]) -> list[PhaseSpan]:
-    """Each span with the step whose entries hold its start (None outside all)."""
+    """The inferred spans with the step whose entries hold their start (None outside all); the others keep the
+    step their times gave them."""
     held = span_index(steps, [s.start for s in spans])
-    return [replace(span, step=steps[k].step if k >= 0 else None) for span, k in zip(spans, held, strict=True)]
+    return [replace(span, step=steps[k].step if k >= 0 else None) if span.source == INFERRED_SOURCE else span
+            for span, k in zip(spans, held, strict=True)]
 
 
 def _by_optimizer_steps(spans: list[PhaseSpan]) -> list[PhaseSpan] | None:

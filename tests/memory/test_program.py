@@ -124,8 +124,8 @@ def test_ranks_and_oom_dump(tmp_path, monkeypatch):
     assert _meta(rank0)["program_oom"] is None
     assert _meta(rank1)["program_oom"] == "Tried to allocate 2.00 GiB"
     assert [c["label"] for c in _meta(rank1)["storages"]] == ["window start", "optimizer step 1"]
-    reports = [json.loads(doc) for doc in result.stdout.replace("}\n{", "}\n\x00{").split("\x00")]
-    assert len(reports) == 2
+    *reports, merged = [json.loads(doc) for doc in result.stdout.replace("}\n{", "}\n\x00{").split("\x00")]
+    assert len(reports) == 2 and [r["rank"] for r in merged["ranks"]] == [0, 1]
     assert any("the program ran out of memory (Tried to allocate 2.00 GiB)" in n for n in reports[1]["notes"])
 
 

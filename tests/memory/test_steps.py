@@ -211,3 +211,20 @@ def test_phases_without_steps_keep_their_run_numbers():
     assert report.summary.loc[0, "peak_phase"] == "outside phases"
     assert [p["peak_allocated_bytes"] for p in report.to_json()["phases"]] == [1000, 2000, 3000, 6000]
     assert np.isnan(report.phases["step"].astype(float)).all()
+
+
+def test_a_phase_without_allocations_stays_in_its_own_step():
+    """A phase that allocates nothing (a fused optimizer step) holds no trace entry: its step comes from the times
+    of its range, not from the next entry, which belongs to the next step."""
+    program = Program("python")
+    program.recording = True
+    for _ in range(2):
+        with program.range("step"):
+            with program.range("forward"):
+                program.free(program.alloc(1000, [LOOP]), [LOOP])
+            with program.range("optimizer_step"):
+                pass
+    report = analyze(program.snapshot())
+    assert [s.label for s in report.spans] == ["step 1, forward", "step 1, optimizer_step", "step 2, forward",
+                                               "step 2, optimizer_step"]
+    assert list(report.step_peaks["step"]) == [1, 2]
