@@ -53,6 +53,7 @@ class BarChart:
     unit: str = "ms"
     line: np.ndarray | None = None
     line_label: str = ""
+    x_label: str = ""
 
     @property
     def stacked(self) -> bool:
@@ -138,7 +139,8 @@ def step_chart(summary: KernelSummary) -> BarChart | None:
     return BarChart(title, [step_label(row) for _, row in steps.iterrows()], ["wall time", work_label], [""],
                     values[:, :, None], [STEP_COLORS["wall"], STEP_COLORS["work"]], "time (ms)",
                     line=idle if has_idle else None,
-                    line_label="GPU idle (% of the step's kernel span)" if has_idle else "")
+                    line_label="GPU idle (% of the step's kernel span)" if has_idle else "",
+                    x_label="step (process:step)" if "process" in steps.columns else "step")
 
 
 def summary_charts(summary: KernelSummary) -> list[BarChart]:

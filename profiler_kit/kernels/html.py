@@ -20,6 +20,7 @@ LEFT, LEGEND = 72, 230
 TOP = 34
 # Room under the plot for the group names: flat, turned, or under each bar's own name.
 BOTTOM = {"flat": 34, "turned": 70, "named": 66}
+X_LABEL_PX = 16  # more room under the group names for the x axis's own label
 # Width of one character of an 11 px sans-serif label, a little above the average.
 CHAR_PX = 6.6
 
@@ -27,7 +28,7 @@ CHAR_PX = 6.6
 def chart_svg(chart: BarChart) -> str:
     """One chart as an SVG element: bars, axes with units, group names, legend, and the idle line."""
     layout = "named" if chart.bars_named() else ("turned" if chart.labels_turned() else "flat")
-    height = TOP + PLOT_HEIGHT + BOTTOM[layout]
+    height = TOP + PLOT_HEIGHT + BOTTOM[layout] + (X_LABEL_PX if chart.x_label else 0)
     left, right, y0, y1 = LEFT, WIDTH - LEGEND, TOP + PLOT_HEIGHT, TOP
     ticks = nice_ticks(float(chart.totals().max(initial=0.0)) * 1.05)
     top = ticks[-1]
@@ -62,6 +63,9 @@ def chart_svg(chart: BarChart) -> str:
                  f'<line x1="{left}" x2="{right}" y1="{y0}" y2="{y0}" stroke="#444"/>'
                  f'<text x="16" y="{(y0 + y1) / 2}" transform="rotate(-90 16 {(y0 + y1) / 2})" '
                  f'text-anchor="middle">{esc(chart.y_label)}</text>')
+    if chart.x_label:
+        parts.append(f'<text x="{(left + right) / 2}" y="{height - 6}" text-anchor="middle">'
+                     f'{esc(chart.x_label)}</text>')
     legend = chart.legend()
     if chart.line is not None:
         parts.append(_idle_line(chart, px, y0, y1, right))

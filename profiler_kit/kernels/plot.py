@@ -45,6 +45,7 @@ def draw(ax, chart: BarChart) -> None:
             bottom = bottom + heights
     _x_labels(ax, chart, x)
     ax.set_ylabel(chart.y_label, fontsize=9)
+    ax.set_xlabel(chart.x_label, fontsize=9)
     ax.set_title(chart.title, fontsize=10, loc="left")
     ax.set_xlim(-0.6, len(chart.groups) - 0.4)
     ax.grid(axis="y", color="0.9", linewidth=0.8)

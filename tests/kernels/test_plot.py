@@ -129,3 +129,16 @@ def test_cli_outputs_follow_the_output_rules(tmp_path):
     assert copy.read_bytes() == MLP.read_bytes()
     same = run("kernels", "compare", FP32, BF16, "--plot", png, "--html", png, "-f")
     assert same.exit_code == 2 and "same file" in same.stderr
+
+
+def test_readme_shows_one_committed_picture_per_kind():
+    from matplotlib.image import imread
+
+    repo = FIXTURES.parents[2]
+    readme = (repo / "README.md").read_text()
+    for name in ("kernels_phases", "kernels_ranks", "kernels_compare", "memory"):
+        png = repo / "docs" / "img" / f"{name}.png"
+        assert png.read_bytes()[:8] == PNG_MAGIC and png.stat().st_size < 200_000
+        height, width, _ = imread(png).shape
+        assert width >= 1000 and height >= 450
+        assert f"](docs/img/{name}.png)" in readme
