@@ -114,7 +114,8 @@ def phase_chart(summary: KernelSummary) -> BarChart:
         order = [WHOLE_REPORT]
         used, ms = _by_category(summary.kernels.assign(whole=WHOLE_REPORT), "whole", order)
     timed = summary.timed
-    return BarChart(f"{timed[0].upper()}{timed[1:]} per phase, by category", order, [""], used,
+    none = "" if used else f" (no {summary.counted} in this report)"
+    return BarChart(f"{timed[0].upper()}{timed[1:]} per phase, by category{none}", order, [""], used,
                     ms[:, None, :], [CATEGORY_COLORS[c] for c in used], f"{timed} (ms)")
 
 

@@ -118,3 +118,11 @@ def test_compare_chart_puts_each_side_total_side_by_side():
         assert dict(zip(by_phase.groups, by_phase.values[:, side, 0], strict=True)) == pytest.approx(phases)
     title, charts = report_charts(compare(a, b))
     assert title == f"A = {FP32.name}; B = {BF16.name}" and len(charts) == 2
+
+
+def test_a_report_without_kernels_says_so_over_its_empty_bars():
+    summary = summarize(FIXTURES / "cpu_tiny_train_nsys2022.sqlite")  # nsys 2022.4 on a CPU: ranges, no kernels
+    assert summary.kernel_count == 0
+    (chart,) = summary_charts(summary)
+    assert chart.groups == summary.phase_names and chart.segments == [] and chart.totals().sum() == 0
+    assert chart.title.endswith("(no kernels in this report)")
