@@ -8,6 +8,7 @@ idle line a `<circle class="idle">` with `data-pct`, so what the page draws can 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 from profiler_kit.kernels.charts import IDLE_COLOR, BarChart
@@ -82,7 +83,7 @@ def chart_svg(chart: BarChart) -> str:
     return "".join(parts)
 
 
-def _x_labels(chart: BarChart, px, y0: float, layout: str) -> str:
+def _x_labels(chart: BarChart, px: Callable[[float], float], y0: float, layout: str) -> str:
     """Group names under the plot (turned when long); each bar's name too when the bars are named."""
     parts = []
     if layout == "named":
@@ -104,7 +105,7 @@ def _x_labels(chart: BarChart, px, y0: float, layout: str) -> str:
     return "".join(parts)
 
 
-def _idle_line(chart: BarChart, px, y0: float, y1: float, right: float) -> str:
+def _idle_line(chart: BarChart, px: Callable[[float], float], y0: float, y1: float, right: float) -> str:
     """The idle share per group on a right-hand axis from 0 to 100%."""
 
     def py(pct: float) -> float:

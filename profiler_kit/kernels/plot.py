@@ -5,18 +5,23 @@ matplotlib is imported only when a picture is drawn, so the report commands star
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from profiler_kit.files import replaced_when_complete
 from profiler_kit.kernels.charts import IDLE_COLOR, BarChart
 
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
 WIDTH_IN = 10
 PANEL_HEIGHT_IN = 3.4
 DPI = 100
 
 
-def figure(charts: list[BarChart], title: str):
+def figure(charts: list[BarChart], title: str) -> Figure:
     """A matplotlib Figure (Agg canvas) with one panel per chart."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -31,7 +36,7 @@ def figure(charts: list[BarChart], title: str):
     return fig
 
 
-def draw(ax, chart: BarChart) -> None:
+def draw(ax: Axes, chart: BarChart) -> None:
     """One chart on `ax`: its bars (stacked segments bottom-up in segment order), labels, legend, idle line."""
     x = chart.bar_positions()
     width = chart.bar_width()
@@ -64,7 +69,7 @@ def draw(ax, chart: BarChart) -> None:
                   fontsize=8, frameon=False)
 
 
-def _x_labels(ax, chart: BarChart, x: np.ndarray) -> None:
+def _x_labels(ax: Axes, chart: BarChart, x: np.ndarray) -> None:
     """Group names under the groups (every k-th when there are many, turned when long); in a stacked chart
     with several bars a group, each bar's name under it as well."""
     shown, turned = chart.labelled_groups(), chart.labels_turned()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
@@ -17,6 +18,10 @@ from profiler_kit.files import replaced_when_complete
 from profiler_kit.memory.analyze import MIB, Reconstruction
 from profiler_kit.memory.phases import PhaseSpan
 from profiler_kit.memory.roles import ROLES, timeline
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 # A 10×4.5 in figure at 110 dpi: readable in a Markdown page, tens of KB as a PNG.
 FIGSIZE_IN = (10, 4.5)
@@ -81,7 +86,7 @@ def plot_timeline(recon: Reconstruction, roles: pd.Series, spans: list[PhaseSpan
     return path
 
 
-def timeline_figure(recon: Reconstruction, roles: pd.Series, spans: list[PhaseSpan], title: str):
+def timeline_figure(recon: Reconstruction, roles: pd.Series, spans: list[PhaseSpan], title: str) -> Figure:
     """The timeline as a matplotlib Figure (Agg canvas), drawn and laid out."""
     if recon.n_entries == 0:
         raise ProfilerKitError("no timeline to plot: the snapshot has no trace (memory history was off)")
@@ -112,7 +117,7 @@ def timeline_figure(recon: Reconstruction, roles: pd.Series, spans: list[PhaseSp
     return fig
 
 
-def _phase_bands(ax, spans: list[PhaseSpan]) -> None:
+def _phase_bands(ax: Axes, spans: list[PhaseSpan]) -> None:
     """A shaded band per phase and its label where one fits (`place_labels`), measured in display pixels."""
     for i, span in enumerate(spans):
         ax.axvspan(span.start - 0.5, span.end - 0.5, color="0.2" if i % 2 else "0.6", alpha=BAND_ALPHA, lw=0)

@@ -18,6 +18,7 @@ from profiler_kit.kernels.ranks import rank_traces, summarize_ranks
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "kernels"
 MLP = FIXTURES / "h100_example_mlp.sqlite"
+EXAMPLE = FIXTURES.parents[2] / "profiles" / "examples" / "small_ctx128_train_bf16.sqlite"
 RANKS = [FIXTURES / "cpu_ddp2_gloo.rank0.json.gz", FIXTURES / "cpu_ddp2_gloo.rank1.json.gz"]
 FP32, BF16 = FIXTURES / "h100_tiny_train_fp32.sqlite", FIXTURES / "h100_tiny_train_bf16.sqlite"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -93,12 +94,13 @@ def test_group_names_are_thinned_and_turned_when_many():
     assert all(t.get_rotation() == 30 for t in ax.get_xticklabels())
 
 
-@pytest.mark.parametrize("args", [
-    [MLP],
-    RANKS,
-    ["compare", FP32, BF16],
-], ids=["summarize", "ranks", "compare"])
-def test_cli_writes_a_png_of_the_figure_size(tmp_path, args):
+@pytest.mark.parametrize(("args", "panels"), [
+    ([EXAMPLE], 1),
+    ([MLP], 2),
+    (RANKS, 2),
+    (["compare", FP32, BF16], 2),
+], ids=["example", "steps", "ranks", "compare"])
+def test_cli_writes_a_png_of_the_figure_size(tmp_path, args, panels):
     from matplotlib.image import imread
 
     png = tmp_path / "out.png"
@@ -108,7 +110,7 @@ def test_cli_writes_a_png_of_the_figure_size(tmp_path, args):
     assert result.stdout.lstrip().startswith("{") and f"wrote {png}" in result.stderr
     assert png.read_bytes()[:8] == PNG_MAGIC and png.stat().st_size < 200_000
     height, width, _ = imread(png).shape
-    assert (width, height) == (WIDTH_IN * DPI, round((0.5 + 2 * PANEL_HEIGHT_IN) * DPI))
+    assert (width, height) == (WIDTH_IN * DPI, round((0.5 + panels * PANEL_HEIGHT_IN) * DPI))
 
 
 def test_cli_outputs_follow_the_output_rules(tmp_path):
@@ -134,7 +136,7 @@ def test_cli_outputs_follow_the_output_rules(tmp_path):
 def test_readme_shows_one_committed_picture_per_kind():
     from matplotlib.image import imread
 
-    repo = FIXTURES.parents[2]
+    repo = EXAMPLE.parents[2]
     readme = (repo / "README.md").read_text()
     for name in ("kernels_phases", "kernels_ranks", "kernels_compare", "memory"):
         png = repo / "docs" / "img" / f"{name}.png"
