@@ -52,7 +52,7 @@ OPTIMIZER_STEP = PHASES[2]
 _STEP_RANGE = re.compile(rf"^(?:{re.escape(STEP)}|ProfilerStep#\d+)$")
 _OPTIMIZER_RANGE = re.compile(r"^Optimizer\.step#")
 PHASE_COLUMNS = [
-    "phase", "step", "source", "start_event", "end_event", "peak_allocated_mib", "peak_reserved_mib",
+    "phase", "step", "peak_allocated_mib", "peak_reserved_mib", "source", "start_event", "end_event",
     "counter_peak_allocated_mib", "completed",
 ]
 STEP_PEAK = "step_peak_mib"

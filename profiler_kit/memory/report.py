@@ -143,9 +143,9 @@ def _summary_table(recon: Reconstruction, placed: Phases, meta: dict | None) -> 
     rows = [{
         "source": "trace (requested bytes)",
         "peak_allocated_mib": recon.peak_allocated_bytes / MIB,
+        "peak_phase": phase_at(placed, recon.peak_index),
         "peak_reserved_mib": recon.peak_reserved_bytes / MIB,
         "peak_event": recon.peak_index,
-        "peak_phase": phase_at(placed, recon.peak_index),
     }]
     if meta is not None and meta.get("peak_allocated_bytes") is not None:
         counted = [s for s in spans if s.counter_peak_bytes is not None]
@@ -153,9 +153,9 @@ def _summary_table(recon: Reconstruction, placed: Phases, meta: dict | None) -> 
         rows.append({
             "source": "allocator counters (rounded blocks)",
             "peak_allocated_mib": meta["peak_allocated_bytes"] / MIB,
+            "peak_phase": top,
             "peak_reserved_mib": meta["peak_reserved_bytes"] / MIB,
             "peak_event": None,
-            "peak_phase": top,
         })
     return frame_with_optional_ints(rows, list(rows[0]), ("peak_event",))
 
