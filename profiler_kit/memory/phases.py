@@ -216,8 +216,9 @@ def _held(ranges: list[_Range], inner: list[_Range]) -> np.ndarray:
 
 
 def _from_metadata(times: np.ndarray, entries: list[dict]) -> tuple[list[PhaseSpan], list[StepSpan]]:
-    """The recorder's phases of the winning kind, and its steps (see the module docstring)."""
-    kinds = {p.get("kind") for p in entries}
+    """The recorder's phases of the winning kind, and its steps (see the module docstring). PyTorch's own ranges
+    never make a kind win."""
+    kinds = {p.get("kind") for p in entries if _is_candidate(p["phase"])}
     chosen = next((k for k in KINDS if k in kinds), None)
 
     def as_range(p: dict) -> _Range:

@@ -182,17 +182,22 @@ def test_a_snapshot_without_marks_infers_one_forward_and_backward_per_micro_batc
 
 
 def test_the_recorders_kinds_decide_which_ranges_are_the_phases():
-    """`profiler_kit.phase` ranges win over the program's own, which win over the automatic marks."""
+    """`profiler_kit.phase` ranges win over the program's own, which win over the automatic marks; PyTorch's own
+    ranges among the program's never win."""
     loop = _loop("recorder")
     auto = loop.phases
     program = [dict(p, phase="train_" + p["phase"], kind="program") for p in auto if p["phase"] != "step"]
     marked = [dict(p, kind="phase") for p in auto if p["phase"] == "forward"]
+    pytorch = [dict(p, phase="Optimizer.step#AdamW.step", kind="program") for p in auto
+               if p["phase"] == "optimizer_step"]
     snapshot = loop.program.snapshot()
     for phases, names in ((auto + program, {"train_forward", "train_backward", "train_optimizer_step"}),
-                          (auto + program + marked, {"forward"})):
+                          (auto + program + marked, {"forward"}),
+                          (auto + pytorch, {"forward", "backward", "optimizer_step"})):
         report = analyze(snapshot, {"phases": phases})
         assert {s.phase for s in report.spans} == names
-        assert {s.source for s in report.spans} == {"program" if len(names) == 3 else "phase"}
+        assert {s.source for s in report.spans} == {"phase" if phases[-1]["kind"] == "phase" else
+                                                    "auto" if phases[-1] in pytorch else "program"}
         assert [s.step for s in report.placed.steps] == [FIRST_STEP + s for s in range(STEPS)]
 
 
