@@ -43,7 +43,8 @@ def test_sharded_memory_per_rank_on_two_gpus(tmp_path, parallel):
     """Each rank's parameters at its peak are its local shards (the whole model under DDP) within 1%, its
     optimizer state AdamW's two fp32 moments of them within 1%, at most 5% of its bytes are unknown; FSDP2's
     all-gathered parameters and DDP's buckets have their own roles; the merged view covers both ranks."""
-    docs, stderr = _record(tmp_path, parallel, ["torchrun", "--standalone", "--nproc-per-node", "2",
+    docs, stderr = _record(tmp_path, parallel, [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                                "--nproc-per-node", "2",
                                                 str(EXAMPLES / "memory_sharded.py"), "--parallel", parallel])
     held = {h["rank"]: h for h in _lines(stderr, "held")}
     *reports, merged = docs
