@@ -4,13 +4,16 @@ A step runs `forward`, then `backward`, then `optimizer_step` (AdamW), each in a
 as the mode asks. Callers observe phase boundaries through `on_phase_end(phase)`: the benchmark records a CUDA
 event there, the memory recorder reads the allocator's peak.
 
+`compile` compiles the model block by block: every block runs one compiled code (compiled once, so compile time
+does not grow with depth), and the backward ends one block at a time. With `cuda_graphs` each compiled block's
+forward and backward replay as CUDA graphs (torch.compile's "reduce-overhead").
+
 With `optimizer_overlap` each block's parameters have an optimizer of their own, stepped as soon as the block's
 gradients are final, beside the backward of the blocks before it (`overlap.BlockOptimizers`); the
-`optimizer_step` phase is then what is left of the update once the backward has ended. A compiled model is then
-compiled block by block (so that the backward ends one block at a time), and `cuda_graphs` captures the whole
-step, updates included, as one CUDA graph (`step_graph.StepGraph`), whose replays record the phase boundaries as
-`phase_events()`. Gradient clipping needs every gradient first: with `clip_grad_norm` the blocks' updates run
-after the backward, and `notes` says so.
+`optimizer_step` phase is then what is left of the update once the backward has ended. `cuda_graphs` then
+captures the whole step, updates included, as one CUDA graph (`step_graph.StepGraph`), whose replays record the
+phase boundaries as `phase_events()`. Gradient clipping needs every gradient first: with `clip_grad_norm` the
+blocks' updates run after the backward, and `notes` says so.
 """
 
 from __future__ import annotations
@@ -127,22 +130,17 @@ class Workload:
         torch.manual_seed(cfg.seed)
         self.model_cfg = from_name(cfg.model, cfg.ctx)
         with self.device:  # build in place: initialising billions of weights on the host first is slow
-            model = TransformerLM(self.model_cfg, attention=cfg.attention, loss_chunk_rows=cfg.loss_chunk_rows)
-        if cfg.parallel != "none":
-            model = distributed.wrap(model, cfg.parallel, self.device)
+            core = TransformerLM(self.model_cfg, attention=cfg.attention, loss_chunk_rows=cfg.loss_chunk_rows)
+        model = core if cfg.parallel == "none" else distributed.wrap(core, cfg.parallel, self.device)
         self.model = model
         self.notes: list[str] = []
-        self.forward_fn = model
-        if cfg.compile and cfg.optimizer_overlap:
-            # Block by block: each block's backward is then a step of the autograd graph of its own, after which
-            # its gradients are final. Every block shares one compiled code.
-            for layer in model.layers:
-                layer.compile()
-        elif cfg.compile:
-            # "reduce-overhead" records the compiled forward and backward as CUDA graphs and replays them: one
-            # launch each instead of one per kernel, for steps whose host time exceeds their GPU time.
-            self.forward_fn = torch.compile(model, mode="reduce-overhead" if cfg.cuda_graphs else None)
         whole_graph = cfg.cuda_graphs and cfg.optimizer_overlap
+        if cfg.compile:
+            # "reduce-overhead" records each block's compiled forward and backward as CUDA graphs and replays them:
+            # one launch each instead of one per kernel, for steps whose host time exceeds their GPU time.
+            mode = "reduce-overhead" if cfg.cuda_graphs and not whole_graph else None
+            for layer in core.layers:
+                layer.compile(mode=mode)
         self.optimizer = None
         self.blocks: BlockOptimizers | None = None
         self.optimizer_step: Callable[[], object] | None = None
@@ -211,7 +209,7 @@ class Workload:
         self.model.zero_grad(set_to_none=True)
         with nvtx_range("forward", marked=True):
             with self.autocast():
-                loss = self.forward_fn(self.inputs, self.targets)
+                loss = self.model(self.inputs, self.targets)
         if on_phase_end:
             on_phase_end("forward")
         if "backward" in self.phases:
@@ -238,7 +236,7 @@ def release(workload: Workload | None) -> None:
     """Drop a workload's tensors and give cached GPU memory back (after an OOM, before the next config)."""
     if workload is not None:
         workload.optimizer = workload.optimizer_step = workload.blocks = workload.graph = None
-        workload.model = workload.forward_fn = None
+        workload.model = None
         if workload.cfg.compile:
             # Drop the compiled code and its CUDA graphs: the next config compiles afresh (a sweep would
             # otherwise reach dynamo's recompile limit and run eagerly) on memory the graphs no longer hold.
