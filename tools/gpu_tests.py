@@ -1,0 +1,136 @@
+"""Run the GPU tests spread over the machine's GPUs: the test files are split into one group per GPU and each
+group runs in its own pytest process that sees that GPU alone (`CUDA_VISIBLE_DEVICES`), all at once.
+
+Files are balanced by their measured time when a earlier run stored it (`results/gpu-test-seconds.json`, which
+each run rewrites from pytest's per-test durations), else by their count of selected tests, a `gpu_slow` test
+counting as SLOW_WEIGHT fast ones. The output of each group goes to `results/gpu-tests/GPU.log`; the summary
+says each group's result and time, and the exit status is the first failing group's (0 when all pass).
+
+    PYTHONPATH=$PWD python3 tools/gpu_tests.py -m gpu                 # every GPU test (`make test-gpu-all`)
+    PYTHONPATH=$PWD python3 tools/gpu_tests.py -m "gpu and not gpu_slow" --gpus 0,1 tests/attention
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import xml.etree.ElementTree as ElementTree
+from collections.abc import Sequence
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+OUT = REPO / "results" / "gpu-tests"  # git ignores results/
+SECONDS = REPO / "results" / "gpu-test-seconds.json"
+SLOW_WEIGHT = 5
+
+
+def collect(marker: str, paths: Sequence[str]) -> dict[str, list[str]]:
+    """The selected test ids of each file."""
+    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", marker, *paths],
+                          cwd=REPO, capture_output=True, text=True)
+    if done.returncode not in (0, 5):  # 5: nothing selected
+        raise SystemExit(f"Error: collecting the tests failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+    files: dict[str, list[str]] = {}
+    for line in done.stdout.splitlines():
+        if "::" in line and not line.startswith(" "):
+            files.setdefault(line.split("::", 1)[0], []).append(line)
+    return files
+
+
+def weights(files: dict[str, list[str]], slow: set[str], seconds: dict[str, float]) -> dict[str, float]:
+    """Each file's expected time: measured seconds if known, else its tests with slow ones weighted."""
+    return {f: seconds.get(f) or sum(SLOW_WEIGHT if test in slow else 1 for test in tests)
+            for f, tests in files.items()}
+
+
+def split(cost: dict[str, float], groups: int) -> list[list[str]]:
+    """Files into `groups` groups of about equal cost: the costliest first, each to the lightest group."""
+    loads = [0.0] * groups
+    out: list[list[str]] = [[] for _ in range(groups)]
+    for name in sorted(cost, key=lambda f: (-cost[f], f)):
+        i = loads.index(min(loads))
+        out[i].append(name)
+        loads[i] += cost[name]
+    return [g for g in out if g]
+
+
+def file_seconds(junit: Path) -> dict[str, float]:
+    """Seconds per test file from a pytest JUnit XML report."""
+    seconds: dict[str, float] = {}
+    for case in ElementTree.parse(junit).getroot().iter("testcase"):
+        path = case.get("file") or case.get("classname", "").replace(".", "/") + ".py"
+        seconds[path] = seconds.get(path, 0.0) + float(case.get("time") or 0)
+    return seconds
+
+
+def run_groups(groups: list[list[str]], gpus: Sequence[str], marker: str, extra: Sequence[str]) -> list[dict]:
+    """Each group in its own pytest process on its GPU, all at once; their status, time and file seconds."""
+    OUT.mkdir(parents=True, exist_ok=True)
+    results: list[dict] = [{} for _ in groups]
+
+    def one(i: int) -> None:
+        gpu = gpus[i]
+        with tempfile.TemporaryDirectory() as tmp:
+            junit = Path(tmp) / "junit.xml"
+            command = [sys.executable, "-m", "pytest", "-q", "-rs", "--durations=10", "-p", "no:cacheprovider",
+                       "-m", marker, f"--junitxml={junit}", "-o", "junit_family=xunit1", *extra, *groups[i]]
+            env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu, "PYTHONPATH": str(REPO)}
+            start = time.monotonic()
+            with open(OUT / f"gpu{gpu}.log", "w") as log:
+                status = subprocess.run(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+            found = file_seconds(junit) if junit.is_file() else {}
+        results[i] = {"gpu": gpu, "status": status, "seconds": time.monotonic() - start, "files": found}
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(groups))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-m", dest="marker", default="gpu", help="pytest marker expression (default: %(default)s)")
+    parser.add_argument("--gpus", help="comma-separated GPUs as CUDA_VISIBLE_DEVICES names them (default: all)")
+    parser.add_argument("paths", nargs="*", help="test files or folders (default: tests)")
+    args, extra = parser.parse_known_args(argv)
+    if args.gpus:
+        gpus = args.gpus.split(",")
+    elif os.environ.get("CUDA_VISIBLE_DEVICES"):
+        gpus = os.environ["CUDA_VISIBLE_DEVICES"].split(",")
+    else:
+        import torch
+
+        gpus = [str(i) for i in range(torch.cuda.device_count())] or ["0"]
+    paths = args.paths or ["tests"]
+    files = collect(args.marker, paths)
+    if not files:
+        print("no test selected", file=sys.stderr)
+        return 5
+    slow = {test for tests in collect(f"({args.marker}) and gpu_slow", paths).values() for test in tests}
+    stored = json.loads(SECONDS.read_text()) if SECONDS.is_file() else {}
+    groups = split(weights(files, slow, stored), len(gpus))
+    print(f"{sum(map(len, files.values()))} tests in {len(files)} files on GPUs {', '.join(gpus[:len(groups)])}",
+          file=sys.stderr, flush=True)
+    start = time.monotonic()
+    results = run_groups(groups, gpus, args.marker, extra)
+    SECONDS.parent.mkdir(parents=True, exist_ok=True)
+    SECONDS.write_text(json.dumps({**stored, **{f: round(s, 1) for r in results for f, s in r["files"].items()}},
+                                  indent=1, sort_keys=True))
+    for group, result in zip(groups, results, strict=True):
+        verdict = "passed" if result["status"] == 0 else f"exit {result['status']}"
+        print(f"GPU {result['gpu']}: {verdict} in {result['seconds']:.0f} s, {len(group)} files "
+              f"(log: {OUT / ('gpu' + result['gpu'] + '.log')})")
+    print(f"all groups done in {time.monotonic() - start:.0f} s")
+    return next((r["status"] for r in results if r["status"] != 0), 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
