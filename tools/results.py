@@ -260,12 +260,9 @@ def run_all(names: Sequence[str], gpus: Sequence[str], base: dict) -> dict[str, 
     return run_parallel(names, gpus, one)
 
 
-_affinity_lock = threading.Lock()
-
-
 class affinity:
-    """Processes started inside the block run on `cores` (the affinity is the thread's, which children inherit;
-    one thread at a time starts its process)."""
+    """Processes this thread starts inside the block run on `cores` (on Linux the affinity set for pid 0 is the
+    calling thread's, and a child inherits it from the thread that starts it)."""
 
     def __init__(self, cores: Sequence[int]) -> None:
         self.cores = set(cores)
