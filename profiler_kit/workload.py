@@ -157,7 +157,7 @@ class Workload:
                 compile_step = cfg.compile and cfg.optimizer in ("adamw-foreach", "adamw")
                 self.optimizer_step = torch.compile(self.optimizer.step) if compile_step else self.optimizer.step
         self.beside_backward = self.blocks is not None and cfg.clip_grad_norm is None
-        # The step's own stream, of the highest priority, where the updates beside the backward run on another:
+        # The step's own stream, of a higher priority than the one the updates beside the backward run on:
         # wherever both wait for the GPU, the backward's kernels go first.
         self.stream = torch.cuda.Stream(self.device, priority=-1) if (
             cfg.optimizer_overlap and self.device.type == "cuda") else None
