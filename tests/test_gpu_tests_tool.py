@@ -1,5 +1,5 @@
 """tools/gpu_tests.py: test files split over the GPUs by expected time, one pytest process per GPU at once (run
-here on the CPU with two named GPUs and CPU tests), measured times stored for the next split."""
+here on the CPU with two named GPUs and CPU tests), each test's measured time stored for the next split."""
 
 import importlib.util
 import json
@@ -22,21 +22,29 @@ def tool(tmp_path, monkeypatch):
     return module
 
 
-def test_files_are_split_into_groups_of_about_equal_cost(tool):
-    assert tool.split({"a": 5, "b": 4, "c": 3, "d": 2, "e": 1}, 2) == [["a", "d", "e"], ["b", "c"]]
-    assert tool.split({"a": 1}, 4) == [["a"]]
-    files = {"x.py": ["x.py::fast", "x.py::slow"], "y.py": ["y.py::t1", "y.py::t2"], "z.py": ["z.py::t"]}
-    cost = tool.weights(files, slow={"x.py::slow"}, seconds={"z.py": 40.0})
-    assert cost == {"x.py": 1 + tool.SLOW_WEIGHT, "y.py": 2, "z.py": 40.0}
+def test_tests_are_split_into_groups_of_about_equal_cost_keeping_files_together(tool):
+    files = {"a.py": ["a.py::t1", "a.py::t2", "a.py::slow"], "b.py": ["b.py::t"], "c.py": ["c.py::t1", "c.py::t2"]}
+    cost = tool.costs([t for tests in files.values() for t in tests], slow={"a.py::slow"},
+                      seconds={"b.py::t": 3.0})
+    assert cost == {"a.py::t1": 1, "a.py::t2": 1, "a.py::slow": tool.SLOW_WEIGHT, "b.py::t": 3.0, "c.py::t1": 1,
+                    "c.py::t2": 1}
+    # Two groups share 12: a.py (7) is cut where its run would pass 6, the rest stay whole.
+    assert tool.pieces(files, cost, 2) == [["a.py::t1", "a.py::t2"], ["a.py::slow"], ["b.py::t"],
+                                           ["c.py::t1", "c.py::t2"]]
+    groups = tool.split(tool.pieces(files, cost, 2), cost, 2)
+    assert groups == [["a.py::slow", "c.py::t1", "c.py::t2"], ["b.py::t", "a.py::t1", "a.py::t2"]]
+    assert tool.split(tool.pieces(files, cost, 8), cost, 8)[0] == ["a.py::slow"]
 
 
-def test_two_gpus_run_their_groups_at_once_and_store_each_files_time(tool, capsys):
+@pytest.mark.slow  # four pytest runs
+def test_two_gpus_run_their_groups_at_once_and_store_each_tests_time(tool, capsys):
     files = ["tests/test_errors.py", "tests/cli/test_models.py"]
     assert tool.main(["-m", "not gpu", "--gpus", "0,1", *files]) == 0
     out = capsys.readouterr().out
     assert "GPU 0: passed" in out and "GPU 1: passed" in out
     assert {p.name for p in tool.OUT.iterdir()} == {"gpu0.log", "gpu1.log"}
     seconds = json.loads(tool.SECONDS.read_text())
-    assert set(seconds) == set(files) and sum(seconds.values()) > 0
+    assert {test.split("::")[0] for test in seconds} == set(files) and sum(seconds.values()) > 0
+    assert set(seconds) == {t for tests in tool.collect("not gpu", files).values() for t in tests}
     # A group whose pytest fails gives the run its exit status (5: no test ran).
     assert tool.main(["-m", "not gpu", "--gpus", "0,1", *files, "-k", "no_such_test"]) == 5

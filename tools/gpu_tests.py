@@ -1,10 +1,12 @@
-"""Run the GPU tests spread over the machine's GPUs: the test files are split into one group per GPU and each
-group runs in its own pytest process that sees that GPU alone (`CUDA_VISIBLE_DEVICES`), all at once.
+"""Run the GPU tests spread over the machine's GPUs: the selected tests are split into one group per GPU and
+each group runs in its own pytest process that sees that GPU alone (`CUDA_VISIBLE_DEVICES`), all at once.
 
-Files are balanced by their measured time when a earlier run stored it (`results/gpu-test-seconds.json`, which
-each run rewrites from pytest's per-test durations), else by their count of selected tests, a `gpu_slow` test
-counting as SLOW_WEIGHT fast ones. The output of each group goes to `results/gpu-tests/GPU.log`; the summary
-says each group's result and time, and the exit status is the first failing group's (0 when all pass).
+A test costs its measured time when an earlier run stored it (`results/gpu-test-seconds.json`, which each run
+updates from pytest's per-test durations), else 1, or SLOW_WEIGHT when it is marked `gpu_slow`. A file's tests
+stay together (module fixtures run once), unless the file alone costs more than a group's share: then it is cut
+into consecutive runs of tests of about that share. The pieces go, costliest first, to the group with the least
+so far. The output of each group goes to `results/gpu-tests/gpuN.log`; the summary says each group's result and
+time, and the exit status is the first failing group's (0 when all pass).
 
     PYTHONPATH=$PWD python3 tools/gpu_tests.py -m gpu                 # every GPU test (`make test-gpu-all`)
     PYTHONPATH=$PWD python3 tools/gpu_tests.py -m "gpu and not gpu_slow" --gpus 0,1 tests/attention
@@ -43,30 +45,43 @@ def collect(marker: str, paths: Sequence[str]) -> dict[str, list[str]]:
     return files
 
 
-def weights(files: dict[str, list[str]], slow: set[str], seconds: dict[str, float]) -> dict[str, float]:
-    """Each file's expected time: measured seconds if known, else its tests with slow ones weighted."""
-    return {f: seconds.get(f) or sum(SLOW_WEIGHT if test in slow else 1 for test in tests)
-            for f, tests in files.items()}
+def costs(tests: list[str], slow: set[str], seconds: dict[str, float]) -> dict[str, float]:
+    """Each test's expected time: its measured seconds if known, else 1, SLOW_WEIGHT for a slow one."""
+    return {t: seconds[t] if t in seconds else SLOW_WEIGHT if t in slow else 1 for t in tests}
 
 
-def split(cost: dict[str, float], groups: int) -> list[list[str]]:
-    """Files into `groups` groups of about equal cost: the costliest first, each to the lightest group."""
+def pieces(files: dict[str, list[str]], cost: dict[str, float], groups: int) -> list[list[str]]:
+    """Each file's tests as one piece, or, for a file costing more than a group's share, consecutive runs of its
+    tests of about that share."""
+    share = sum(cost.values()) / groups
+    out = []
+    for tests in files.values():
+        piece, load = [], 0.0
+        for test in tests:
+            if piece and load + cost[test] > share:
+                out.append(piece)
+                piece, load = [], 0.0
+            piece.append(test)
+            load += cost[test]
+        out.append(piece)
+    return out
+
+
+def split(parts: list[list[str]], cost: dict[str, float], groups: int) -> list[list[str]]:
+    """Pieces into `groups` groups of about equal cost: the costliest first, each to the lightest group."""
     loads = [0.0] * groups
     out: list[list[str]] = [[] for _ in range(groups)]
-    for name in sorted(cost, key=lambda f: (-cost[f], f)):
+    for piece in sorted(parts, key=lambda p: -sum(cost[t] for t in p)):
         i = loads.index(min(loads))
-        out[i].append(name)
-        loads[i] += cost[name]
+        out[i] += piece
+        loads[i] += sum(cost[t] for t in piece)
     return [g for g in out if g]
 
 
-def file_seconds(junit: Path) -> dict[str, float]:
-    """Seconds per test file from a pytest JUnit XML report."""
-    seconds: dict[str, float] = {}
-    for case in ElementTree.parse(junit).getroot().iter("testcase"):
-        path = case.get("file") or case.get("classname", "").replace(".", "/") + ".py"
-        seconds[path] = seconds.get(path, 0.0) + float(case.get("time") or 0)
-    return seconds
+def test_seconds(junit: Path) -> dict[str, float]:
+    """Seconds per test id (`file::name`) from a pytest JUnit XML report."""
+    return {f"{case.get('file')}::{case.get('name')}": float(case.get("time") or 0)
+            for case in ElementTree.parse(junit).getroot().iter("testcase") if case.get("file")}
 
 
 def run_groups(groups: list[list[str]], gpus: Sequence[str], marker: str, extra: Sequence[str]) -> list[dict]:
@@ -84,8 +99,8 @@ def run_groups(groups: list[list[str]], gpus: Sequence[str], marker: str, extra:
             start = time.monotonic()
             with open(OUT / f"gpu{gpu}.log", "w") as log:
                 status = subprocess.run(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
-            found = file_seconds(junit) if junit.is_file() else {}
-        results[i] = {"gpu": gpu, "status": status, "seconds": time.monotonic() - start, "files": found}
+            found = test_seconds(junit) if junit.is_file() else {}
+        results[i] = {"gpu": gpu, "status": status, "seconds": time.monotonic() - start, "tests": found}
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(len(groups))]
     for thread in threads:
@@ -116,17 +131,18 @@ def main(argv: list[str] | None = None) -> int:
         return 5
     slow = {test for tests in collect(f"({args.marker}) and gpu_slow", paths).values() for test in tests}
     stored = json.loads(SECONDS.read_text()) if SECONDS.is_file() else {}
-    groups = split(weights(files, slow, stored), len(gpus))
-    print(f"{sum(map(len, files.values()))} tests in {len(files)} files on GPUs {', '.join(gpus[:len(groups)])}",
+    cost = costs([t for tests in files.values() for t in tests], slow, stored)
+    groups = split(pieces(files, cost, len(gpus)), cost, len(gpus))
+    print(f"{len(cost)} tests in {len(files)} files on GPUs {', '.join(gpus[:len(groups)])}",
           file=sys.stderr, flush=True)
     start = time.monotonic()
     results = run_groups(groups, gpus, args.marker, extra)
     SECONDS.parent.mkdir(parents=True, exist_ok=True)
-    SECONDS.write_text(json.dumps({**stored, **{f: round(s, 1) for r in results for f, s in r["files"].items()}},
+    SECONDS.write_text(json.dumps({**stored, **{t: round(s, 2) for r in results for t, s in r["tests"].items()}},
                                   indent=1, sort_keys=True))
     for group, result in zip(groups, results, strict=True):
         verdict = "passed" if result["status"] == 0 else f"exit {result['status']}"
-        print(f"GPU {result['gpu']}: {verdict} in {result['seconds']:.0f} s, {len(group)} files "
+        print(f"GPU {result['gpu']}: {verdict} in {result['seconds']:.0f} s, {len(group)} tests "
               f"(log: {OUT / ('gpu' + result['gpu'] + '.log')})")
     print(f"all groups done in {time.monotonic() - start:.0f} s")
     return next((r["status"] for r in results if r["status"] != 0), 0)
