@@ -53,7 +53,8 @@ test-gpu: $(ENV)
 test-gpu-slow: $(ENV)
 	$(PYTEST_GPU) -m gpu_slow $(ARGS)
 
-# Both at once, the test files spread over every GPU of the machine (one pytest process per GPU; GPUS=0,1 picks).
+# Both at once, the tests spread over every GPU of the machine (one pytest process per GPU; GPUS=0,1 picks them,
+# ARGS='--per-gpu 2' runs two processes on each).
 test-gpu-all: $(ENV)
 	PYTHONPATH=$(CURDIR) $(PY) tools/gpu_tests.py -m gpu $(if $(GPUS),--gpus $(GPUS)) $(ARGS)
 

@@ -46,5 +46,6 @@ def test_two_gpus_run_their_groups_at_once_and_store_each_tests_time(tool, capsy
     seconds = json.loads(tool.SECONDS.read_text())
     assert {test.split("::")[0] for test in seconds} == set(files) and sum(seconds.values()) > 0
     assert set(seconds) == {t for tests in tool.collect("not gpu", files).values() for t in tests}
-    # A group whose pytest fails gives the run its exit status (5: no test ran).
-    assert tool.main(["-m", "not gpu", "--gpus", "0,1", *files, "-k", "no_such_test"]) == 5
+    # Two processes on one GPU; a group whose pytest fails gives the run its exit status (5: no test ran).
+    assert tool.main(["-m", "not gpu", "--gpus", "0", "--per-gpu", "2", *files, "-k", "no_such_test"]) == 5
+    assert {"gpu0-0.log", "gpu0-1.log"} <= {p.name for p in tool.OUT.iterdir()}

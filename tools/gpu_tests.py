@@ -85,22 +85,24 @@ def test_seconds(junit: Path) -> dict[str, float]:
 
 
 def run_groups(groups: list[list[str]], gpus: Sequence[str], marker: str, extra: Sequence[str]) -> list[dict]:
-    """Each group in its own pytest process on its GPU, all at once; their status, time and file seconds."""
+    """Group i in its own pytest process on GPU gpus[i] (a GPU may come more than once), all at once; their
+    status, time and test seconds."""
     OUT.mkdir(parents=True, exist_ok=True)
     results: list[dict] = [{} for _ in groups]
 
     def one(i: int) -> None:
-        gpu = gpus[i]
+        gpu, name = gpus[i], f"gpu{gpus[i]}" + (f"-{gpus[:i].count(gpus[i])}" if gpus.count(gpus[i]) > 1 else "")
         with tempfile.TemporaryDirectory() as tmp:
             junit = Path(tmp) / "junit.xml"
             command = [sys.executable, "-m", "pytest", "-q", "-rs", "--durations=10", "-p", "no:cacheprovider",
                        "-m", marker, f"--junitxml={junit}", "-o", "junit_family=xunit1", *extra, *groups[i]]
             env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu, "PYTHONPATH": str(REPO)}
             start = time.monotonic()
-            with open(OUT / f"gpu{gpu}.log", "w") as log:
+            with open(OUT / f"{name}.log", "w") as log:
                 status = subprocess.run(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
             found = test_seconds(junit) if junit.is_file() else {}
-        results[i] = {"gpu": gpu, "status": status, "seconds": time.monotonic() - start, "tests": found}
+        results[i] = {"gpu": gpu, "log": OUT / f"{name}.log", "status": status, "seconds": time.monotonic() - start,
+                      "tests": found}
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(len(groups))]
     for thread in threads:
@@ -114,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-m", dest="marker", default="gpu", help="pytest marker expression (default: %(default)s)")
     parser.add_argument("--gpus", help="comma-separated GPUs as CUDA_VISIBLE_DEVICES names them (default: all)")
+    parser.add_argument("--per-gpu", type=int, default=1, help="pytest processes per GPU (default: %(default)s); "
+                        "2 on one GPU lets one group compile while the other runs kernels")
     parser.add_argument("paths", nargs="*", help="test files or folders (default: tests)")
     args, extra = parser.parse_known_args(argv)
     if args.gpus:
@@ -124,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         gpus = [str(i) for i in range(torch.cuda.device_count())] or ["0"]
+    gpus = [gpu for gpu in gpus for _ in range(max(1, args.per_gpu))]
     paths = args.paths or ["tests"]
     files = collect(args.marker, paths)
     if not files:
@@ -143,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     for group, result in zip(groups, results, strict=True):
         verdict = "passed" if result["status"] == 0 else f"exit {result['status']}"
         print(f"GPU {result['gpu']}: {verdict} in {result['seconds']:.0f} s, {len(group)} tests "
-              f"(log: {OUT / ('gpu' + result['gpu'] + '.log')})")
+              f"(log: {result['log']})")
     print(f"all groups done in {time.monotonic() - start:.0f} s")
     return next((r["status"] for r in results if r["status"] != 0), 0)
 
