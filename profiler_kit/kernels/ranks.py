@@ -90,6 +90,11 @@ class RankedSummary:
     def phase_names(self) -> list[str]:
         return list(dict.fromkeys(p for s in self.summaries for p in s.phase_names))
 
+    @property
+    def compared(self) -> bool:
+        """Whether the ranks' collectives are compared in time: several ranks on one clock."""
+        return self.arrivals.comparable and len(self.members) > 1
+
     def _steady_arrivals(self) -> np.ndarray:
         steps = self.arrivals.table["step"].to_numpy()
         return np.isin(steps, self.steady_steps) if self.steady_steps is not None else np.ones(len(steps), bool)
@@ -108,7 +113,7 @@ class RankedSummary:
                        total_ms=m.totals["total_ns"] / NS_PER_MS, collective_calls=sum(m.collective_calls.values()),
                        comm_ms=m.totals["categories"][COMMUNICATION] / NS_PER_MS,
                        exposed_comm_ms=m.communication["exposed_ns"].sum() / NS_PER_MS)
-            if self.arrivals.comparable:
+            if self.compared:
                 row.update(times_last=int(last[position]), waited_ms=waited[position] / NS_PER_MS)
             row.update({f"{p}_wall_ms": m.walls.get(p, 0) / NS_PER_MS for p in self.phase_names})
             rows.append(row)
@@ -161,7 +166,7 @@ class RankedSummary:
             ("Communication per phase, all ranks: overlapped by compute elsewhere, and exposed", comm),
             ("Stragglers: each phase's wall time across ranks", self.stragglers()),
         ]
-        if self.arrivals.comparable and len(self.arrivals.table):
+        if self.compared and len(self.arrivals.table):
             tables.append(("Collective arrivals per step: the rank that entered last, and how long the first "
                            "waited for it", self.arrival_table()))
         return tables
@@ -191,7 +196,7 @@ class RankedSummary:
             },
             "stragglers": {r.pop("phase"): r for r in records(self.stragglers())},
             "clocks_comparable": self.arrivals.comparable,
-            "arrivals": records(self.arrival_table()) if self.arrivals.comparable else [],
+            "arrivals": records(self.arrival_table()) if self.compared else [],
             "one_off": self.one_off,
         }
 

@@ -296,6 +296,8 @@ def test_nccl_ranges_count_collective_calls_under_nsys():
     ranked = summarize_ranks(rank_traces([DDP_NSYS]))
     assert ranked.steady_steps == [0, 1]
     assert ranked.members[0].collective_calls == expected
+    # One rank: nobody to enter a collective before or after it.
+    assert "times_last" not in ranked.rank_table().columns and ranked.to_json()["arrivals"] == []
 
 
 def test_timeline_has_one_process_per_rank(tmp_path):

@@ -234,3 +234,30 @@ def test_the_recorders_step_count_is_the_step_tables(tmp_path):
     steps = json.loads(result.stdout)["steps"]
     assert len(steps) == 2
     assert "torch.cuda.profiler.start()/stop() window, 2 steps" in result.stderr
+
+
+CAPTURED = """
+import torch
+import profiler_kit
+model = torch.nn.Linear(16, 16)
+x = torch.randn(4, 16)
+with profiler_kit.capture(warmup=2, steps=2) as cap:
+    for _ in range(5):
+        with cap.step():
+            with profiler_kit.phase("fwd"):
+                y = model(x).sum()
+            with profiler_kit.phase("bwd"):
+                y.backward()
+"""
+
+
+def test_a_capture_of_steps_2_and_3_is_numbered_2_and_3(tmp_path):
+    """The recorder numbers the step ranges of `profiler_kit.capture` as the program counts its steps."""
+    program = tmp_path / "captured.py"
+    program.write_text(CAPTURED)
+    result = CliRunner().invoke(main, ["nsys", "--backend", "torch", "-o", str(tmp_path / "c"), "--format", "json",
+                                       "--", sys.executable, str(program)])
+    assert result.exit_code == 0, result.stderr[-3000:]
+    if "number" not in load(tmp_path / "c.json.gz").ranges.columns:
+        pytest.skip("this torch trace reader gives the step ranges no numbers")
+    assert [row["step"] for row in json.loads(result.stdout)["steps"]] == [2, 3]
