@@ -131,7 +131,8 @@ class Workload:
         self.model_cfg = from_name(cfg.model, cfg.ctx)
         with self.device:  # build in place: initialising billions of weights on the host first is slow
             core = TransformerLM(self.model_cfg, attention=cfg.attention, loss_chunk_rows=cfg.loss_chunk_rows)
-        model = core if cfg.parallel == "none" else distributed.wrap(core, cfg.parallel, self.device)
+        model = core if cfg.parallel == "none" else distributed.wrap(core, cfg.parallel, self.device,
+                                                                     cfg.mixed_precision)
         self.model = model
         self.notes: list[str] = []
         whole_graph = cfg.cuda_graphs and cfg.optimizer_overlap

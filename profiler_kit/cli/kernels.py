@@ -104,9 +104,10 @@ def summarize_command(paths: tuple[Path, ...], top: int, nvtx: str | None, phase
     gets a per-step table, warm-up steps apart, and the idle verdicts come from the steady steps. A range
     outside the phases holding more than 5% of the time is named in a note.
 
-    Several reports are the ranks of one job (`<stem>.rank<R>.json.gz`, else in the order given): a table per
-    rank, the merged categories, communication per phase (overlapped by compute elsewhere, and exposed) and
-    each phase's spread across ranks with its slowest rank.
+    Several reports (or one that holds several processes) are the ranks of one job, each the RANK it had (else
+    `.rank<R>.` in its name, else in the order given): over the steps no rank spent warming up, a table per rank,
+    the merged categories, communication per phase (overlapped by compute elsewhere, and exposed), each phase's
+    spread across ranks with its slowest rank, and per step the rank that entered the collectives last.
 
     --plot and --html draw each phase's time stacked by category and each step's wall time, kernel time and
     GPU idle share; for several ranks, a bar group per rank."""

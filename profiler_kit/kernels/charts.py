@@ -120,9 +120,10 @@ def phase_chart(summary: KernelSummary) -> BarChart:
 
 
 def step_label(row: pd.Series) -> str:
-    """A step's name on the x axis: its number, its process when the table has several."""
-    name = f"{row['step']}"
-    return f"{row['process']}:{name}" if "process" in row.index else name
+    """A step's name on the x axis: its number, its process when the table has several (a row of numbers alone
+    holds them as floats)."""
+    name = f"{int(row['step'])}"
+    return f"{int(row['process'])}:{name}" if "process" in row.index else name
 
 
 def step_chart(summary: KernelSummary) -> BarChart | None:
