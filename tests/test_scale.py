@@ -18,8 +18,8 @@ import pytest
 
 from profiler_kit.errors import ProfilerKitError
 from profiler_kit.kernels import summarize
-from profiler_kit.memory.report import analyze_file
 from profiler_kit.kernels.speedtest import build_repeated_export
+from profiler_kit.memory.report import analyze_file
 from profiler_kit.scale import build_long_name_export, build_repeated_snapshot, build_repeated_trace, measure
 
 REPO = Path(__file__).resolve().parents[1]
