@@ -19,34 +19,17 @@ CPU_OP_CATEGORY = "cpu_op"
 # torch.profiler marks the work of a collective on the process group's own thread as a `user_annotation`
 # named by the backend (`gloo:all_reduce`, `nccl:all_reduce`): that is the collective's time.
 COLLECTIVE = r"^(?:gloo|nccl):"
-NS_PER_US = 1_000
 
 
-def us_to_ns(values: pd.Series) -> np.ndarray:
-    """Trace times in microseconds as integer nanoseconds."""
-    return np.rint(pd.to_numeric(values).to_numpy(dtype=float) * NS_PER_US).astype(np.int64)
-
-
-def event_ranges(events: pd.DataFrame) -> pd.DataFrame:
-    """The `range_frame` of complete (`X`) trace events with name, ts, dur (microseconds), pid and tid."""
-    starts = us_to_ns(events["ts"])
-    return range_frame(
-        events["name"].astype(str).to_numpy(),
-        starts,
-        starts + us_to_ns(events["dur"]),
-        pd.to_numeric(events["pid"], errors="coerce").fillna(0).to_numpy(),
-        pd.to_numeric(events["tid"], errors="coerce").fillna(0).to_numpy(),
-    )
-
-
-def cpu_operators(events: pd.DataFrame) -> pd.DataFrame:
+def cpu_operators(operators: pd.DataFrame, annotations: pd.DataFrame) -> pd.DataFrame:
     """One row per CPU operator call (and collective) with its self time as `total_ns` and its start as
     `launch_ns`: the `kernels` frame of a trace summarized by CPU time; `start_ns`, `end_ns` and `stream` (the
-    thread) place the whole call, `outermost` marks calls inside no other on their thread. `events`: the
-    trace's complete (`X`) events with cat, name, pid, tid, ts, dur."""
-    collective = (events["cat"] == "user_annotation") & events["name"].astype(str).str.contains(COLLECTIVE)
-    ops = events[(events["cat"] == CPU_OP_CATEGORY) | collective]
-    calls = event_ranges(ops)
+    thread) place the whole call, `outermost` marks calls inside no other on their thread. `operators`: the
+    trace's `cpu_op` events, `annotations` its `user_annotation` events, each with name, start_ns, end_ns, pid
+    and tid."""
+    collective = annotations[annotations["name"].astype(str).str.contains(COLLECTIVE).to_numpy(dtype=bool)]
+    ops = pd.concat([operators, collective], ignore_index=True)
+    calls = range_frame(ops["name"].to_numpy(), ops["start_ns"], ops["end_ns"], ops["pid"], ops["tid"])
     index = RangeIndex(calls)
     nested = index.ranges
     duration = (nested["end_ns"] - nested["start_ns"]).to_numpy()

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from profiler_kit.errors import ProfilerKitError
-from profiler_kit.files import InputLimits, parse_json, read_bytes, read_gzip, read_head
+from profiler_kit.files import InputLimits, read_bytes, read_head
 from profiler_kit.kernels.nsys_sqlite import load_sqlite
 from profiler_kit.kernels.nsys_stats import load_stats, looks_like_stats
 from profiler_kit.kernels.torch_trace import load_torch_trace
@@ -66,8 +66,7 @@ def _load(path: Path, limits: InputLimits | None) -> KernelTrace:
     if kind == "nsys-rep":
         return _load_report(path)
     if kind in ("gzip", "json"):
-        data = read_gzip(path, limits) if kind == "gzip" else read_bytes(path, limits)
-        return load_torch_trace(parse_json(data, path), path)
+        return load_torch_trace(path, limits)
     if kind == "binary":
         raise ProfilerKitError(f"{path}: not a kernel report (binary data); expected {ACCEPTED}")
     return _load_text(path, limits)
@@ -95,7 +94,7 @@ def _load_report(path: Path) -> KernelTrace:
 
 def _load_text(path: Path, limits: InputLimits | None) -> KernelTrace:
     try:
-        text = read_bytes(path, limits).decode("utf-8")
+        text = read_bytes(path, limits, reader="an `nsys stats` table").decode("utf-8")
     except UnicodeDecodeError:
         raise ProfilerKitError(f"{path}: not a kernel report (binary data); expected {ACCEPTED}") from None
     if not looks_like_stats(text):

@@ -7,91 +7,127 @@ Complete events (`"ph": "X"`) carry microsecond `ts`/`dur` with nanosecond decim
 thread that opened them; those named in the trace's metadata `"profiler_kit": {"phases": [...]}` were opened
 with `profiler_kit.phase` (column `marked`).
 
-Fields are checked once as they are read: events without a name or usable times are skipped with a note
-(`_usable`); ids that are not what torch.profiler writes (`_check_ids`) make the trace an error naming the event
-and the field.
+The events are streamed (`streamed_json`): each is reduced as it is read to the few numbers a summary uses, its
+name to a code into one table of distinct names, so a trace of gigabytes is read in the memory of its numbers.
+Without the `ijson` package the trace is read whole, within the input limit.
+
+Fields are checked once as they are read: events without a name or usable times are skipped with a note;
+ids that are not what torch.profiler writes make the trace an error naming the event and the field.
 """
 
 from __future__ import annotations
 
+import math
+from decimal import Decimal
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from profiler_kit.errors import ProfilerKitError
-from profiler_kit.kernels.cpu_ops import CPU_OP_CATEGORY, cpu_operators, event_ranges, us_to_ns
+from profiler_kit.files import InputLimits, parse_json, read_bytes, read_gzip, read_head
+from profiler_kit.kernels.cpu_ops import CPU_OP_CATEGORY, cpu_operators
 from profiler_kit.kernels.trace import (
     MAX_TOTAL_NS,
     NO_LAUNCH,
     KernelTrace,
+    LaunchMatcher,
     kernel_frame,
-    match_launches,
     memory_frame,
+    range_frame,
 )
+from profiler_kit.streamed_json import GZIP_MAGIC, NotStrict, OutOfRange, StreamedObject, streamable
 
 LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
 MEMORY_CATEGORIES = ("gpu_memcpy", "gpu_memset")
 RANGE_CATEGORY = "user_annotation"
+EVENTS = "traceEvents"
 NS_PER_US = 1_000
 # Microsecond times at or above this would overflow int64 nanoseconds once summed.
 MAX_US = 2.0**62 / NS_PER_US
 SOURCE = "torch-trace"
-# Ids (pid, tid, args.correlation, args.stream) are integers within [0, MAX_ID): exact as floats too, which
-# pandas may turn them into.
+# Ids (pid, tid, args.correlation, args.stream) are integers within [0, MAX_ID).
 MAX_ID = 2**53
-ID_FIELDS = ("pid", "tid")
-ARG_IDS = ("correlation", "stream")
+ID_FIELDS = ("pid", "tid", "args", "args.correlation", "args.stream")
+# Each kind of event a summary reads: its categories, the times it needs and the fields it keeps (besides the
+# name), in the order the kinds are checked.
+KINDS = {
+    "kernel": (("kernel",), ("ts", "dur"), ("ts", "dur", "args.correlation", "args.stream")),
+    "launch": (LAUNCH_CATEGORIES, ("ts",), ("ts", "args.correlation", "pid")),
+    "range": ((RANGE_CATEGORY,), ("ts", "dur"), ("ts", "dur", "pid", "tid")),
+    "memory": (MEMORY_CATEGORIES, ("dur",), ("dur",)),
+    "CPU operator": ((CPU_OP_CATEGORY,), ("ts", "dur"), ("ts", "dur", "pid", "tid")),
+}
+KIND_OF = {category: kind for kind, (categories, _, _) in KINDS.items() for category in categories}
+# What a missing id stands for in each kept field.
+MISSING = {"args.correlation": NO_LAUNCH, "args.stream": 0, "pid": 0, "tid": 0}
+# Events reduced to numbers at a time.
+BLOCK_EVENTS = 65_536
 
 
-def load_torch_trace(obj: object, path: Path) -> KernelTrace:
-    if not isinstance(obj, dict) or not isinstance(obj.get("traceEvents"), list):
-        raise ProfilerKitError(f"{path}: JSON, but not a Chrome trace (no traceEvents list)")
-    events = pd.DataFrame.from_records(
-        [e for e in obj["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X"],
-        columns=["cat", "name", "pid", "tid", "ts", "dur", "args"],
-    )
+def load_torch_trace(path: Path, limits: InputLimits | None = None) -> KernelTrace:
+    """The trace at `path`, streamed; read whole within `limits` without the `ijson` package, or when it is
+    not strict JSON."""
+    whole = "without the ijson package, which streams it"
+    if streamable():
+        try:
+            events, meta = _streamed(path)
+            whole = None
+        except NotStrict:
+            whole = "that is not strict JSON (NaN, Infinity)"
+    if whole is not None:
+        events, meta = _read_whole(path, limits, f"a torch.profiler trace {whole}")
     try:
-        trace = _load(events, path, *_phase_names(obj))
+        trace = events.trace(path, meta)
     except (KeyError, TypeError, ValueError) as exc:
         raise ProfilerKitError(f"{path}: a Chrome trace with malformed events ({exc!r})") from None
-    trace.clock, trace.clock_offset_ns = _clock(obj)
+    trace.clock, trace.clock_offset_ns = _clock(meta)
     return trace
 
 
-def _clock(obj: dict) -> tuple[str | None, int]:
+def _streamed(path: Path) -> tuple[_Events, dict]:
+    """The events and the other members of the trace, streamed; numbers read exactly, in a second pass, only
+    when one is beyond a float or a 64-bit integer (a hostile field)."""
+    for exact in (False, True):
+        events, source = _Events(), StreamedObject(path, EVENTS, exact)
+        try:
+            for event in source.items():
+                events.add(event)
+        except OutOfRange:
+            continue
+        return events, source.members()
+    raise AssertionError("an exact reading has no numbers out of range")
+
+
+def _read_whole(path: Path, limits: InputLimits | None, reader: str) -> tuple[_Events, dict]:
+    """The events and the other members of the trace, read whole within `limits`; `reader` names it in the
+    error past them."""
+    gzipped = read_head(path, len(GZIP_MAGIC)) == GZIP_MAGIC
+    data = read_gzip(path, limits, reader) if gzipped else read_bytes(path, limits, reader)
+    obj = parse_json(data, path)
+    if not isinstance(obj, dict) or not isinstance(obj.get(EVENTS), list):
+        raise ProfilerKitError(f"{path}: JSON, but not a Chrome trace (no {EVENTS} list)")
+    events = _Events()
+    for event in obj.pop(EVENTS):
+        events.add(event)
+    return events, obj
+
+
+def _clock(meta: dict) -> tuple[str | None, int]:
     """The host whose clock the trace's times are on (`host_name`), and the offset that puts them on it
     (`baseTimeNanoseconds`: an event's time is that plus its `ts`); no host when the trace does not name it."""
-    host, base = obj.get("host_name"), obj.get("baseTimeNanoseconds", 0)
+    host, base = meta.get("host_name"), meta.get("baseTimeNanoseconds", 0)
     usable = isinstance(host, str) and host and type(base) is int and 0 <= base < MAX_TOTAL_NS
     return (f"host {host}", base) if usable else (None, 0)
 
 
-def _usable(events: pd.DataFrame, what: str, times: tuple[str, ...], notes: list[str]) -> pd.DataFrame:
-    """The events with a string name and finite, non-negative `times`; how many others were skipped goes into
-    `notes`, so no summary adds up a time the trace does not give. None usable out of some is an error."""
-    ok = np.array([isinstance(name, str) for name in events["name"]], dtype=bool)
-    for column in times:
-        values = pd.to_numeric(events[column], errors="coerce").to_numpy(dtype=float)
-        with np.errstate(invalid="ignore"):
-            ok &= np.isfinite(values) & (values >= 0) & (values < MAX_US)
-    _check_ids(events[ok], what)
-    if len(ok) and not ok.any():
-        raise ProfilerKitError(f"none of the {len(ok):,} {what} events has a name and a finite, non-negative "
-                               f"{'/'.join(times)}")
-    if not ok.all():
-        notes.append(f"skipped {int((~ok).sum()):,} of {len(ok):,} {what} events without a name or a finite, "
-                     f"non-negative {'/'.join(times)}")
-    return events[ok]
-
-
-def _phase_names(obj: dict) -> tuple[list[str], list[str]]:
+def _phase_names(meta: dict) -> tuple[list[str], list[str]]:
     """The names the recorder listed as opened with `profiler_kit.phase` (none when the trace has no list), and
     a note when the list is there but not a list of names."""
-    meta = obj.get("profiler_kit")
-    if meta is None:
+    recorder = meta.get("profiler_kit")
+    if recorder is None:
         return [], []
-    phases = meta.get("phases") if isinstance(meta, dict) else None
+    phases = recorder.get("phases") if isinstance(recorder, dict) else None
     names = [p for p in phases if isinstance(p, str)] if isinstance(phases, list) else []
     if isinstance(phases, list) and len(names) == len(phases):
         return names, []
@@ -99,65 +135,143 @@ def _phase_names(obj: dict) -> tuple[list[str], list[str]]:
                    "are taken only where it names them"]
 
 
-def _missing(value: object) -> bool:
-    return value is None or (isinstance(value, float) and np.isnan(value))
+def _ranges(annotations: pd.DataFrame, meta: dict, notes: list[str]) -> pd.DataFrame:
+    """The NVTX-like ranges (`user_annotation` events: name, start_ns, end_ns, pid, tid) as a `range_frame`, and
+    which of them the recorder's metadata (the trace's members besides its events) names as phases
+    (`marked`)."""
+    phase_names, phase_notes = _phase_names(meta)
+    notes += phase_notes
+    ranges = range_frame(annotations["name"].to_numpy(), annotations["start_ns"], annotations["end_ns"],
+                         annotations["pid"], annotations["tid"])
+    ranges["marked"] = ranges["name"].isin(phase_names)
+    return ranges
+
+
+def _number(value: object) -> float:
+    """A time as a number: a JSON number or a numeric string; NaN for anything else."""
+    if type(value) in (int, float, bool, Decimal):
+        return float(value)
+    if isinstance(value, str) and "_" not in value:
+        try:
+            return float(value)
+        except ValueError:
+            return math.nan
+    return math.nan
 
 
 def _is_id(value: object) -> bool:
-    return _missing(value) or (type(value) is int and 0 <= value < MAX_ID)
+    return value is None or (type(value) is int and 0 <= value < MAX_ID)
 
 
-def _check_ids(events: pd.DataFrame, what: str) -> None:
-    """Refuse the first event whose pid, tid, args, args.correlation or args.stream is present but not what
-    torch.profiler writes: integers from 0 to 2^53, args a dict."""
-    args_ok = events["args"].map(lambda a: _missing(a) or isinstance(a, dict)).to_numpy(dtype=bool)
-    checks = [(field, events[field].map(_is_id).to_numpy(dtype=bool)) for field in ID_FIELDS]
-    checks.append(("args", args_ok))
-    for field in ARG_IDS:
-        values = events["args"].map(lambda a, f=field: a.get(f) if isinstance(a, dict) else None)
-        checks.append((f"args.{field}", values.map(_is_id).to_numpy(dtype=bool)))
-    for field, ok in checks:
-        if not ok.all():
-            event = events.iloc[int(np.argmin(ok))]
-            value = event["args"] if field == "args" else (
-                event["args"].get(field[5:]) if field.startswith("args.") else event[field])
-            raise ProfilerKitError(f"the {what} event {str(event['name'])[:60]!r} at ts {event['ts']} has {field} "
-                                   f"{str(value)[:40]!r}; torch.profiler writes "
-                                   f"{'a dict' if field == 'args' else 'an integer from 0 to 2^53'} there")
+class _Kind:
+    """The usable events of one kind, reduced as they are read to their name's code and the fields they keep;
+    how many were skipped, and the first event whose id fields are not what torch.profiler writes."""
+
+    def __init__(self, kind: str, names: dict[str, int]) -> None:
+        _, self.times, self.fields = KINDS[kind]
+        self.kind, self.names = kind, names
+        self.total = self.skipped = 0
+        self.wrong: dict[str, tuple[object, object, object]] = {}
+        self.pending: list[tuple] = []
+        self.blocks: list[np.ndarray] = []
+
+    def add(self, event: dict) -> None:
+        self.total += 1
+        name = event.get("name")
+        values = {field: _number(event.get(field)) for field in self.times}
+        if not isinstance(name, str) or not all(0 <= v < MAX_US for v in values.values()):
+            self.skipped += 1  # NaN fails the comparison too
+            return
+        args = event.get("args")
+        found = {"pid": event.get("pid"), "tid": event.get("tid"), "args": args}
+        for field in ("correlation", "stream"):
+            found[f"args.{field}"] = args.get(field) if isinstance(args, dict) else None
+        for field in ID_FIELDS:
+            ok = (args is None or isinstance(args, dict)) if field == "args" else _is_id(found[field])
+            if not ok and field not in self.wrong:
+                self.wrong[field] = (name, event.get("ts"), found[field])
+        code = self.names.setdefault(name, len(self.names))
+        self.pending.append((code, *(values[f] if f in values else found[f] for f in self.fields)))
+        if len(self.pending) >= BLOCK_EVENTS:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self.pending:
+            rows = [tuple(MISSING.get(f, 0) if v is None or isinstance(v, dict) else v
+                          for f, v in zip(("name", *self.fields), row, strict=True)) for row in self.pending]
+            self.blocks.append(np.array(rows, dtype=np.float64 if "ts" in self.fields or "dur" in self.fields
+                                        else np.int64).reshape(-1, 1 + len(self.fields)))
+            self.pending = []
+
+    def usable(self, notes: list[str]) -> int:
+        """How many are usable; the first wrong id is an error, none usable of some is an error, skipped ones
+        a note."""
+        for field in ID_FIELDS:
+            if field in self.wrong:
+                name, ts, value = self.wrong[field]
+                raise ProfilerKitError(
+                    f"the {self.kind} event {str(name)[:60]!r} at ts {ts} has {field} {str(value)[:40]!r}; "
+                    f"torch.profiler writes {'a dict' if field == 'args' else 'an integer from 0 to 2^53'} there")
+        if self.total and self.skipped == self.total:
+            raise ProfilerKitError(f"none of the {self.total:,} {self.kind} events has a name and a finite, "
+                                   f"non-negative {'/'.join(self.times)}")
+        if self.skipped:
+            notes.append(f"skipped {self.skipped:,} of {self.total:,} {self.kind} events without a name or a "
+                         f"finite, non-negative {'/'.join(self.times)}")
+        return self.total - self.skipped
+
+    def frame(self) -> pd.DataFrame:
+        """One row per usable event: `name`, then its kept fields; times in integer nanoseconds (`start_ns`,
+        `end_ns`, `dur_ns`), ids as integers."""
+        self._flush()
+        width = 1 + len(self.fields)
+        table = np.concatenate(self.blocks) if self.blocks else np.empty((0, width))
+        self.blocks = []
+        names = np.array(list(self.names), dtype=object)
+        columns: dict[str, object] = {"name": names[table[:, 0].astype(np.int64)]}
+        ns = {field: np.rint(table[:, 1 + i] * NS_PER_US).astype(np.int64) for i, field in enumerate(self.fields)
+              if field in ("ts", "dur")}
+        if "ts" in ns:
+            columns["start_ns"] = ns["ts"]
+            if "dur" in ns:
+                columns["end_ns"] = ns["ts"] + ns["dur"]
+        if "dur" in ns:
+            columns["dur_ns"] = ns["dur"]
+        for i, field in enumerate(self.fields):
+            if field not in ("ts", "dur"):
+                columns[field.removeprefix("args.")] = table[:, 1 + i].astype(np.int64)
+        return pd.DataFrame(columns)
 
 
-def _ids(values: pd.Series, missing: int) -> np.ndarray:
-    """Checked ids (`_check_ids`) as int64, `missing` where an event has none."""
-    return np.array([missing if _missing(v) else v for v in values], dtype=np.int64)
+class _Events:
+    """Every event of a trace, as it is read: the usable events of each kind in `_Kind`s."""
 
+    def __init__(self) -> None:
+        self.names: dict[str, int] = {}
+        self.kinds = {kind: _Kind(kind, self.names) for kind in KINDS}
 
-def _arg(events: pd.DataFrame, field: str, missing: int) -> np.ndarray:
-    return _ids(events["args"].map(lambda a: a.get(field) if isinstance(a, dict) else None), missing)
+    def add(self, event: object) -> None:
+        if isinstance(event, dict) and event.get("ph") == "X":
+            kind = KIND_OF.get(event.get("cat"))  # type: ignore[arg-type]
+            if kind is not None:
+                self.kinds[kind].add(event)
 
-
-def _load(events: pd.DataFrame, path: Path, phase_names: list[str], notes: list[str]) -> KernelTrace:
-    kernels = _usable(events[events["cat"] == "kernel"], "kernel", ("ts", "dur"), notes)
-    launches = _usable(events[events["cat"].isin(LAUNCH_CATEGORIES)], "launch", ("ts",), notes)
-    # GPU events carry the device as their pid: the launch's pid is the process.
-    launch_ns, process = match_launches(
-        _arg(kernels, "correlation", NO_LAUNCH),
-        _arg(launches, "correlation", NO_LAUNCH),
-        us_to_ns(launches["ts"]),
-        _ids(launches["pid"], 0),
-    )
-    kernel_rows = kernel_frame(
-        kernels["name"].astype(str).to_numpy(), us_to_ns(kernels["dur"]), launch_ns, process,
-        start_ns=us_to_ns(kernels["ts"]), stream=_arg(kernels, "stream", 0),
-    )
-    annotations = _usable(events[events["cat"] == RANGE_CATEGORY], "range", ("ts", "dur"), notes)
-    ranges = event_ranges(annotations)
-    ranges["marked"] = ranges["name"].isin(phase_names)
-    memory = _usable(events[events["cat"].isin(MEMORY_CATEGORIES)], "memory", ("dur",), notes)
-    # A trace with no CUDA activity at all (a CPU run) cannot say whether memory was copied.
-    cuda_traced = len(kernels) or len(launches) or len(memory)
-    memory_ops = (
-        memory_frame(memory["name"].astype(str).to_numpy(), us_to_ns(memory["dur"])) if cuda_traced else None
-    )
-    operators = _usable(events[events["cat"] == CPU_OP_CATEGORY], "CPU operator", ("ts", "dur"), notes)
-    cpu_ops = cpu_operators(pd.concat([operators, annotations]))
-    return KernelTrace(SOURCE, path, kernel_rows, ranges, memory_ops, notes, cpu_ops)
+    def trace(self, path: Path, meta: dict) -> KernelTrace:
+        notes: list[str] = []
+        counts = {kind: events.usable(notes) for kind, events in self.kinds.items()}
+        kernels, launches = self.kinds["kernel"].frame(), self.kinds["launch"].frame()
+        # GPU events carry the device as their pid: the launch's pid is the process.
+        matcher = LaunchMatcher(kernels["correlation"].to_numpy())
+        matcher.add(launches["correlation"].to_numpy(), launches["start_ns"].to_numpy(), launches["pid"].to_numpy())
+        kernel_rows = kernel_frame(
+            kernels["name"].to_numpy(), kernels["dur_ns"].to_numpy(), matcher.launch_ns, matcher.process,
+            start_ns=kernels["start_ns"].to_numpy(), stream=kernels["stream"].to_numpy(),
+        )
+        annotations = self.kinds["range"].frame()
+        ranges = _ranges(annotations, meta, notes)
+        memory = self.kinds["memory"].frame()
+        # A trace with no CUDA activity at all (a CPU run) cannot say whether memory was copied.
+        cuda_traced = counts["kernel"] or counts["launch"] or counts["memory"]
+        memory_ops = memory_frame(memory["name"].to_numpy(), memory["dur_ns"].to_numpy()) if cuda_traced else None
+        cpu_ops = cpu_operators(self.kinds["CPU operator"].frame(), annotations)
+        return KernelTrace(SOURCE, path, kernel_rows, ranges, memory_ops, notes, cpu_ops)
