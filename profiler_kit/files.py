@@ -75,8 +75,12 @@ def check_input(path: str | os.PathLike) -> int:
             raise ProfilerKitError(f"{path}: {what}, not a regular file; give the file itself")
     if not stat.S_ISREG(info.st_mode):
         raise ProfilerKitError(f"{path}: not a regular file")
-    if not os.access(path, os.R_OK):
-        raise ProfilerKitError(f"{path}: permission denied")
+    # Opened for real: permission bits alone do not tell (root reads a file of mode 000; ACLs, read-only
+    # network mounts). Non-blocking, though a regular file never blocks.
+    try:
+        os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK))
+    except OSError as exc:
+        raise ProfilerKitError(f"{path}: cannot be read ({_os_reason(exc).lower()})") from None
     return info.st_size
 
 
@@ -88,23 +92,25 @@ def _os_reason(exc: OSError) -> str:
     return exc.strerror or str(exc)
 
 
-def _over_limit(path: Path, what: str, limits: InputLimits) -> ProfilerKitError:
-    return ProfilerKitError(f"{path}: {what} more than the {limits.max_mb:g} MiB an input may hold; {RAISE_HINT}")
+def _over_limit(path: Path, what: str, limits: InputLimits, reader: str) -> ProfilerKitError:
+    return ProfilerKitError(f"{path}: {what} more than the {limits.max_mb:g} MiB an input may hold ({reader} "
+                            f"is read whole, not streamed); {RAISE_HINT}")
 
 
-def read_bytes(path: str | os.PathLike, limits: InputLimits | None = None) -> bytes:
-    """The whole file, if it is a regular file within the size limit."""
+def read_bytes(path: str | os.PathLike, limits: InputLimits | None = None, reader: str = "this input") -> bytes:
+    """The whole file, if it is a regular file within the size limit; `reader` says what is read whole, for the
+    error past the limit."""
     path, limits = Path(path), limits or _limits
     size = check_input(path)
     if size > limits.max_bytes:
-        raise _over_limit(path, f"{size / MIB:,.0f} MiB,", limits)
+        raise _over_limit(path, f"{size / MIB:,.0f} MiB,", limits, reader)
     try:
         with path.open("rb") as fh:
             data = fh.read(limits.max_bytes + 1)
     except OSError as exc:
         raise ProfilerKitError(f"{path}: cannot read ({_os_reason(exc)})") from None
     if len(data) > limits.max_bytes:
-        raise _over_limit(path, "grew while being read to", limits)
+        raise _over_limit(path, "grew while being read to", limits, reader)
     return data
 
 
@@ -119,7 +125,7 @@ def read_head(path: str | os.PathLike, size: int) -> bytes:
         raise ProfilerKitError(f"{path}: cannot read ({_os_reason(exc)})") from None
 
 
-def read_gzip(path: str | os.PathLike, limits: InputLimits | None = None) -> bytes:
+def read_gzip(path: str | os.PathLike, limits: InputLimits | None = None, reader: str = "this input") -> bytes:
     """A gzip file's contents, decompressed in chunks and refused once they pass the limit."""
     path, limits = Path(path), limits or _limits
     check_input(path)
@@ -129,7 +135,7 @@ def read_gzip(path: str | os.PathLike, limits: InputLimits | None = None) -> byt
             while chunk := fh.read(READ_CHUNK):
                 total += len(chunk)
                 if total > limits.max_bytes:
-                    raise _over_limit(path, "a gzip file that expands to", limits)
+                    raise _over_limit(path, "a gzip file that expands to", limits, reader)
                 chunks.append(chunk)
     except (OSError, EOFError, zlib.error) as exc:
         raise ProfilerKitError(f"{path}: damaged or truncated gzip file ({exc})") from None
@@ -322,6 +328,11 @@ def check_output_paths(outputs: Iterable[str | os.PathLike | None], inputs: Iter
     outs = [Path(p) for p in outputs if p is not None]
     ins = [Path(p) for p in inputs if p is not None]
     for i, out in enumerate(outs):
+        try:
+            os.stat(out)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise UsageProblem(f"{out}: {_os_reason(exc)}; give another path") from None
         for source in ins:
             if _same_file(out, source):
                 raise UsageProblem(f"{out} is an input of this command ({source}); write the output elsewhere")

@@ -89,7 +89,7 @@ def kernels() -> None:
 
 
 @kernels.command("summarize", epilog=SOURCES_HELP)
-@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path, readable=False))
 @_analysis_options
 @click.option("--flops-per-step", type=positive_float, default=None, metavar="FLOPS",
               help="The model FLOPs of one step: TFLOP/s (and MFU with --peak-tflops) over the phases' GPU span.")
@@ -142,10 +142,10 @@ class _CompareCommand(click.Command):
 
 
 @kernels.command("compare", cls=_CompareCommand, epilog=SOURCES_HELP)
-@click.argument("reports", nargs=-1, type=click.Path(path_type=Path))
-@click.option("--against", "against", multiple=True, type=click.Path(path_type=Path), metavar="B...",
+@click.argument("reports", nargs=-1, type=click.Path(path_type=Path, readable=False))
+@click.option("--against", "against", multiple=True, type=click.Path(path_type=Path, readable=False), metavar="B...",
               help="The reports of side B (several runs of the changed program); the reports before it are side A.")
-@click.option("--baseline", type=click.Path(path_type=Path), default=None, metavar="JSON",
+@click.option("--baseline", type=click.Path(path_type=Path, readable=False), default=None, metavar="JSON",
               help="Side A from a saved JSON: the B side of an earlier `kernels compare --format json`, or a "
                    "`kernels summarize --format json`; the reports given are then side B.")
 @_analysis_options
@@ -211,7 +211,7 @@ def compare_command(ctx: click.Context, reports: tuple[Path, ...], against: tupl
 
 
 @kernels.command("whatif", epilog=SOURCES_HELP)
-@click.argument("path", type=click.Path(path_type=Path))
+@click.argument("path", type=click.Path(path_type=Path, readable=False))
 @click.option("--speedup", "speedups", metavar="CATEGORY_OR_KERNEL=FACTOR", multiple=True,
               help="Kernels of this category (matmul, attention, ...), launched inside NVTX ranges named NAME "
                    "(range:NAME), else whose name contains this text, run FACTOR times faster (repeatable; the "
@@ -239,7 +239,7 @@ def whatif_command(path: Path, speedups: tuple[str, ...], no_launch_gaps: bool, 
 
 
 @kernels.command("timeline", epilog=SOURCES_HELP)
-@click.argument("reports", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument("reports", nargs=-1, required=True, type=click.Path(path_type=Path, readable=False))
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
               help="The Chrome/Perfetto trace to write (.json, or .json.gz to compress).")
 @click.option("--phase", "phases", metavar="NAME", multiple=True,

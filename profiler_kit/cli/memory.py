@@ -186,8 +186,8 @@ def summarize_cmd(snapshots: tuple[str, ...], device_index: int | None, use_side
 
 
 @memory_cmd.command("compare")
-@click.argument("snapshot_a", type=click.Path(path_type=Path))
-@click.argument("snapshot_b", type=click.Path(path_type=Path))
+@click.argument("snapshot_a", type=click.Path(path_type=Path, readable=False))
+@click.argument("snapshot_b", type=click.Path(path_type=Path, readable=False))
 @_DEVICE_INDEX
 @_SIDECAR
 @format_option()

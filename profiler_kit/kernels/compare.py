@@ -284,8 +284,23 @@ class Comparison:
     def phase_table(self) -> pd.DataFrame:
         return _deltas(self.phases())
 
+    def with_rest(self, shown: pd.DataFrame) -> pd.DataFrame:
+        """`shown` (rows of `kernels`) and, when they are not the whole of each side's total, one row more for the
+        rest (`kernel` names how many others it holds): each side's total less the rows shown, so that the rows
+        add up to the totals and their deltas to the total delta. (A side's total is the median of its runs'
+        totals, which the kernels' medians need not add up to.)"""
+        rest_a = self.a.total_ns - int(shown["a_ns"].sum())
+        rest_b = self.b.total_ns - int(shown["b_ns"].sum())
+        others = len(self.kernels()) - len(shown)
+        if not (others or rest_a or rest_b):
+            return shown.reset_index(drop=True)
+        name = f"({others:,} other kernels)" if others else "(the totals' medians less the kernels' medians)"
+        rest = pd.DataFrame({"kernel": [name], "category": [""], "a_ns": [rest_a], "b_ns": [rest_b],
+                             "status": [""], "a_names": [[]], "b_names": [[]]})
+        return pd.concat([shown, rest], ignore_index=True)
+
     def kernel_table(self, display: bool = False) -> pd.DataFrame:
-        movers = self.movers()
+        movers = self.with_rest(self.movers())
         table = _deltas(movers.drop(columns=["a_names", "b_names"]))
         if display:
             table["kernel"] = table["kernel"].map(display_name)
@@ -338,6 +353,7 @@ class Comparison:
             "categories": records(_deltas(self.categories(), keep_ns=True)),
             "phases": records(_deltas(self.phases(), keep_ns=True)),
             "top_kernels": records(_deltas(movers, keep_ns=True)),
+            "kernels": records(_deltas(self.with_rest(self.kernels()), keep_ns=True)),
             "explained_pct": self.explained_pct(),
             "gate": None if self.fail_above_pct is None else {
                 "fail_above_pct": self.fail_above_pct,

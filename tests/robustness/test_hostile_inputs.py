@@ -4,9 +4,11 @@ within 60 s under a 4 GiB address space, with exit 1, one line naming the file a
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import pickle
 import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -20,12 +22,11 @@ MIB = 2**20
 
 
 def gzip_bomb(path, expanded_mb: int):
-    """A gzip of a Chrome trace padded with spaces: under 1 KB per expanded MiB."""
+    """A gzip of a Chrome trace padded with spaces, cut before its end: under 1 KB per expanded MiB."""
     with gzip.open(path, "wb", compresslevel=1) as fh:
         fh.write(b'{"traceEvents": [')
         for _ in range(expanded_mb):
             fh.write(b" " * MIB)
-        fh.write(b"]}")
     return path
 
 
@@ -73,13 +74,15 @@ def frames_not_a_list(tmp):
 CASES = {
     "/dev/zero": ("kernels", lambda tmp: "/dev/zero", "a character device, not a regular file"),
     "FIFO": ("kernels", fifo, "a FIFO (named pipe)"),
+    "directory": ("kernels", lambda tmp: tmp, "a directory, not a file"),
     "symlink loop": ("kernels", loop, "a loop of symbolic links"),
     "dangling symlink": ("kernels", lambda tmp: (os.symlink(tmp / "gone", tmp / "l") or tmp / "l"),
                          "a symbolic link to nothing"),
     "1 GiB binary": ("kernels", lambda tmp: sparse(tmp / "big.bin", 2**30, b"\x7fELF"), "binary data"),
     "1 GiB text": ("kernels", lambda tmp: sparse(tmp / "big.txt", 2**30, b"Time (%)" * 1000 + b"\n"),
                    "an input may hold"),
-    "gzip bomb": ("kernels", lambda tmp: gzip_bomb(tmp / "trace.json.gz", 300), "expands to more than the 256 MiB"),
+    # A trace is streamed: a bomb of any size passes through in bounded memory, to the end where it is cut.
+    "gzip bomb": ("kernels", lambda tmp: gzip_bomb(tmp / "trace.json.gz", 300), "premature EOF"),
     "deep JSON": ("kernels", lambda tmp: (tmp / "t.json").write_text("[" * 100_000 + "]" * 100_000) and tmp / "t.json",
                   "nested deeper"),
     "snapshot FIFO": ("memory", fifo, "a FIFO (named pipe)"),
@@ -111,13 +114,57 @@ def test_hostile_input_is_one_line_within_bounds(tmp_path, cli, failure, case):
     assert phrase in line and str(path) in line
 
 
-def test_the_input_limit_can_be_raised(tmp_path):
-    bomb = gzip_bomb(tmp_path / "trace.json.gz", 3)
-    small = CliRunner().invoke(main, ["--max-input-mb", "2", "kernels", "summarize", str(bomb)])
+def test_the_input_limit_can_be_raised_and_names_the_reader_that_reads_whole(tmp_path):
+    table = sparse(tmp_path / "stats.txt", 3 * MIB, b"Time (%)" * 1000 + b"\n")
+    small = CliRunner().invoke(main, ["--max-input-mb", "2", "kernels", "summarize", str(table)])
     assert small.exit_code == 1 and "--max-input-mb" in small.stderr
-    raised = CliRunner().invoke(main, ["--max-input-mb", "4", "kernels", "summarize", str(bomb)])
-    # Within the limit the file is read, and found to be a trace without kernel events.
-    assert "an input may hold" not in raised.output
+    assert "(an `nsys stats` table is read whole, not streamed)" in small.stderr
+    raised = CliRunner().invoke(main, ["--max-input-mb", "4", "kernels", "summarize", str(table)])
+    # Within the limit the file is read, and found to hold no table.
+    assert raised.exit_code == 1 and "an input may hold" not in raised.output
+
+
+def as_another_user(args: list[str]) -> tuple[int, str]:
+    """Exit status and stderr of `profiler-kit ARGS` run by a user other than root: in this process when it is not
+    root's, else in a fork that drops to `nobody` (modules imported beforehand, which it could not read)."""
+    if os.getuid() != 0:
+        result = CliRunner().invoke(main, args)
+        return result.exit_code, result.stderr
+    for warm_up in (["kernels", "summarize", str(KERNELS / "h100_tiny_train_bf16.sqlite")],
+                    ["kernels", "summarize", "--no-such-option"]):  # a usage error imports what errors print with
+        CliRunner().invoke(main, warm_up)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: drop root, run, report, and never return into pytest
+        try:
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            result = CliRunner().invoke(main, args)
+            os.write(write, json.dumps([result.exit_code, result.stderr]).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as fh:
+        text = fh.read()
+    os.waitpid(pid, 0)
+    code, stderr = json.loads(text)
+    return code, stderr
+
+
+@pytest.mark.parametrize("name", ["h100_tiny_train_bf16.sqlite", "h100_tiny_train_bf16_trace.json.gz"])
+def test_an_unreadable_input_exits_1_with_one_line_naming_it(name):
+    folder = Path(tempfile.mkdtemp(prefix="unreadable-"))
+    try:
+        folder.chmod(0o755)  # another user reaches the file, and is refused by the file alone
+        report = shutil.copyfile(KERNELS / name, folder / name)
+        report.chmod(0)
+        code, stderr = as_another_user(["kernels", "summarize", str(report)])
+    finally:
+        shutil.rmtree(folder)
+    lines = stderr.strip().splitlines()
+    assert code == 1 and len(lines) == 1, stderr
+    assert lines[0] == f"Error: {report}: cannot be read (permission denied)"
 
 
 def copy_report(tmp_path, sqlite_age_s: float):

@@ -22,6 +22,7 @@ from profiler_kit.results_io import RowWriter, read_rows
 from profiler_kit.workload import WorkloadConfig
 
 MEMORY = Path(__file__).resolve().parents[1] / "fixtures" / "memory"
+KERNELS = Path(__file__).resolve().parents[1] / "fixtures" / "kernels"
 FAST = ["--model", "tiny", "--ctx", "8", "--batch-size", "1", "--steps", "1", "--warmup", "0", "--device", "cpu"]
 COLUMNS = ("model", "ctx", "status", "total_ms")
 
@@ -241,3 +242,14 @@ def test_publish_without_overwrite_keeps_a_file_that_appeared(tmp_path):
     path.unlink()
     publish(tmp, path, overwrite=False)
     assert path.read_bytes() == b"new" and os.listdir(tmp_path) == ["trace.json.gz"]
+
+
+@pytest.mark.parametrize("command", [["kernels", "timeline", str(KERNELS / "h100_tiny_train_bf16.sqlite"), "-o"],
+                                     ["memory", "summarize", str(MEMORY / "h100_plain_phases.pickle"), "--plot"]])
+def test_an_output_that_is_a_symbolic_link_loop_is_refused_in_one_line(tmp_path, command):
+    loop = tmp_path / "loop.json"
+    os.symlink(loop, loop)
+    result = CliRunner().invoke(main, [*command, str(loop)])
+    assert result.exit_code == 2, result.output
+    reason = "a loop of symbolic links (it never reaches a file)"
+    assert result.stderr.strip() == f"Error: {loop}: {reason}; give another path"

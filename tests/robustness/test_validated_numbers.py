@@ -11,8 +11,11 @@ import shutil
 import sqlite3
 from pathlib import Path
 
+import pandas as pd
 import pytest
+from click.testing import CliRunner
 
+from profiler_kit.cli import main
 from profiler_kit.errors import ProfilerKitError
 from profiler_kit.kernels import load, summarize
 
@@ -166,3 +169,28 @@ def test_cpu_operators_without_usable_times_are_skipped_and_counted(tmp_path):
     assert len(trace.cpu_ops) == len(load(KERNELS / "cpu_example_mlp_torch.json.gz").cpu_ops) - 6
     assert (trace.cpu_ops["total_ns"] >= 0).all()
     assert any(note.startswith(f"skipped 6 of {len(ops):,} CPU operator events") for note in trace.notes)
+
+
+# (A, B): two single reports (one run each), and two reports of two steps each (medians over the steps).
+COMPARED = [("h100_tiny_train_bf16.sqlite", "h100_tiny_train_fp32.sqlite"),
+            ("h100_example_mlp.sqlite", "h100_ddp1_nsys.sqlite")]
+
+
+@pytest.mark.parametrize(("a", "b"), COMPARED)
+def test_compare_kernel_rows_add_up_to_the_total_delta_in_json_and_csv(tmp_path, a, b):
+    reports = [str(KERNELS / a), str(KERNELS / b)]
+    doc = json.loads(CliRunner().invoke(main, ["kernels", "compare", *reports, "--format", "json"]).stdout)
+    total = next(row for row in doc["categories"] if row["category"] == "total")
+    rows = doc["kernels"]
+    assert len(rows) > len(doc["top_kernels"]) >= 1
+    assert sum(r["a_ns"] for r in rows) == total["a_ns"] and sum(r["b_ns"] for r in rows) == total["b_ns"]
+    assert sum(r["delta_ns"] for r in rows) == total["delta_ns"]
+    csv_dir = tmp_path / "tables"
+    done = CliRunner().invoke(main, ["kernels", "compare", *reports, "--format", "csv", "--csv-dir", str(csv_dir)])
+    assert done.exit_code == 0, done.output
+    tables = {path.name: pd.read_csv(path) for path in csv_dir.glob("*.csv")}
+    kernels = next(t for t in tables.values() if "kernel" in t and t["kernel"].str.contains("other kernels").any())
+    categories = next(t for t in tables.values() if "category" in t and (t["category"] == "total").any())
+    moved = categories.loc[categories["category"] == "total", "delta_ms"].item()
+    assert kernels["delta_ms"].sum() == pytest.approx(moved, abs=1e-9)
+    assert len(kernels) < len(rows)  # the movers and one row for the rest
