@@ -93,8 +93,8 @@ def _os_reason(exc: OSError) -> str:
 
 
 def _over_limit(path: Path, what: str, limits: InputLimits, reader: str) -> ProfilerKitError:
-    return ProfilerKitError(f"{path}: {what} more than the {limits.max_mb:g} MiB an input may hold ({reader} "
-                            f"is read whole, not streamed); {RAISE_HINT}")
+    return ProfilerKitError(f"{path}: {what} more than the {limits.max_mb:g} MiB an input may hold: {reader} is "
+                            f"read whole, not streamed; {RAISE_HINT}")
 
 
 def read_bytes(path: str | os.PathLike, limits: InputLimits | None = None, reader: str = "this input") -> bytes:

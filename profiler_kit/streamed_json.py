@@ -27,6 +27,8 @@ from profiler_kit.files import check_input, read_head
 GZIP_MAGIC = b"\x1f\x8b"
 # The bytes kept from each end of the file: where the members around its big array are parsed from.
 EDGE_BYTES = 2**20
+# The bytes the parser reads at a time.
+READ_BYTES = 2**16
 # Nesting deeper than this is refused (as Python's json module does, near its recursion limit).
 MAX_DEPTH = 1_000
 # +1 for each byte that opens an array or object, -1 for each that closes one.
@@ -44,22 +46,23 @@ class NotStrict(ProfilerKitError):
 
 
 class _Edges:
-    """A binary file read through (`read` only), keeping its first and last EDGE_BYTES bytes, and refusing text
-    nested deeper than MAX_DEPTH: the streaming parser holds the path to every value, which a hostile nesting
-    makes gigabytes long. Depth counts every bracket, those in strings too (real traces nest a few levels)."""
+    """A binary file read through (`read` only), keeping its first EDGE_BYTES bytes and, from the last `mark`
+    on, what follows (while it is no more than EDGE_BYTES); refusing text nested deeper than MAX_DEPTH: the
+    streaming parser holds the path to every value, which a hostile nesting makes gigabytes long. Depth counts
+    every bracket, those in strings too (real traces nest a few levels)."""
 
     def __init__(self, raw: io.BufferedIOBase, path: Path) -> None:
         self.raw, self.path = raw, path
-        self.head, self.tail, self.kept, self.depth = bytearray(), collections.deque(), 0, 0
+        self.head, self.tail, self.kept, self.depth, self.whole = bytearray(), collections.deque(), 0, 0, True
 
     def read(self, size: int = -1) -> bytes:
         data = self.raw.read(size)
         if len(self.head) < EDGE_BYTES:
             self.head += data[: EDGE_BYTES - len(self.head)]
-        self.tail.append(data)
-        self.kept += len(data)
-        while self.kept - len(self.tail[0]) >= EDGE_BYTES:
-            self.kept -= len(self.tail.popleft())
+        if self.whole:
+            self.tail.append(data)
+            self.kept += len(data)
+            self.whole = self.kept <= EDGE_BYTES
         step = _OPENS[np.frombuffer(data, dtype=np.uint8)]
         if len(step):
             depth = self.depth + np.cumsum(step)
@@ -68,15 +71,22 @@ class _Edges:
             self.depth = int(depth[-1])
         return data
 
-    def last(self) -> bytes:
-        return b"".join(self.tail)[-EDGE_BYTES:]
+    def mark(self) -> None:
+        """Keep from the last block read on: the one that holds the end of the item just parsed."""
+        while len(self.tail) > 1:
+            self.kept -= len(self.tail.popleft())
+        self.whole = self.kept <= EDGE_BYTES
+
+    def after_mark(self) -> bytes | None:
+        """The bytes from the last mark (or the start) to the end; None when they were more than EDGE_BYTES."""
+        return b"".join(self.tail) if self.whole else None
 
 
 class StreamedObject:
     """A JSON object file (plain or gzip) whose array member `key` may be of any size, read in one pass: its
-    items one at a time (`items`), then its other members (`members`). Members before the array are parsed from
-    the first bytes read, those after it from the last; only where one of those ends is not enough (megabytes
-    of members) is the file parsed a second time for them. Numbers are floats, unless `exact`: then integers of
+    items one at a time (`items`), then its other members (`members`). Members before the array are parsed
+    from the first bytes read, those after it from the bytes after its last item; only where those are not
+    enough (megabytes of members) is the file parsed a second time for them. Numbers are floats, unless `exact`: then integers of
     any size and decimals (`Decimal`), about half as fast; a float reading of a number out of range raises
     `OutOfRange`, text that is not strict JSON `NotStrict`. Needs the `ijson` package (`streamable`)."""
 
@@ -117,7 +127,9 @@ class StreamedObject:
 
         with self._open() as raw, self._reading():
             self._edges = _Edges(raw, self.path)
-            yield from ijson.items(self._edges, f"{self.key}.item", use_float=not self.exact)
+            for item in ijson.items(self._edges, f"{self.key}.item", buf_size=READ_BYTES, use_float=not self.exact):
+                self._edges.mark()
+                yield item
 
     def members(self) -> dict[str, object]:
         """The object's members other than `key`, once `items` was read to its end; an error when the file is
@@ -157,15 +169,16 @@ class StreamedObject:
         return members, complete, found
 
     def _tail(self) -> dict[str, object] | None:
-        """The members after the array, from the last bytes read: the first `]` after which the rest parses as
-        the end of an object without `key`; None when the last bytes hold no such place."""
-        last = self._edges.last()
-        at = last.find(b"]")
+        """The members after the array, from the bytes read after its last item began (those from the block
+        that holds its end): the first `]` after which the rest parses as the end of an object without `key`;
+        None when those bytes were too many to keep, or hold no such place."""
+        last = self._edges.after_mark()
+        at = -1 if last is None else last.find(b"]")
         while at >= 0:
             rest = last[at + 1:].lstrip()
             if rest[:1] in (b",", b"}"):
                 try:
-                    members = json.loads(b"{" + rest[1:] if rest[:1] == b"," else rest)
+                    members = json.loads(b"{" + (rest[1:] if rest[:1] == b"," else rest))
                 except ValueError:
                     members = None
                 if isinstance(members, dict) and self.key not in members:

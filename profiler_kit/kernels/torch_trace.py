@@ -68,15 +68,15 @@ BLOCK_EVENTS = 65_536
 def load_torch_trace(path: Path, limits: InputLimits | None = None) -> KernelTrace:
     """The trace at `path`, streamed; read whole within `limits` without the `ijson` package, or when it is
     not strict JSON."""
-    whole = "without the ijson package, which streams it"
+    whole = "without the ijson package (which streams it), a torch.profiler trace"
     if streamable():
         try:
             events, meta = _streamed(path)
             whole = None
         except NotStrict:
-            whole = "that is not strict JSON (NaN, Infinity)"
+            whole = "a torch.profiler trace that is not strict JSON (NaN, Infinity)"
     if whole is not None:
-        events, meta = _read_whole(path, limits, f"a torch.profiler trace {whole}")
+        events, meta = _read_whole(path, limits, whole)
     try:
         trace = events.trace(path, meta)
     except (KeyError, TypeError, ValueError) as exc:
