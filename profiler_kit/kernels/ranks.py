@@ -20,7 +20,7 @@ from profiler_kit.kernels.idle import COMMUNICATION, communication, launches_in,
 from profiler_kit.kernels.sources import load
 from profiler_kit.kernels.summary import NS_PER_MS, KernelSummary, summarize_trace
 from profiler_kit.kernels.trace import NO_LAUNCH, KernelTrace
-from profiler_kit.render import records
+from profiler_kit.render import Title, records
 
 _RANK = re.compile(r"\.rank(\d+)\.")
 # The ProcessGroup operators one collective call goes through, once each, whatever the backend.
@@ -89,10 +89,13 @@ class RankedSummary:
         for column in ("comm", "overlapped", "exposed"):
             comm[f"{column}_ms"] = comm.pop(f"{column}_ns") / NS_PER_MS
         return [
-            (f"Per rank ({len(self.ranks)} ranks; {first.timed})", self.rank_table()),
-            ("All ranks merged: time by category", merged[merged["total_ms"] > 0]),
-            ("Communication per phase, all ranks: overlapped by compute elsewhere, and exposed", comm),
-            ("Stragglers: each phase's wall time across ranks", self.stragglers()),
+            (Title(f"Per rank ({len(self.ranks)} ranks; {first.timed})", "ranks", ("total_ms", "exposed_comm_ms")),
+             self.rank_table()),
+            (Title("All ranks merged: time by category", "categories"), merged[merged["total_ms"] > 0]),
+            (Title("Communication per phase, all ranks: overlapped by compute elsewhere, and exposed",
+                   "communication", ("exposed_ms", "overlap_pct")), comm),
+            (Title("Stragglers: each phase's wall time across ranks", "stragglers", ("spread_pct", "slowest_rank")),
+             self.stragglers()),
         ]
 
     def to_json(self) -> dict[str, Any]:

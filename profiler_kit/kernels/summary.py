@@ -38,17 +38,21 @@ from profiler_kit.kernels.phases import PhaseChoice, choose_phases, left_out
 from profiler_kit.kernels.sources import load
 from profiler_kit.kernels.steps import WARMUP, WARMUP_FACTOR, find_steps, step_table
 from profiler_kit.kernels.trace import KernelTrace
+from profiler_kit.names import KERNELS_TOP
+from profiler_kit.render import Title, format_count, shorten_middle
 
 # What the times are: GPU kernel durations, or (a trace without kernels) CPU operator self times.
 GPU_KERNELS, CPU_OPS = "gpu_kernels", "cpu_ops"
-DEFAULT_TOP = 10
+DEFAULT_TOP = KERNELS_TOP
 NS_PER_MS = 1_000_000
 NS_PER_US = 1_000
 OUTSIDE_PHASES = "(outside phases)"
-# Kernel names are C++ signatures hundreds of characters long; the people-facing table shows their start.
+# Kernel names are C++ signatures hundreds of characters long; a note names one in at most this many characters.
 DISPLAY_NAME_CHARS = 96
 # Spelled out in every ATen kernel name, telling nothing apart: namespaces and nsys's `(int)4` casts.
 _NAME_NOISE = re.compile(r"at::native::|<unnamed>::|\(anonymous namespace\)::|\((?:int|unsigned long|bool)\)")
+# The parameter list a template kernel's name ends with: `(T1, T2, T3...)`, `(int, T3)`, the same for most kernels.
+_PARAMETERS = re.compile(r"(?<=>)\([^()]*\)$")
 # How many range names an error message lists before it stops.
 LISTED_RANGES = 20
 
@@ -208,9 +212,14 @@ class KernelSummary:
         return _split_table(self.sub_ranges, "sub_range", self.total_ns, order, self.counted)
 
     def tables(self, display: bool = False) -> list[tuple[str, pd.DataFrame]]:
+        """The titled tables; each title is a `Title` with the table's name, the same for GPU and CPU traces and
+        whatever `top` (`categories`, `top_kernels`, `phases`, `steps`, `idle`, `sub_ranges`, `memory_ops`;
+        `nvtx_ranges` for a report without kernels), and the key columns a narrow table keeps."""
         where = f" inside `{self.nvtx}`" if self.nvtx else ""
+        shares = ("total_ms", "share_pct")
         by_category = (
-            f"{self.timed[0].upper()}{self.timed[1:]} by category{where} ({self.source}: {self.path.name})",
+            Title(f"{self.timed[0].upper()}{self.timed[1:]} by category{where} ({self.source}: {self.path.name})",
+                  "categories", shares),
             self.category_table(),
         )
         if self.kernel_count == 0:
@@ -218,22 +227,27 @@ class KernelSummary:
             if self.ranges is None:
                 return [by_category]
             ranges = self.ranges.assign(total_ms=self.ranges["total_ns"] / NS_PER_MS).drop(columns="total_ns")
-            return [("NVTX ranges (no kernels in this report)", ranges)]
+            return [(Title("NVTX ranges (no kernels in this report)", "nvtx_ranges", ("total_ms",)), ranges)]
         items = "kernels" if self.basis == GPU_KERNELS else "CPU operators"
-        tables = [by_category, (f"Top {self.top} {items}{where}", self.top_table(display))]
+        tables = [by_category, (Title(f"Top {self.top} {items}{where}", "top_kernels", ("category", *shares)),
+                                self.top_table(display))]
         if self.phase_names:
-            tables.append((f"Per phase{where}: share of each phase's {self.timed}", self.phase_table()))
+            tables.append((Title(f"Per phase{where}: share of each phase's {self.timed}", "phases", shares),
+                           self.phase_table()))
         if self.steps is not None:
-            tables.append((f"Per step{where}: warm-up against the steady state", self.steps))
+            tables.append((Title(f"Per step{where}: warm-up against the steady state", "steps",
+                                 ("state", "wall_ms", "kernel_ms", "operator_ms", "idle_pct")), self.steps))
         if self.idle is not None:
-            tables.append((f"Where the GPU idles, per phase{where} (launch-bound: idle above half the GPU span)",
-                           self.idle_table()))
+            tables.append((Title(f"Where the GPU idles, per phase{where} (launch-bound: idle above half the GPU "
+                                 "span)", "idle", ("idle_pct", "verdict", "mfu_pct")), self.idle_table()))
         if self.sub_ranges is not None:
-            tables.append((f"`{self.nvtx}` split by its sub-ranges: {self.timed}", self.sub_range_table()))
+            tables.append((Title(f"`{self.nvtx}` split by its sub-ranges: {self.timed}", "sub_ranges", shares),
+                           self.sub_range_table()))
         if self.memory_ops is not None and len(self.memory_ops):
             memory = self.memory_ops.assign(total_ms=self.memory_ops["total_ns"] / NS_PER_MS)
             scope = "whole report, " if self.nvtx else ""
-            tables.append((f"Memory operations ({scope}not in kernel time)", memory.drop(columns="total_ns")))
+            tables.append((Title(f"Memory operations ({scope}not in kernel time)", "memory_ops", ("total_ms",)),
+                           memory.drop(columns="total_ns")))
         return tables
 
     def caption(self) -> str:
@@ -245,16 +259,18 @@ class KernelSummary:
         else:
             lines_mfu = []
         lines = [
-            f"{self.kernel_count} {'kernels' if self.basis == GPU_KERNELS else 'CPU operator calls'}, "
+            f"{format_count(self.kernel_count)} {'kernels' if self.basis == GPU_KERNELS else 'CPU operator calls'}, "
             f"{self.total_ns / NS_PER_MS:.3f} ms of {self.timed}; memory operations: {memory}"
         ]
         return "\n".join(lines + lines_mfu + [f"note: {n}" for n in self.notes])
 
 
-def display_name(name: str) -> str:
-    """A kernel name shortened for a table: no return type, ATen namespaces or integer casts, then cut."""
-    short = _NAME_NOISE.sub("", name.removeprefix("void "))
-    return short if len(short) <= DISPLAY_NAME_CHARS else short[: DISPLAY_NAME_CHARS - 1] + "…"
+def display_name(name: str, width: int | None = None) -> str:
+    """A kernel name for people: no return type, ATen namespaces, integer casts or a template kernel's parameter
+    list; cut once (`render.shorten_middle`) to `width` characters when given (in a note; a table cuts its names
+    once, to what its width leaves)."""
+    short = _PARAMETERS.sub("", _NAME_NOISE.sub("", name.removeprefix("void ")))
+    return short if width is None else shorten_middle(short, width)
 
 
 def summarize(
@@ -345,8 +361,8 @@ def _gap_note(phase: str, gap: dict[str, Any]) -> str:
     return (
         f"{phase}: one idle gap of {gap['gap_ns'] / NS_PER_MS:.1f} ms holds {gap['share_of_idle_pct']:.0f}% of "
         f"its idle time (range {gap['range']} of {gap['ranges']}, {gap['offset_ns'] / NS_PER_MS:.1f} ms into "
-        f"its GPU span, before {display_name(gap['next_kernel'])}): start-up, compilation or autotuning, not "
-        f"launch overhead; without it the GPU idles {gap['rest_idle_pct']:.0f}% of the span"
+        f"its GPU span, before {display_name(gap['next_kernel'], DISPLAY_NAME_CHARS)}): start-up, compilation or "
+        f"autotuning, not launch overhead; without it the GPU idles {gap['rest_idle_pct']:.0f}% of the span"
     )
 
 

@@ -36,6 +36,7 @@ from pathlib import Path
 from profiler_kit.environment import note
 from profiler_kit.errors import ProfilerKitError, UsageProblem
 from profiler_kit.files import publish, reserve_output
+from profiler_kit.names import RECORDING_BACKENDS
 from profiler_kit.recording.child import (
     MAX_ENTRIES,
     RANKS_ONLY,
@@ -51,7 +52,7 @@ from profiler_kit.recording.child import (
 from profiler_kit.recording.nsys import NsysError, NsysInstall, export_sqlite, find_nsys, kill_group, output_tail
 from profiler_kit.render import say
 
-BACKENDS = ("nsys", "torch")
+BACKENDS = RECORDING_BACKENDS
 MEMORY = "memory"
 NO_CUDA_HISTORY = "CUDA memory history needs a CUDA device"
 INJECT_DIR = Path(__file__).resolve().parent / "_inject"
