@@ -37,6 +37,9 @@ class CommandGroup(ProgramGroup):
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         if "--" in args:
             at = args.index("--")
+            if at == len(args) - 1 and not ctx.resilient_parsing:
+                raise click.UsageError(f"nothing after `--`: give the program to run, as in "
+                                       f"`{ctx.command_path} -- python train.py`", ctx)
             ctx.meta[COMMAND_KEY] = args[at + 1:]
             args = args[:at]
         return super().parse_args(ctx, args)
