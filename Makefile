@@ -38,7 +38,7 @@ test: $(ENV)
 	@$(PY) -c "from profiler_kit.recording.nsys import find_nsys; find_nsys()" 2>/dev/null \
 		|| bash tools/install_nsys_debian.sh $(VENV)/nsys-debian >/dev/null \
 		|| echo "no nsys found and none installed into $(VENV)/nsys-debian: the tests that run nsys will skip"
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -rs
 
 # Tests marked gpu, on a CUDA machine: the fast ones (a few minutes on one H100), then the ones marked gpu_slow
 # (autotuning, torch.compile, large models, nsys recording). ARGS narrows them, e.g. ARGS=tests/attention.

@@ -22,6 +22,7 @@ import collections
 import glob
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -153,9 +154,14 @@ def exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
+# What kineto prints when the recorder starts and stops torch.profiler (in every process, every rank): not the
+# program's, so not relayed.
+KINETO_NOISE = re.compile(r"^USDT:\S+ \S+ \S+ \S+\] profiler_(?:start|stop)\s*$")
+
+
 class _Output:
     """The program's output, copied line by line to our stderr; `profiler-kit window:` lines are kept, not
-    shown, and `error: ` lines are also kept."""
+    shown, `error: ` lines are also kept, kineto's start and stop lines (KINETO_NOISE) dropped."""
 
     def __init__(self) -> None:
         self.windows: list[dict] = []
@@ -170,6 +176,8 @@ class _Output:
                     self.windows.append(json.loads(line[len(WINDOW_PREFIX):]))
                 except ValueError:
                     pass
+                continue
+            if KINETO_NOISE.match(line):
                 continue
             if line.startswith(ERROR_PREFIX):
                 self.errors.append(line[len(ERROR_PREFIX):].strip())
