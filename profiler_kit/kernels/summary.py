@@ -7,7 +7,8 @@
      "categories": {category: ns}, "memory_ops_ns", "phases": {phase: {"total_ns", "categories"}},
      "phase_rule", "steps": [{"step", "state", "wall_ms", "kernel_ms", "idle_pct", "<phase>_ms"}],
      "idle": {phase: {"ranges", "wall_ns", "gpu_span_ns", "busy_ns", "idle_ns", "idle_pct", "largest_gaps_ns",
-     "verdict", "dominant_gap"}}, "top_kernels": [{"name", "category", "instances", "total_ns"}]}
+     "verdict", "dominant_gap"}}, "top_kernels": [{"name", "category", "instances", "total_ns"}],
+     "profiler_overhead": {"total_ns", "share_pct", "cpu_ops_ns", "operators": {name: ns}} | null}
 
 All times are integer nanoseconds (the per-step table's are milliseconds, as its names say), `categories`
 lists every category and sums exactly to `total_ns` (kernel time only; memory operations are apart), and
@@ -15,7 +16,9 @@ lists every category and sums exactly to `total_ns` (kernel time only; memory op
 the phases; `steps` is empty without a repeating outer range (`kernels.steps`).
 `time_basis` is `gpu_kernels`, or `cpu_ops` for a trace without kernels (a CPU run), whose tables then hold
 CPU operator self time. `idle` (GPU span, busy and idle time of each phase's kernels) is empty without kernel
-timestamps; `mfu` is null unless FLOPs per step were given. With
+timestamps; `mfu` is null unless FLOPs per step were given. `profiler_overhead` is the CPU operator self time
+of the profiler's own module hooks (`kernels.cpu_ops.profiler_overhead`), left out of every table, against all of
+the trace's CPU operator self time; null for a source without CPU operators. With
 `nvtx=RANGE`, everything covers only the kernels launched inside that range, and the object gains an `nvtx`
 entry with the split by the range's direct sub-ranges.
 """
@@ -33,6 +36,7 @@ import pandas as pd
 from profiler_kit.errors import ProfilerKitError
 from profiler_kit.kernels.attribution import RangeIndex, launched, membership
 from profiler_kit.kernels.categories import CATEGORIES, categorize, optimizer_work
+from profiler_kit.kernels.cpu_ops import profiler_overhead
 from profiler_kit.kernels.idle import phase_idle
 from profiler_kit.kernels.phases import PhaseChoice, choose_phases, left_out
 from profiler_kit.kernels.sources import load
@@ -58,6 +62,33 @@ LISTED_RANGES = 20
 
 
 @dataclass
+class Overhead:
+    """The profiler's own CPU operator calls (`kernels.cpu_ops.profiler_overhead`): by name (name, instances,
+    total_ns of self time), and all CPU operator self time of the trace, theirs included."""
+
+    operators: pd.DataFrame
+    cpu_ops_ns: int
+
+    @property
+    def total_ns(self) -> int:
+        return int(self.operators["total_ns"].sum())
+
+    @property
+    def share_pct(self) -> float:
+        return self.total_ns * 100.0 / self.cpu_ops_ns if self.cpu_ops_ns else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"total_ns": self.total_ns, "share_pct": self.share_pct, "cpu_ops_ns": self.cpu_ops_ns,
+                "operators": {str(r.name): int(r.total_ns) for r in self.operators.itertuples(index=False)}}
+
+    def line(self) -> str:
+        calls = format_count(int(self.operators["instances"].sum()))
+        return (f"profiler overhead, left out of the tables: {self.total_ns / NS_PER_MS:.3f} ms of CPU operator self "
+                f"time ({self.share_pct:.1f}% of {self.cpu_ops_ns / NS_PER_MS:.3f} ms), {calls} operator calls in the "
+                "module hooks profiler_kit.instrument placed (BackwardHookFunction and what it calls)")
+
+
+@dataclass
 class KernelSummary:
     """The summary of one source; DataFrames hold integer nanoseconds, `tables()` converts for display."""
 
@@ -79,6 +110,7 @@ class KernelSummary:
     index: RangeIndex | None = None  # the report's NVTX ranges, nested
     phase_rule: str = "none"  # which rule chose the phases (kernels.phases.choose_phases)
     steps: pd.DataFrame | None = None  # one row per step (kernels.steps.step_table); None without steps
+    overhead: Overhead | None = None  # the profiler's own CPU operators, left out (None without CPU operators)
 
     def add_flops(self, per_phase: dict[str, float] | None = None, per_step: float | None = None,
                   peak_tflops: float | None = None) -> None:
@@ -145,6 +177,7 @@ class KernelSummary:
             "phase_rule": self.phase_rule,
             "steps": [] if self.steps is None else self.steps.to_dict("records"),
             "mfu": self.step_mfu,
+            "profiler_overhead": self.overhead.to_json() if self.overhead is not None else None,
             "idle": {} if self.idle is None else {
                 r["phase"]: {k: v for k, v in r.items() if k != "phase"} for r in self.idle.to_dict("records")
             },
@@ -262,6 +295,8 @@ class KernelSummary:
             f"{format_count(self.kernel_count)} {'kernels' if self.basis == GPU_KERNELS else 'CPU operator calls'}, "
             f"{self.total_ns / NS_PER_MS:.3f} ms of {self.timed}; memory operations: {memory}"
         ]
+        if self.overhead is not None and self.overhead.total_ns:
+            lines.append(self.overhead.line())
         return "\n".join(lines + lines_mfu + [f"note: {n}" for n in self.notes])
 
 
@@ -293,9 +328,15 @@ def summarize_trace(
         raise ProfilerKitError(f"--top must be at least 1, got {top}")
     notes = list(trace.notes)
     timed, kind, basis = trace.kernels, "kernel", GPU_KERNELS
-    if not len(trace.kernels) and trace.cpu_ops is not None and len(trace.cpu_ops):
-        timed, kind, basis = trace.cpu_ops, "cpu_op", CPU_OPS
-        notes.append("no GPU kernels in this trace: the tables show CPU operator self time instead")
+    overhead = None
+    if trace.cpu_ops is not None:
+        own = profiler_overhead(trace.cpu_ops, trace.ranges)
+        theirs = by_name(trace.cpu_ops[own].assign(category="other"))
+        overhead = Overhead(theirs, int(trace.cpu_ops["total_ns"].sum()))
+        cpu_ops = trace.cpu_ops[~own]
+        if not len(trace.kernels) and len(cpu_ops):
+            timed, kind, basis = cpu_ops, "cpu_op", CPU_OPS
+            notes.append("no GPU kernels in this trace: the tables show CPU operator self time instead")
     kernels = timed.assign(category=categorize(timed["name"], kind))
     has_ranges = trace.ranges is not None and len(trace.ranges) > 0
     index = RangeIndex(trace.ranges) if has_ranges and "launch_ns" in kernels.columns else None
@@ -312,7 +353,7 @@ def summarize_trace(
         source=trace.source, path=trace.path, kernels=by_name(kernels), phases=None, phase_names=choice.names,
         memory_ops=trace.memory_ops, ranges=_range_list(trace.ranges) if trace.ranges is not None else None,
         top=top, nvtx=nvtx, sub_ranges=sub_ranges, notes=notes, basis=basis, attributed=kernels, index=index,
-        phase_rule=choice.rule,
+        phase_rule=choice.rule, overhead=overhead,
     )
     if index is not None:
         _add_phases(summary, asked=phases is not None)

@@ -26,7 +26,7 @@ BF16 = FIXTURES / "h100_tiny_train_bf16.sqlite"
 FP32 = FIXTURES / "h100_tiny_train_fp32.sqlite"
 CPU_REPORT = FIXTURES / "cpu_tiny_train_nsys2022.nsys-rep"
 CONTRACT = {"schema_version", "environment", "source", "time_basis", "kernel_count", "total_ns", "categories",
-            "memory_ops_ns", "phases", "phase_rule", "steps", "mfu", "idle", "top_kernels", "runs"}
+            "memory_ops_ns", "phases", "phase_rule", "steps", "mfu", "idle", "top_kernels", "runs", "profiler_overhead"}
 
 
 def run(*args: str):
