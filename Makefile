@@ -33,11 +33,15 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# Tests that run nsys use the one profiler-kit finds, else Debian's 2022.4, installed into $(VENV)/nsys-debian.
+# Tests that run nsys use the one profiler-kit finds, else Debian's 2022.4, installed into $(VENV)/nsys-debian;
+# the tests that open the HTML reports in a browser use Debian's chromium, installed with apt-get when missing.
 test: $(ENV)
 	@$(PY) -c "from profiler_kit.recording.nsys import find_nsys; find_nsys()" 2>/dev/null \
 		|| bash tools/install_nsys_debian.sh $(VENV)/nsys-debian >/dev/null \
 		|| echo "no nsys found and none installed into $(VENV)/nsys-debian: the tests that run nsys will skip"
+	@command -v chromium >/dev/null \
+		|| { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } >/dev/null 2>&1 \
+		|| echo "no chromium found and apt-get could not install it: the tests that open the HTML reports in a browser will skip"
 	$(PY) -m pytest -q -rs
 
 # Tests marked gpu, on a CUDA machine: the fast ones (a few minutes on one H100), then the ones marked gpu_slow
