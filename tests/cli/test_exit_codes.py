@@ -209,3 +209,27 @@ def test_a_program_under_nsys_gives_its_own_exit_status(status, tmp_path):
                           capture_output=True, text=True, cwd=REPO, timeout=300)
     assert proc.returncode == status, proc.stderr
     assert '"time_basis": "cpu_ops"' in proc.stdout
+
+
+@pytest.mark.gpu
+def test_memory_of_a_program_gives_its_status_and_keeps_its_snapshot(tmp_path):
+    """On a GPU: `memory -- COMMAND` exits with the program's status; the same -o again, with or without the
+    `.pickle` the recorder adds, is refused before the program runs (2); --force replaces it."""
+    program = tmp_path / "program.py"
+    marker = tmp_path / "ran"
+    program.write_text(f"import pathlib, sys, torch\npathlib.Path({str(marker)!r}).touch()\n"
+                       "x = torch.ones(1 << 20, device='cuda')\nsys.exit(7)\n")
+
+    def memory(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "profiler_kit", "memory", *args, "--format", "json", "--",
+                               sys.executable, str(program)], capture_output=True, text=True, cwd=REPO,
+                              timeout=300)
+
+    first = memory("-o", str(tmp_path / "m.pickle"))
+    assert first.returncode == 7, first.stderr
+    assert sorted(p.name for p in tmp_path.glob("m*")) == ["m.pickle"]
+    marker.unlink()
+    for output in ("m", "m.pickle"):
+        again = memory("-o", str(tmp_path / output))
+        assert again.returncode == 2 and "already exists" in again.stderr and not marker.exists(), again.stderr
+    assert memory("-o", str(tmp_path / "m"), "--force").returncode == 7

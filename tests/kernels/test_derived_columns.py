@@ -82,6 +82,11 @@ def test_top_kernels_average_and_share(summary):
     assert table.loc[ADD, "share_pct"] == pytest.approx(100 * 20_000 / 88_000)
 
 
+def test_a_kernel_shown_among_the_top_n_shares_all_the_time():
+    top = summarize_trace(make_trace(KERNELS), top=1).top_table()
+    assert list(top["name"]) == [GEMM] and top.loc[0, "share_pct"] == pytest.approx(100 * 60_000 / 88_000)
+
+
 def test_phases_share_the_total_and_split_by_category(summary):
     table = by(summary.phase_table(), "phase")
     assert list(table.index) == ["forward", "backward", "optimizer_step"]
