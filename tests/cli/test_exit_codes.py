@@ -26,8 +26,8 @@ NO_CUDA = pytest.mark.skipif(HAS_CUDA, reason="what a machine without CUDA answe
 TINY = ("--model", "tiny", "--ctx", "8", "--batch-size", "1", "--device", "cpu")
 
 # Placeholders a row's arguments may hold: files the test makes in its own folder.
-# A file that exists (as an output: one not to replace without -f); so do {tmp}/rec.json.gz and the built-in
-# workload's recording {tmp}/tiny_ctx8_forward.json.gz.
+# A file that exists (as an output: one not to replace without -f); so do {tmp}/rec.json.gz, the built-in
+# workload's recording {tmp}/tiny_ctx8_forward.json.gz and {tmp}/people.csv, a CSV that holds no results.
 EXISTING = "{existing}"
 GARBAGE = "{garbage}"  # a file that is no report of any kind
 MISSING = "{missing}"  # a path where nothing is
@@ -46,6 +46,10 @@ USAGE = [
     (["benchmark", *TINY, "--ctx", "inf"], 2),
     (["benchmark", *TINY, "--baseline", EXISTING], 2),
     (["benchmark", *TINY, "--resume"], 2),
+    (["benchmark", *TINY, "--output", "{tmp}/results.txt"], 2),
+    (["benchmark", *TINY, "--output", "{tmp}/people.csv"], 2),
+    (["attention", "bench", "--impl", "naive", "--seq", "16", "--d", "16", "--device", "cpu", "--output",
+      "{tmp}/results.json"], 2),
     (["kernels", "summarize"], 2),
     (["kernels", "summarize", BF16, "--top", "0"], 2),
     (["kernels", "summarize", BF16, "--table", "phases"], 2),
@@ -86,7 +90,7 @@ USAGE = [
 
 FAILED = [
     pytest.param(["attention", "leaderboard"], 1, marks=NO_CUDA),
-    (["benchmark", *TINY, "--output", GARBAGE], 1),
+    pytest.param(["precision", "--device", "cuda"], 1, marks=NO_CUDA),
     (["kernels", "summarize", MISSING], 1),
     (["kernels", "summarize", GARBAGE], 1),
     (["kernels", "compare", BF16, MISSING], 1),
@@ -145,6 +149,7 @@ def args_in(tmp_path: Path):
     files[PROGRAM].write_text("print('done')\n")
     for recording in ("rec.json.gz", "tiny_ctx8_forward.json.gz"):
         (tmp_path / recording).write_text("an earlier recording")
+    (tmp_path / "people.csv").write_text("name,email\nada,ada@example.org\n")
 
     def fill(args: list) -> list[str]:
         out = []

@@ -127,6 +127,18 @@ def test_where_the_gpu_idles_per_phase(summary):
     assert optimizer["verdict"] == "launch-bound"
 
 
+def test_kernels_that_overlap_on_two_streams_are_busy_once():
+    """A kernel on stream 9 at 55_000-65_000 overlaps the backward's matmul (50_000-60_000): the backward's GPU
+    is busy 50_000-65_000 and 70_000-75_000 of its 25 µs span."""
+    overlapped = summarize_trace(make_trace([*KERNELS, (ADD, 43_000, 55_000, 10_000, 9)]))
+    backward = by(overlapped.idle_table(), "phase").loc["backward"]
+    assert backward["busy_ms"] == pytest.approx(2 * 20_000 * MS)
+    assert backward["idle_pct"] == pytest.approx(100 * 5_000 / 25_000)
+    steps = overlapped.steps
+    assert steps["kernel_ms"].tolist() == pytest.approx([54_000 * MS] * 2)  # kernel time counts both
+    assert steps["idle_pct"].tolist() == pytest.approx([100 * (87_000 - 49_000) / 87_000] * 2)
+
+
 def test_flop_rate_and_mfu_over_the_gpu_span(summary):
     summary.add_flops(per_phase={"forward": 1e9}, per_step=3e9, peak_tflops=100.0)
     idle = by(summary.idle_table(), "phase")
