@@ -12,6 +12,8 @@ from profiler_kit.errors import ProfilerKitError
 
 MODES = ("forward", "forward-backward", "train")
 PHASES = ("forward", "backward", "optimizer_step")
+# The name of a step range: what the recorder's automatic marks and `profiler_kit.capture` open around each step.
+STEP = "step"
 # torch's AdamW implementations: one fused kernel chain, multi-tensor (foreach) kernels, or a loop over the
 # parameters; then AdamW on fp32 master weights of a model held in bf16 (`master_weights`).
 OPTIMIZER_KWARGS = {"adamw-fused": {"fused": True}, "adamw-foreach": {"foreach": True}, "adamw": {"foreach": False}}

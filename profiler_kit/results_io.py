@@ -123,8 +123,8 @@ class RowWriter:
 
     Checked when made, before any work: the file can be written, and an existing one is a result file with
     these columns, a .csv/.md header holding every one of `key_columns` (a foreign file is refused, not appended
-    to: UsageProblem, as an unsupported extension). Each row is appended under an exclusive lock, which also decides whether the header is due, so
-    concurrent sweeps never interleave headers or half rows.
+    to: UsageProblem, as an unsupported extension). Each row is appended under an exclusive lock, which also
+    decides whether the header is due, so concurrent sweeps never interleave headers or half rows.
     A row that cannot be written (a full disk) is kept in `unwritten`, and the file cut back to its last whole
     row; `check_all_written` then hands those rows to the caller and fails.
     """

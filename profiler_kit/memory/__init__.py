@@ -1,8 +1,8 @@
 """Memory profiling: record CUDA memory history around the workload (`recorder`), load any snapshot safely
-(`snapshot`), rebuild its timeline (`analyze`), place its phases (`phases`), say what each allocation holds
-(`roles`), explain its peak (`tables`, `report`), and render it as a PNG (`plot`), a self-contained HTML page
-(`html`) or beside another snapshot (`compare`). `record` and `RecordResult` load torch on first use, so that
-reading snapshots does not."""
+(`snapshot`), rebuild its timeline (`analyze`), place its phases and steps (`phases`, `inferred`), say what each
+allocation holds (`roles`), explain its peak (`tables`, `report`), merge several ranks' snapshots (`ranks`), and
+render it as a PNG (`plot`), a self-contained HTML page (`html`) or beside another snapshot (`compare`). `record`
+and `RecordResult` load torch on first use, so that reading snapshots does not."""
 
 from typing import Any
 

@@ -29,8 +29,9 @@ DPI = 110
 # More points than the figure has pixels across adds nothing but file size.
 MAX_POINTS = 2000
 ROLE_COLORS = {
-    "parameter": "#4c72b0", "gradient": "#dd8452", "optimizer state": "#55a868", "activation": "#c44e52",
-    "autocast weight copy": "#8172b3", "temporary": "#937860", "unknown": "#b0b0b0",
+    "parameter": "#4c72b0", "unsharded parameter": "#8fb3de", "gradient": "#dd8452", "gradient bucket": "#f2b88f",
+    "optimizer state": "#55a868", "activation": "#c44e52", "autocast weight copy": "#8172b3", "temporary": "#937860",
+    "unknown": "#b0b0b0",
 }
 BAND_ALPHA = 0.08
 # Rows of phase labels along the top of the plot, and the room above the highest curve that holds them.

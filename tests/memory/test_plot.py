@@ -14,7 +14,7 @@ import pytest
 from profiler_kit.memory import analyze_file
 from profiler_kit.memory.analyze import MIB
 from profiler_kit.memory.html import CHAR_PX, timeline_svg
-from profiler_kit.memory.phases import PhaseSpan
+from profiler_kit.memory.phases import Phases, PhaseSpan
 from profiler_kit.memory.plot import LABEL_GAP, LABEL_ROWS, label_box, place_labels, span_label, timeline_figure
 
 REPO = Path(__file__).resolve().parents[2]
@@ -67,7 +67,8 @@ def test_example_png_labels_apart_and_memory_in_mib():
     assert labels and {text for text, _ in labels} <= set(drawn)
     assert_apart(labels)
     # The forward and backward of both steps, the widest bands, are named.
-    assert {"forward #1", "backward #1", "forward #2", "backward #2"} <= {text for text, _ in labels}
+    assert {"step 1, forward", "step 1, backward", "step 2, forward", "step 2, backward"} <= {
+        text for text, _ in labels}
     ax = fig.axes[0]
     assert ax.get_ylabel() == "memory (MiB)"
     assert ax.get_ylim()[1] >= report.recon.peak_reserved_bytes / MIB
@@ -125,7 +126,7 @@ class SvgLabels(HTMLParser):
 def test_html_timeline_labels_never_overlap(steps):
     report = analyze_file(EXAMPLE if steps is None else RECORDER)
     if steps is not None:
-        report = dataclasses.replace(report, spans=many_phases(report, steps))
+        report = dataclasses.replace(report, placed=Phases(many_phases(report, steps), []))
     svg = timeline_svg(report)
     labels = SvgLabels(svg).labels
     assert labels and len({label["y"] for label in labels}) <= LABEL_ROWS

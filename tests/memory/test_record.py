@@ -187,7 +187,7 @@ def check_recording(path: Path) -> None:
         assert abs(measured - phase["allocated_bytes"]) <= ROUNDING_SLACK * phase["allocated_bytes"]
     # Forward and the optimizer run model code on the main thread; backward runs on the autograd engine's
     # thread, which has no Python frames. A misplaced boundary mixes the two.
-    by_phase = {span.label: _user_frame_share(report, span) for span in report.spans}
+    by_phase = {span.phase: _user_frame_share(report, span) for span in report.spans}
     assert by_phase["forward"] > 0.9
     if "backward" in by_phase:
         assert by_phase["backward"] < 0.5
