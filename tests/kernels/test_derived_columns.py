@@ -175,6 +175,19 @@ def test_compare_deltas_speedups_and_change(summary):
     assert gate.loc["total", "regressed"] and regressed.failed
 
 
+def test_a_side_of_several_runs_is_their_median_and_their_range_its_noise():
+    """Three runs of A whose forward matmul takes 20, 20 and 50 µs (matmul 30, 30 and 60 µs a run), one of B."""
+    runs = [summarize_trace(make_trace([(GEMM, 1_000, 10_000, gemm), *KERNELS[1:]], steps=1, name=f"a{i}"))
+            for i, gemm in enumerate((20_000, 20_000, 50_000))]
+    b = summarize_trace(make_trace(FASTER_GEMM, steps=1, name="b"))
+    comparison = compare(runs, [b], fail_above_pct=5.0, gates=("categories",))
+    assert comparison.a.run_count == 3
+    assert by(comparison.category_table(), "category").loc["matmul", "a_ms"] == pytest.approx(30_000 * MS)
+    gate = by(comparison.gate(), "check")
+    assert gate.loc["category matmul", "a_range_ns"] == 30_000 and gate.loc["category matmul", "delta_ns"] == -10_000
+    assert gate.loc["category matmul", "verdict"] == "within noise"  # 10 µs faster, inside A's 30 µs range
+
+
 WHATIF_PHASES = [("step", 0, 100_000), ("forward", 0, 50_000), ("backward", 50_000, 100_000)]
 # Every kernel starts 1 µs after its launch on an idle stream.
 WHATIF_KERNELS = [(GEMM, 1_000, 2_000, 20_000), (ADD, 30_000, 31_000, 4_000), (GEMM, 51_000, 52_000, 10_000)]
