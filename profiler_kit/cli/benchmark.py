@@ -28,6 +28,8 @@ STEADY_SPREAD_PCT = 10.0
 
 def _config_label(row: pd.Series) -> str:
     """One config in a few words: model, ctx, mode, then what differs from the defaults."""
+    import pandas as pd
+
     flags = [name for name, on in (("bf16", row["mixed_precision"]), ("compile", row["compile"]),
                                    ("graphs", row["cuda_graphs"]), (row["attention"], row["attention"] != "naive"),
                                    (row["optimizer"], row["optimizer"] != OPTIMIZERS[0]),

@@ -230,7 +230,7 @@ def test_ranks_spread_slowest_rank_and_communication_overlap():
     assert stragglers.loc["forward", "mean_wall_ms"] == pytest.approx(walls.mean() * MS)
     assert stragglers.loc["forward", "spread_pct"] == pytest.approx(100 * (walls.max() - walls.min()) / walls.mean())
     assert stragglers.loc["forward", "slowest_rank"] == 1
-    comm = by(ranked.communication[0], "phase")
+    comm = by(ranked.members[0].communication, "phase")
     assert comm.loc["backward", "comm_ns"] == 2 * 10_000
     assert comm.loc["backward", "overlapped_ns"] == 2 * 5_000
     assert comm.loc["backward", "exposed_ns"] == 2 * 5_000
