@@ -86,9 +86,10 @@ class StreamedObject:
     """A JSON object file (plain or gzip) whose array member `key` may be of any size, read in one pass: its
     items one at a time (`items`), then its other members (`members`). Members before the array are parsed
     from the first bytes read, those after it from the bytes after its last item; only where those are not
-    enough (megabytes of members) is the file parsed a second time for them. Numbers are floats, unless `exact`: then integers of
-    any size and decimals (`Decimal`), about half as fast; a float reading of a number out of range raises
-    `OutOfRange`, text that is not strict JSON `NotStrict`. Needs the `ijson` package (`streamable`)."""
+    enough (megabytes of members) is the file parsed a second time for them. Numbers are floats, unless
+    `exact`: then integers of any size and decimals (`Decimal`), about half as fast; a float reading of a number
+    out of range raises `OutOfRange`, text that is not strict JSON `NotStrict`. Needs the `ijson` package
+    (`streamable`)."""
 
     def __init__(self, path: str | os.PathLike, key: str, exact: bool = False) -> None:
         self.path, self.key, self.exact = Path(path), key, exact

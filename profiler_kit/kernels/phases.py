@@ -38,14 +38,6 @@ PYTORCH_RANGES = re.compile(
 MAX_FOUND_PHASES = 64
 # A range outside the phases holding more than this share of the time is named in a note.
 LEFT_OUT_PCT = 5.0
-RULE = (
-    "Phases: the --phase ranges when given; else the ranges opened with profiler_kit.phase; else forward, "
-    "backward, optimizer_step (the built-in workload) with the ranges beside them; else the program's own "
-    "ranges on each process's main thread: the outermost ones, or, when those all have one name (a `step`), "
-    "the ranges directly inside them. PyTorch's own ranges (Optimizer.step#…, Optimizer.zero_grad#…, "
-    "ProfilerStep#…, aten::…) are never phases while the program has ranges of its own; Optimizer.step#… "
-    "stands in for the optimizer phase when no phase holds it; `warmup` is never a phase."
-)
 
 
 @dataclass

@@ -28,6 +28,7 @@ import os
 import re
 import sys
 import threading
+import warnings
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
@@ -48,6 +49,8 @@ SNAPSHOT_SUFFIX = ".pickle"
 WINDOW_PREFIX = "profiler-kit window: "
 # What a recording holds.
 WHOLE_RUN, CAPTURE, PROGRAM_WINDOW = "whole run", "profiler_kit.capture", "torch.cuda.profiler"
+# The start of the warning torch.profiler gives at every start in torch 2.10-2.11 (a regular expression).
+PROFILER_CYCLE_WARNING = r"Warning: Profiler clears events at the end of each cycle"
 # A main script that calls these opens its own cudaProfilerApi window (torch.profiler.profile does not).
 _OPENS_WINDOW = re.compile(r"\bcuda\.profiler\.(start|profile)\s*\(|\bcudaProfilerStart\b")
 
@@ -144,7 +147,11 @@ class TorchRecorder:
         if torch.cuda.is_available():
             activities.append(torch.profiler.ProfilerActivity.CUDA)
         self.profiler = torch.profiler.profile(activities=activities)
-        self.profiler.start()
+        with warnings.catch_warnings():
+            # torch 2.10-2.11 warn at every start that events are cleared between cycles: the recorder's own
+            # start has no cycles, and the program's warnings are not touched.
+            warnings.filterwarnings("ignore", message=PROFILER_CYCLE_WARNING, category=UserWarning)
+            self.profiler.start()
 
     def begin_whole_run(self) -> None:
         self._begin()

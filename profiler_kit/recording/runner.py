@@ -22,6 +22,7 @@ import collections
 import glob
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -34,8 +35,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from profiler_kit.environment import note
-from profiler_kit.errors import ProfilerKitError, UsageProblem
+from profiler_kit.errors import ProfilerKitError
 from profiler_kit.files import publish, reserve_output
+from profiler_kit.names import RECORDING_BACKENDS
 from profiler_kit.recording.child import (
     MAX_ENTRIES,
     RANKS_ONLY,
@@ -51,7 +53,7 @@ from profiler_kit.recording.child import (
 from profiler_kit.recording.nsys import NsysError, NsysInstall, export_sqlite, find_nsys, kill_group, output_tail
 from profiler_kit.render import say
 
-BACKENDS = ("nsys", "torch")
+BACKENDS = RECORDING_BACKENDS
 MEMORY = "memory"
 NO_CUDA_HISTORY = "CUDA memory history needs a CUDA device"
 INJECT_DIR = Path(__file__).resolve().parent / "_inject"
@@ -63,6 +65,8 @@ NSYS_PROFILE_ARGS = ("--trace=cuda,nvtx", "--sample=none", "--cpuctxsw=none", "-
 CAPTURE_ARGS = ("--capture-range=cudaProfilerApi", "--capture-range-end=stop")
 LAUNCHERS = ("torchrun",)
 REPORT_SUFFIX = ".nsys-rep"
+# The extensions each backend's recording adds to the output path; an output given with one means the same.
+RECORDING_SUFFIXES = {"nsys": (REPORT_SUFFIX, ".sqlite"), "torch": (TRACE_SUFFIX,), MEMORY: (SNAPSHOT_SUFFIX,)}
 # How long what the program left running may hold its output open once it ended, before it is stopped.
 LEFTOVER_S = 5.0
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -150,9 +154,14 @@ def exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
+# What kineto prints when the recorder starts and stops torch.profiler (in every process, every rank): not the
+# program's, so not relayed.
+KINETO_NOISE = re.compile(r"^USDT:\S+ \S+ \S+ \S+\] profiler_(?:start|stop)\s*$")
+
+
 class _Output:
     """The program's output, copied line by line to our stderr; `profiler-kit window:` lines are kept, not
-    shown, and `error: ` lines are also kept."""
+    shown, `error: ` lines are also kept, kineto's start and stop lines (KINETO_NOISE) dropped."""
 
     def __init__(self) -> None:
         self.windows: list[dict] = []
@@ -167,6 +176,8 @@ class _Output:
                     self.windows.append(json.loads(line[len(WINDOW_PREFIX):]))
                 except ValueError:
                     pass
+                continue
+            if KINETO_NOISE.match(line):
                 continue
             if line.startswith(ERROR_PREFIX):
                 self.errors.append(line[len(ERROR_PREFIX):].strip())
@@ -225,19 +236,19 @@ def run_program(command: list[str], backend: str, output: Path | None = None,
     """Run `command` under `backend` (nsys, torch or memory), writing `<output>.nsys-rep` and `.sqlite`, or
     `<output>.json.gz`, or `<output>.pickle` (`<output>.rank<R>.json.gz`/`.pickle` per torchrun worker).
     `capture` False records the whole run under nsys even when the program opens a window; `force` replaces
-    existing outputs; `max_entries` is the memory history's ring size. The memory backend needs CUDA: without
-    it nothing starts (UsageProblem)."""
+    existing outputs; `max_entries` is the memory history's ring size. `output` may end with the extension the
+    backend adds (`out.json.gz` is `out`). The memory backend needs CUDA: without it nothing starts."""
     if backend not in (*BACKENDS, MEMORY):
         raise ProfilerKitError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
     if backend == MEMORY:
         import torch
 
         if not torch.cuda.is_available():
-            raise UsageProblem(NO_CUDA_HISTORY)
+            raise ProfilerKitError(NO_CUDA_HISTORY)
         if max_entries is None or max_entries < 1:
             raise ProfilerKitError(f"max_entries must be at least 1, got {max_entries}")
     cmd = resolve_command(command)
-    output = Path(output) if output is not None else default_output(command)
+    output = recording_stem(Path(output), backend) if output is not None else default_output(command)
     if backend == "torch":
         return _run_in_process(cmd, output, force, "torch", TRACE_SUFFIX, {})
     if backend == MEMORY:
@@ -246,6 +257,14 @@ def run_program(command: list[str], backend: str, output: Path | None = None,
     nsys = find_nsys(nsys_path)
     note("nsys", nsys.version_str)
     return _run_nsys(cmd, output, nsys, nsys_args, capture, force)
+
+
+def recording_stem(output: Path, backend: str) -> Path:
+    """`output` less the extension `backend`'s recording adds, when it ends with one (`-o out/p1.json.gz`)."""
+    for suffix in RECORDING_SUFFIXES[backend]:
+        if output.name.endswith(suffix) and len(output.name) > len(suffix):
+            return output.with_name(output.name.removesuffix(suffix))
+    return output
 
 
 def _partial(output: Path) -> Path:
