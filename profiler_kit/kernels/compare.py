@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from profiler_kit.errors import ProfilerKitError
-from profiler_kit.kernels.attribution import launches_in, membership_blocks
+from profiler_kit.kernels.attribution import launches_by_group, membership_blocks
 from profiler_kit.kernels.categories import CATEGORIES
 from profiler_kit.kernels.names import match, normalized, top_movers
 from profiler_kit.kernels.noise import REGRESSED, run_frame, runs_from_json, runs_to_json, verdicts
@@ -54,9 +54,9 @@ def report_runs(summary: KernelSummary) -> tuple[list[dict[str, int]], str]:
         kernels = summary.kernels
     steps = find_steps(index, summary.phase_names) if index is not None else np.empty(0, dtype=np.int64)
     if len(steps):
-        rows, owners = launches_in(kernels, index, steps)
-        run_of = np.full(len(kernels), -1)
-        run_of[rows] = pd.Index(steps).get_indexer(owners)
+        run_of = np.full(len(kernels), -1, dtype=np.int32)
+        for rows, owners in launches_by_group(kernels, index, steps):
+            run_of[rows] = pd.Index(steps).get_indexer(owners)
         count, unit = len(steps), STEP
     else:
         run_of, count, unit = np.zeros(len(kernels), dtype=np.int64), 1, REPORT

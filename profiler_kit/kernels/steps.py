@@ -22,7 +22,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from profiler_kit.kernels.attribution import RangeIndex, launches_in
+from profiler_kit.kernels.attribution import RangeIndex, launches_by_group
 from profiler_kit.kernels.idle import spans_by_owner
 
 PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
@@ -113,17 +113,24 @@ def step_table(kernels: pd.DataFrame, index: RangeIndex, steps: np.ndarray, numb
     holds several. `phase_rows`, `phase_labels`: the (kernel row, phase position) pairs of the phase totals."""
     ranges = index.ranges.iloc[steps]
     processes = ranges["process"].to_numpy()
-    rows, owners = launches_in(kernels, index, steps)
-    position = pd.Index(steps).get_indexer(owners)
-    step_of = np.full(len(kernels), -1, dtype=np.int64)
-    step_of[rows] = position
     durations = kernels["total_ns"].to_numpy()
+    # A group of steps at a time (`launches_by_group`): each kernel's step, each step's kernel time and span.
+    step_of = np.full(len(kernels), -1, dtype=np.int32)
+    kernel_ns = np.zeros(len(steps))
+    spans = []
+    for rows, owners in launches_by_group(kernels, index, steps):
+        position = pd.Index(steps).get_indexer(owners)
+        step_of[rows] = position
+        kernel_ns += np.bincount(position, weights=durations[rows], minlength=len(steps))
+        if timestamped and len(rows):
+            starts = kernels["start_ns"].to_numpy()[rows]
+            spans.append(spans_by_owner(starts, starts + durations[rows], position))
     table = pd.DataFrame({
         "process": processes,
         "step": numbers,
         "state": STEADY,
         "wall_ms": (ranges["end_ns"] - ranges["start_ns"]).to_numpy() / NS_PER_MS,
-        "kernel_ms": np.bincount(position, weights=durations[rows], minlength=len(steps)) / NS_PER_MS,
+        "kernel_ms": kernel_ns / NS_PER_MS,
         "idle_pct": np.nan,
     })
     for process in np.unique(processes):
@@ -131,9 +138,8 @@ def step_table(kernels: pd.DataFrame, index: RangeIndex, steps: np.ndarray, numb
         table.loc[mine[:warmup_steps(table["wall_ms"].to_numpy()[mine])], "state"] = WARMUP
     if not (table["state"] == WARMUP).any():
         table = table.drop(columns="state")
-    if timestamped and len(rows):
-        starts = kernels["start_ns"].to_numpy()[rows]
-        spans = spans_by_owner(starts, starts + durations[rows], position)
+    if spans:
+        spans = pd.concat(spans, ignore_index=True)
         owner = spans["owner"].to_numpy(dtype=np.int64)
         span = spans["span_ns"].to_numpy(dtype=float)
         idle = np.divide((span - spans["busy_ns"].to_numpy()) * 100.0, span, out=np.full(len(span), np.nan),
