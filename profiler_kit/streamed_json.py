@@ -46,40 +46,44 @@ class NotStrict(ProfilerKitError):
 
 
 class _Edges:
-    """A binary file read through (`read` only), keeping its first EDGE_BYTES bytes and, from the last `mark`
-    on, what follows (while it is no more than EDGE_BYTES); refusing text nested deeper than MAX_DEPTH: the
-    streaming parser holds the path to every value, which a hostile nesting makes gigabytes long. Depth counts
-    every bracket, those in strings too (real traces nest a few levels)."""
+    """A binary file read through (`read` only), keeping its first EDGE_BYTES bytes and, from the block that
+    was the last one read when `marked` was last set on, what follows (while it is no more than EDGE_BYTES);
+    refusing text nested deeper than MAX_DEPTH: the streaming parser holds the path to every value, which a
+    hostile nesting makes gigabytes long. Depth counts every bracket, those in strings too (real traces nest a
+    few levels)."""
 
     def __init__(self, raw: io.BufferedIOBase, path: Path) -> None:
         self.raw, self.path = raw, path
-        self.head, self.tail, self.kept, self.depth, self.whole = bytearray(), collections.deque(), 0, 0, True
+        self.head, self.tail, self.kept, self.depth = bytearray(), collections.deque(), 0, 0
+        self.reads = self.marked = 0
 
     def read(self, size: int = -1) -> bytes:
         data = self.raw.read(size)
         if len(self.head) < EDGE_BYTES:
             self.head += data[: EDGE_BYTES - len(self.head)]
-        if self.whole:
-            self.tail.append(data)
-            self.kept += len(data)
-            self.whole = self.kept <= EDGE_BYTES
-        step = _OPENS[np.frombuffer(data, dtype=np.uint8)]
-        if len(step):
-            depth = self.depth + np.cumsum(step)
-            if depth.max() > MAX_DEPTH:
-                raise ProfilerKitError(f"{self.path}: JSON nested deeper than {MAX_DEPTH:,} levels")
-            self.depth = int(depth[-1])
+        while self.tail and (self.tail[0][0] < self.marked - 1 or self.kept > EDGE_BYTES):
+            self.kept -= len(self.tail.popleft()[1])
+        self.tail.append((self.reads, data))
+        self.kept += len(data)
+        self.reads += 1
+        self._nesting(data)
         return data
 
-    def mark(self) -> None:
-        """Keep from the last block read on: the one that holds the end of the item just parsed."""
-        while len(self.tail) > 1:
-            self.kept -= len(self.tail.popleft())
-        self.whole = self.kept <= EDGE_BYTES
+    def _nesting(self, data: bytes) -> None:
+        opens = data.count(b"[") + data.count(b"{")
+        if self.depth + opens > MAX_DEPTH:  # only then is the deepest point worked out
+            depth = self.depth + np.cumsum(_OPENS[np.frombuffer(data, dtype=np.uint8)])
+            if depth.max() > MAX_DEPTH:
+                raise ProfilerKitError(f"{self.path}: JSON nested deeper than {MAX_DEPTH:,} levels")
+        self.depth += opens - data.count(b"]") - data.count(b"}")
 
     def after_mark(self) -> bytes | None:
-        """The bytes from the last mark (or the start) to the end; None when they were more than EDGE_BYTES."""
-        return b"".join(self.tail) if self.whole else None
+        """The bytes from the last block read at the last mark (or the start) to the end; None when they were
+        more than EDGE_BYTES, or no longer all kept."""
+        kept = [data for number, data in self.tail if number >= self.marked - 1]
+        whole = self.tail and self.tail[0][0] <= max(self.marked - 1, 0)
+        total = sum(map(len, kept))
+        return b"".join(kept) if whole and total <= EDGE_BYTES else None
 
 
 class StreamedObject:
@@ -128,8 +132,9 @@ class StreamedObject:
 
         with self._open() as raw, self._reading():
             self._edges = _Edges(raw, self.path)
-            for item in ijson.items(self._edges, f"{self.key}.item", buf_size=READ_BYTES, use_float=not self.exact):
-                self._edges.mark()
+            edges = self._edges
+            for item in ijson.items(edges, f"{self.key}.item", buf_size=READ_BYTES, use_float=not self.exact):
+                edges.marked = edges.reads  # this item ends in the last block read
                 yield item
 
     def members(self) -> dict[str, object]:

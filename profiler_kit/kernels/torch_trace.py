@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from decimal import Decimal
+from operator import itemgetter
 from pathlib import Path
 
 import numpy as np
@@ -46,9 +47,11 @@ NS_PER_US = 1_000
 # Microsecond times at or above this would overflow int64 nanoseconds once summed.
 MAX_US = 2.0**62 / NS_PER_US
 SOURCE = "torch-trace"
-# Ids (pid, tid, args.correlation, args.stream) are integers within [0, MAX_ID).
+# Ids (ID_FIELDS) are integers within [0, MAX_ID), and `args` a dict.
 MAX_ID = 2**53
-ID_FIELDS = ("pid", "tid", "args", "args.correlation", "args.stream")
+ID_FIELDS = ("pid", "tid", "args.correlation", "args.stream")
+# A trace with wrong fields is refused for the first of these that some event has wrong.
+CHECK_ORDER = ("pid", "tid", "args", "args.correlation", "args.stream")
 # Each kind of event a summary reads: its categories, the times it needs and the fields it keeps (besides the
 # name), in the order the kinds are checked.
 KINDS = {
@@ -59,8 +62,9 @@ KINDS = {
     "CPU operator": ((CPU_OP_CATEGORY,), ("ts", "dur"), ("ts", "dur", "pid", "tid")),
 }
 KIND_OF = {category: kind for kind, (categories, _, _) in KINDS.items() for category in categories}
-# What a missing id stands for in each kept field.
-MISSING = {"args.correlation": NO_LAUNCH, "args.stream": 0, "pid": 0, "tid": 0}
+# The fields an event is reduced to (besides its name's code), a missing id standing for NO_LAUNCH
+# (correlation) or 0.
+ROW = ("ts", "dur", "pid", "tid", "args.correlation", "args.stream")
 # Events reduced to numbers at a time.
 BLOCK_EVENTS = 65_536
 
@@ -170,6 +174,8 @@ class _Kind:
     def __init__(self, kind: str, names: dict[str, int]) -> None:
         _, self.times, self.fields = KINDS[kind]
         self.kind, self.names = kind, names
+        self.pick = itemgetter(0, *(1 + ROW.index(field) for field in self.fields))
+        self.timed_start, self.timed_length = "ts" in self.times, "dur" in self.times
         self.total = self.skipped = 0
         self.wrong: dict[str, tuple[object, object, object]] = {}
         self.pending: list[tuple] = []
@@ -177,36 +183,52 @@ class _Kind:
 
     def add(self, event: dict) -> None:
         self.total += 1
-        name = event.get("name")
-        values = {field: _number(event.get(field)) for field in self.times}
-        if not isinstance(name, str) or not all(0 <= v < MAX_US for v in values.values()):
+        name, ts, dur = event.get("name"), event.get("ts"), event.get("dur")
+        ts = ts if type(ts) is float else _number(ts)
+        dur = dur if type(dur) is float else _number(dur)
+        if (type(name) is not str or (self.timed_start and not 0 <= ts < MAX_US)
+                or (self.timed_length and not 0 <= dur < MAX_US)):
             self.skipped += 1  # NaN fails the comparison too
             return
         args = event.get("args")
-        found = {"pid": event.get("pid"), "tid": event.get("tid"), "args": args}
-        for field in ("correlation", "stream"):
-            found[f"args.{field}"] = args.get(field) if isinstance(args, dict) else None
-        for field in ID_FIELDS:
-            ok = (args is None or isinstance(args, dict)) if field == "args" else _is_id(found[field])
-            if not ok and field not in self.wrong:
-                self.wrong[field] = (name, event.get("ts"), found[field])
-        code = self.names.setdefault(name, len(self.names))
-        self.pending.append((code, *(values[f] if f in values else found[f] for f in self.fields)))
+        if type(args) is dict:
+            ids = (event.get("pid"), event.get("tid"), args.get("correlation"), args.get("stream"))
+        else:
+            ids = (event.get("pid"), event.get("tid"), None, None)
+            if args is not None and "args" not in self.wrong:
+                self.wrong["args"] = (name, event.get("ts"), args)
+        if not (_is_id(ids[0]) and _is_id(ids[1]) and _is_id(ids[2]) and _is_id(ids[3])):
+            ids = self._checked(name, event.get("ts"), ids)
+        pid, tid, corr, stream = ids
+        code = self.names.get(name)
+        if code is None:
+            code = self.names[name] = len(self.names)
+        self.pending.append(self.pick((code, ts, dur, pid or 0, tid or 0, NO_LAUNCH if corr is None else corr,
+                                       stream or 0)))
         if len(self.pending) >= BLOCK_EVENTS:
             self._flush()
 
+    def _checked(self, name: str, ts: object, ids: tuple) -> tuple:
+        """`ids` (ID_FIELDS) with NaN as missing (as pandas reads it, from lax JSON read whole); the first event
+        with each one wrong is kept for the error."""
+        out = list(ids)
+        for i, value in enumerate(ids):
+            if type(value) is float and value != value:
+                out[i] = None
+            elif not _is_id(value) and ID_FIELDS[i] not in self.wrong:
+                self.wrong[ID_FIELDS[i]] = (name, ts, value)
+        return tuple(out)
+
     def _flush(self) -> None:
         if self.pending:
-            rows = [tuple(MISSING.get(f, 0) if v is None or isinstance(v, dict) else v
-                          for f, v in zip(("name", *self.fields), row, strict=True)) for row in self.pending]
-            self.blocks.append(np.array(rows, dtype=np.float64 if "ts" in self.fields or "dur" in self.fields
-                                        else np.int64).reshape(-1, 1 + len(self.fields)))
+            # float64 holds the ids exactly: `wrong` refuses any that is not an integer below 2^53.
+            self.blocks.append(np.array(self.pending, dtype=np.float64).reshape(-1, 1 + len(self.fields)))
             self.pending = []
 
     def usable(self, notes: list[str]) -> int:
         """How many are usable; the first wrong id is an error, none usable of some is an error, skipped ones
         a note."""
-        for field in ID_FIELDS:
+        for field in CHECK_ORDER:
             if field in self.wrong:
                 name, ts, value = self.wrong[field]
                 raise ProfilerKitError(
@@ -222,25 +244,22 @@ class _Kind:
 
     def frame(self) -> pd.DataFrame:
         """One row per usable event: `name`, then its kept fields; times in integer nanoseconds (`start_ns`,
-        `end_ns`, `dur_ns`), ids as integers."""
+        `end_ns`, `dur_ns`), ids as integers. What was read is let go."""
         self._flush()
-        width = 1 + len(self.fields)
-        table = np.concatenate(self.blocks) if self.blocks else np.empty((0, width))
+        table = np.concatenate(self.blocks) if self.blocks else np.empty((0, 1 + len(self.fields)))
         self.blocks = []
-        names = np.array(list(self.names), dtype=object)
-        columns: dict[str, object] = {"name": names[table[:, 0].astype(np.int64)]}
-        ns = {field: np.rint(table[:, 1 + i] * NS_PER_US).astype(np.int64) for i, field in enumerate(self.fields)
-              if field in ("ts", "dur")}
+        column = {field: table[:, 1 + i] for i, field in enumerate(self.fields)}
+        ns = {field: np.rint(column.pop(field) * NS_PER_US).astype(np.int64) for field in ("ts", "dur")
+              if field in column}
+        out: dict[str, object] = {"name": np.array(list(self.names), dtype=object)[table[:, 0].astype(np.int64)]}
         if "ts" in ns:
-            columns["start_ns"] = ns["ts"]
+            out["start_ns"] = ns["ts"]
             if "dur" in ns:
-                columns["end_ns"] = ns["ts"] + ns["dur"]
+                out["end_ns"] = ns["ts"] + ns["dur"]
         if "dur" in ns:
-            columns["dur_ns"] = ns["dur"]
-        for i, field in enumerate(self.fields):
-            if field not in ("ts", "dur"):
-                columns[field.removeprefix("args.")] = table[:, 1 + i].astype(np.int64)
-        return pd.DataFrame(columns)
+            out["dur_ns"] = ns["dur"]
+        out.update({field.removeprefix("args."): values.astype(np.int64) for field, values in column.items()})
+        return pd.DataFrame(out)
 
 
 class _Events:
