@@ -54,6 +54,11 @@ class InputLimits:
 _limits = InputLimits()
 
 
+def current_limits() -> InputLimits:
+    """The limits every reader uses unless given its own."""
+    return _limits
+
+
 def set_limits(limits: InputLimits) -> None:
     """The limits every reader uses unless given its own (the CLI's `--max-input-mb`)."""
     global _limits

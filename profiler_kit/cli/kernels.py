@@ -55,6 +55,11 @@ _ANALYSIS_OPTIONS = (
 )
 
 
+# Several reports (ranks) are read this many at a time, each in a process of its own.
+JOBS = click.option("-j", "--jobs", type=positive_int, default=1, show_default=True,
+                    help="Read this many of several reports (ranks) at a time, each in a process of its own.")
+
+
 def _write_pictures(report: Report, plot_path: Path | None, html_path: Path | None) -> None:
     """The report's charts (`kernels.charts`) as a PNG and as an HTML page, where asked."""
     if plot_path is None and html_path is None:
@@ -91,9 +96,10 @@ def kernels() -> None:
               help="The model FLOPs of one step: TFLOP/s (and MFU with --peak-tflops) over the phases' GPU span.")
 @click.option("--peak-tflops", type=positive_float, default=None,
               help="The GPU's peak TFLOP/s at the run's precision, for MFU.")
+@JOBS
 def summarize_command(paths: tuple[Path, ...], top: int, nvtx: str | None, phases: tuple[str, ...], fmt: str,
                       plot_path: Path | None, html_path: Path | None, force: bool, flops_per_step: float | None,
-                      peak_tflops: float | None) -> None:
+                      peak_tflops: float | None, jobs: int) -> None:
     """Summarize the kernels of one report: by category, per kernel, per phase, and where the GPU idles in
     each phase (launch-bound when idle above half of the phase's GPU span; one long gap, such as start-up or
     autotuning, is named instead). A report whose phases sit in a repeating range (`step`, `ProfilerStep#N`)
@@ -113,7 +119,7 @@ def summarize_command(paths: tuple[Path, ...], top: int, nvtx: str | None, phase
     from profiler_kit.render import emit_report
 
     check_output_paths([plot_path, html_path], paths, force)
-    ranks = rank_traces(list(paths))
+    ranks = rank_traces(list(paths), jobs)
     if len(ranks) > 1:
         if nvtx is not None or flops_per_step is not None:
             raise click.UsageError("--nvtx and --flops-per-step take the report of one process")
@@ -256,21 +262,30 @@ def whatif_command(path: Path, speedups: tuple[str, ...], no_launch_gaps: bool, 
               help="The Chrome/Perfetto trace to write (.json, or .json.gz to compress).")
 @click.option("--phase", "phases", metavar="NAME", multiple=True,
               help="An NVTX range to show as a phase (repeatable) [default: as `kernels summarize`].")
+@click.option("--steps", metavar="A:B", default=None,
+              help="Only steps A to B, numbered as the per-step table of `kernels summarize` numbers them (A: or "
+                   ":B leaves an end open): the kernels launched in them, the ranges and calls overlapping them.")
+@click.option("--window", "span_ms", metavar="START:END", default=None,
+              help="Only this span, in milliseconds from the report's first event (kernel, launch, CPU operator or "
+                   "NVTX range); START: or :END leaves an end open.")
+@JOBS
 @FORCE
-def timeline_command(reports: tuple[Path, ...], output: Path, phases: tuple[str, ...], force: bool) -> None:
+def timeline_command(reports: tuple[Path, ...], output: Path, phases: tuple[str, ...], steps: str | None,
+                     span_ms: str | None, jobs: int, force: bool) -> None:
     """Write the attributed timeline for ui.perfetto.dev: one track per CUDA stream, one of phases (each
     kernel under the phase that launched it, autograd's thread included) and the NVTX ranges; one process
-    track per report (e.g. per rank)."""
+    track per report (e.g. per rank). --steps or --window shows part of each report."""
     from profiler_kit.files import check_output_paths
-    from profiler_kit.kernels import load
     from profiler_kit.kernels.ranks import rank_of
-    from profiler_kit.kernels.timeline import timeline, write_trace
+    from profiler_kit.kernels.sources import load_many
+    from profiler_kit.kernels.timeline import Window, timeline, write_trace
     from profiler_kit.render import say
 
     check_output_paths([output], reports, force)
+    window = Window.parse(steps, span_ms)
     labels = [f"rank {rank_of(path, i)}" if len(reports) > 1 else path.name for i, path in enumerate(reports)]
-    traces = [(label, load(path)) for label, path in zip(labels, reports, strict=True)]
-    write_trace(timeline(traces, list(phases) or None), output, overwrite=force)
+    traces = list(zip(labels, load_many(list(reports), jobs), strict=True))
+    write_trace(timeline(traces, list(phases) or None, window), output, overwrite=force)
     say(f"wrote {output}: open it in ui.perfetto.dev")
 
 

@@ -34,7 +34,7 @@ from profiler_kit.kernels import collectives
 from profiler_kit.kernels.attribution import launches_in, membership
 from profiler_kit.kernels.categories import CATEGORIES, COMMUNICATION
 from profiler_kit.kernels.idle import communication, phase_wall
-from profiler_kit.kernels.sources import load
+from profiler_kit.kernels.sources import load_many
 from profiler_kit.kernels.steps import STEADY, WARMUP, WARMUP_FACTOR, find_steps, inside_steps, warm_rows
 from profiler_kit.kernels.summary import CPU_OPS, NS_PER_MS, KernelSummary, summarize_trace
 from profiler_kit.kernels.trace import NO_LAUNCH, KernelTrace
@@ -257,9 +257,9 @@ def processes_of(trace: KernelTrace) -> np.ndarray | None:
     return np.unique(timed["process"].to_numpy()[timed["launch_ns"].to_numpy() != NO_LAUNCH])
 
 
-def rank_traces(paths: list[Path]) -> list[tuple[int, KernelTrace]]:
-    """(rank, trace) of a job's reports, one per process, in rank order (`assign_ranks`)."""
-    traces = [load(path) for path in paths]
+def rank_traces(paths: list[Path], jobs: int = 1) -> list[tuple[int, KernelTrace]]:
+    """(rank, trace) of a job's reports, one per process, in rank order (`assign_ranks`); read `jobs` at a time."""
+    traces = load_many(paths, jobs)
     return assign_ranks(list(zip(paths, traces, strict=True)))
 
 

@@ -7,24 +7,33 @@ NVTX ranges. A kernel's `args.phase` names the phase it was launched in, so kern
 thread launched sit under `backward`. A trace without kernels (a CPU run) shows its CPU operators instead, each
 call on its thread's track under that thread's ranges, and the `phases` track spans the operators of each
 phase range. Phases follow the rule of `kernels.phases`. Times are microseconds on each report's own clock.
+
+A `Window` shows part of each report: its steps A to B (numbered as the per-step table numbers them, the
+program's own count), or a span in milliseconds from the report's first event (kernel, launch, CPU operator or
+NVTX range). A window holds the kernels launched inside it (those without a known launch: started inside it)
+and the ranges and CPU operator calls that overlap it, so a report of millions of kernels gives a timeline of
+the steps asked for.
 """
 
 from __future__ import annotations
 
 import gzip
 import json
+import re
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from profiler_kit.errors import ProfilerKitError
+from profiler_kit.errors import ProfilerKitError, UsageProblem
 from profiler_kit.files import replaced_when_complete
 from profiler_kit.kernels.attribution import RangeIndex, launches_in
 from profiler_kit.kernels.categories import categorize, optimizer_work
 from profiler_kit.kernels.phases import choose_phases
-from profiler_kit.kernels.trace import KernelTrace
+from profiler_kit.kernels.steps import find_steps, step_numbers
+from profiler_kit.kernels.trace import NO_LAUNCH, KernelTrace
 
 NS_PER_US = 1_000
 PHASES_TID = 0
@@ -33,6 +42,105 @@ STREAM_TID_BASE = 1
 THREAD_TID_BASE = 1_000
 # nsys packs the OS thread id in the low 24 bits of its global thread id.
 OS_TID_MASK = 0xFFFFFF
+NS_PER_MS = 1_000_000
+# `A:B`, `A:` or `:B`: a range of numbers, either end left open; `A` alone is `A:A`.
+_SPAN = re.compile(r"^\s*([^:]*?)\s*(?::\s*([^:]*?)\s*)?$")
+
+
+@dataclass(frozen=True)
+class Window:
+    """Part of a report for a timeline: its steps `steps` (first, last; inclusive, None open), or the span
+    `span_ms` (start, end; None open) in milliseconds from the report's first event."""
+
+    steps: tuple[int | None, int | None] | None = None
+    span_ms: tuple[float | None, float | None] | None = None
+
+    @classmethod
+    def parse(cls, steps: str | None = None, span_ms: str | None = None) -> Window | None:
+        """From `--steps A:B` and `--window START:END` (at most one of them); None for neither. A malformed one
+        is a usage error."""
+        if steps is not None and span_ms is not None:
+            raise UsageProblem("--steps and --window: give one of them")
+        if steps is not None:
+            return cls(steps=_span(steps, "--steps", int))
+        if span_ms is not None:
+            return cls(span_ms=_span(span_ms, "--window", float))
+        return None
+
+    def bounds_ns(self, trace: KernelTrace, phases: list[str] | None) -> tuple[int, int]:
+        """The window on `trace`'s clock: [first, last] nanoseconds."""
+        if self.steps is not None:
+            return _step_bounds(trace, self.steps, phases)
+        origin = _first_event_ns(trace)
+        start, end = (None if ms is None else origin + round(ms * NS_PER_MS) for ms in self.span_ms)
+        return (origin if start is None else start), (np.iinfo(np.int64).max if end is None else end)
+
+
+def _span(text: str, option: str, kind: type) -> tuple:
+    """`A:B` as (A, B) of `kind`, either None where left out (`A` alone: (A, A)); A ≤ B, neither below 0."""
+    match = _SPAN.match(text)
+    try:
+        first, last = (None if not part else kind(part) for part in match.groups()) if match else (None, None)
+        if match and match.group(2) is None:
+            last = first
+    except ValueError:
+        first = last = None
+    given = [v for v in (first, last) if v is not None]
+    if not given or not all(v >= 0 for v in given) or given != sorted(given):
+        raise UsageProblem(f"{option} {text!r}: give FIRST:LAST, numbers from 0 with FIRST ≤ LAST (either may be "
+                           "left out)")
+    return first, last
+
+
+def _step_bounds(trace: KernelTrace, steps: tuple[int | None, int | None],
+                 phases: list[str] | None) -> tuple[int, int]:
+    """From the start of the first step asked for to the end of the last, over the report's processes."""
+    index = RangeIndex(trace.ranges) if trace.ranges is not None and len(trace.ranges) else None
+    found = find_steps(index, choose_phases(index, phases).names) if index is not None else np.empty(0, int)
+    if not len(found):
+        raise ProfilerKitError(f"--steps: {trace.path} has no steps (no repeating range holds its phases); give "
+                               "--window START:END in milliseconds instead")
+    numbers, _ = step_numbers(index, found)
+    first, last = steps
+    chosen = (numbers >= (numbers.min() if first is None else first)) & (numbers <= (numbers.max() if last is None
+                                                                                     else last))
+    if not chosen.any():
+        raise ProfilerKitError(f"--steps {'' if first is None else first}:{'' if last is None else last}: "
+                               f"{trace.path} has steps {numbers.min()} to {numbers.max()}")
+    ranges = index.ranges.iloc[found[chosen]]
+    return int(ranges["start_ns"].min()), int(ranges["end_ns"].max())
+
+
+def _first_event_ns(trace: KernelTrace) -> int:
+    """The report's first event: the earliest kernel start or launch, CPU operator call or NVTX range start."""
+    times = [frame[column].to_numpy() for frame in (trace.kernels, trace.cpu_ops) if frame is not None
+             for column in ("start_ns", "launch_ns") if column in frame.columns]
+    if trace.ranges is not None:
+        times.append(trace.ranges["start_ns"].to_numpy())
+    times = [t[t != NO_LAUNCH] for t in times]
+    return int(min((t.min() for t in times if len(t)), default=0))
+
+
+def windowed(trace: KernelTrace, window: Window, phases: list[str] | None = None) -> KernelTrace:
+    """`trace` cut to `window`: the kernels launched in it (started in it, those without a known launch), the
+    ranges and CPU operator calls that overlap it."""
+    first, last = window.bounds_ns(trace, phases)
+
+    def launched(frame: pd.DataFrame | None) -> pd.DataFrame | None:
+        if frame is None or "start_ns" not in frame.columns:
+            return frame
+        known = frame["launch_ns"].to_numpy() if "launch_ns" in frame.columns else np.full(len(frame), NO_LAUNCH)
+        at = np.where(known != NO_LAUNCH, known, frame["start_ns"].to_numpy())
+        return frame[(at >= first) & (at <= last)].reset_index(drop=True)
+
+    def overlapping(frame: pd.DataFrame | None) -> pd.DataFrame | None:
+        if frame is None:
+            return None
+        ends = frame["end_ns"].to_numpy()
+        return frame[(frame["start_ns"].to_numpy() <= last) & (ends >= first)].reset_index(drop=True)
+
+    return replace(trace, kernels=launched(trace.kernels), ranges=overlapping(trace.ranges),
+                   cpu_ops=overlapping(trace.cpu_ops))
 
 
 def _meta(pid: int, tid: int | None, what: str, name: str) -> dict[str, Any]:
@@ -108,12 +216,15 @@ def _one(trace: KernelTrace, label: str, first_pid: int, phases: list[str] | Non
     return events
 
 
-def timeline(traces: list[tuple[str, KernelTrace]], phases: list[str] | None = None) -> dict[str, Any]:
-    """A Chrome trace object of `(label, trace)` pairs: one process track per trace (per process of it)."""
+def timeline(traces: list[tuple[str, KernelTrace]], phases: list[str] | None = None,
+             window: Window | None = None) -> dict[str, Any]:
+    """A Chrome trace object of `(label, trace)` pairs: one process track per trace (per process of it), each
+    cut to `window` (whole when None)."""
     events: list[dict[str, Any]] = []
     for label, trace in traces:
         pids = [e["pid"] for e in events]
-        events += _one(trace, label, max(pids, default=-1) + 1, phases)
+        shown = trace if window is None else windowed(trace, window, phases)
+        events += _one(shown, label, max(pids, default=-1) + 1, phases)
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
