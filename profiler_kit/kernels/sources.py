@@ -22,6 +22,8 @@ SQLITE_MAGIC = b"SQLite format 3\x00"
 GZIP_MAGIC = b"\x1f\x8b"
 NSYS_REPORT_MAGIC = b"NVIDIA Tegra Profiler Report"
 NSYS_REPORT_SUFFIXES = (".nsys-rep", ".qdrep")
+# What nsys says of a report made by a newer version than itself.
+UNSUPPORTED_REPORT = "Version not supported"
 # Enough of the start of a file to recognise every kind above.
 SNIFF_BYTES = 64
 ACCEPTED = (
@@ -100,10 +102,21 @@ def _refuse_stale_export(path: Path) -> None:
 
 
 def _load_report(path: Path) -> KernelTrace:
-    """An .nsys-rep is read through its SQLite export, made (or refreshed) beside it by nsys."""
-    from profiler_kit.recording.nsys import export_sqlite
+    """An .nsys-rep is read through its SQLite export, made (or refreshed) beside it by nsys. A report this
+    nsys cannot open (made by a newer one) is an error that says how to export it where it was recorded."""
+    from profiler_kit.recording.nsys import NsysError, export_sqlite, find_nsys
 
-    return load_sqlite(export_sqlite(path))
+    try:
+        sqlite = export_sqlite(path)
+    except NsysError as exc:
+        if UNSUPPORTED_REPORT not in str(exc):
+            raise
+        version = find_nsys().version_str
+        raise ProfilerKitError(
+            f"{path}: this nsys ({version}) cannot open it (\"{UNSUPPORTED_REPORT}\": a newer nsys recorded it); "
+            f"run `nsys export --type sqlite --output {path.with_suffix('.sqlite').name} {path.name}` where it was "
+            "recorded and give the .sqlite (or set $NSYS to an nsys as new as that one)") from None
+    return load_sqlite(sqlite)
 
 
 def _load_text(path: Path, limits: InputLimits | None) -> KernelTrace:

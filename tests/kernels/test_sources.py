@@ -11,7 +11,9 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from profiler_kit.cli import main
 from profiler_kit.errors import ProfilerKitError
 from profiler_kit.kernels import load
 from profiler_kit.kernels.nsys_stats import NS_PER_UNIT, TRUNCATION_MARK, read_stats_table, time_unit, to_ns
@@ -176,3 +178,15 @@ def test_other_reports_are_refused_by_name():
         load(FIXTURES / "nsys2025_h100_tiny_train_bf16_nvtx_kern_sum.csv")
     with pytest.raises(ProfilerKitError, match="Num Calls"):
         load(FIXTURES / "nsys2022_tiny_train_bf16_cudaapisum.csv")
+
+
+def test_a_report_this_nsys_cannot_open_says_how_to_export_it_where_it_was_recorded(tmp_path, monkeypatch,
+                                                                                     fake_nsys):
+    # What Debian's nsys 2022.4 answers for a report of nsys 2025 (a lone .nsys-rep copied to a CPU box).
+    nsys = fake_nsys("echo 'Exportation error: Version not supported: 36398880' >&2; exit 1")
+    monkeypatch.setenv("NSYS", str(nsys))
+    report = shutil.copyfile(EXAMPLES / "small_ctx128_train_bf16.nsys-rep", tmp_path / "run.nsys-rep")
+    result = CliRunner().invoke(main, ["kernels", "summarize", str(report)])
+    assert result.exit_code == 1 and len(result.stderr.strip().splitlines()) == 1
+    assert "`nsys export --type sqlite --output run.sqlite run.nsys-rep` where it was recorded" in result.stderr
+    assert "this nsys (2025.3.1.90) cannot open it" in result.stderr
