@@ -18,7 +18,7 @@ MIXED_FLAG := $(if $(filter 1 yes true,$(MIXED)),--mixed-precision,)
 .PHONY: help install test test-gpu test-gpu-slow test-gpu-all results demo bench lint nsys memory attention leaderboard clean
 
 help:
-	@echo "make demo | test | install | bench | lint | nsys MODEL=xl CTX=256 [MODE=train] [MIXED=1]"
+	@echo "make demo | test | install | bench | bench-scale | lint | nsys MODEL=xl CTX=256 [MODE=train] [MIXED=1]"
 	@echo "make test-gpu | test-gpu-slow | test-gpu-all [ARGS='tests/attention -x']   (GPU box without the venv: PY=python3)"
 	@echo "make results [ONLY=leaderboard,optimizers] [GPUS=0,1]   (GPU; ONLY=render rewrites the docs from docs/data/results)"
 	@echo "make memory MODEL=xl CTX=256 [MODE=train] [MIXED=1] | attention | leaderboard"
@@ -73,6 +73,12 @@ demo: $(ENV)
 
 bench: $(ENV)
 	$(PY) -m profiler_kit benchmark --model $(MODEL) --ctx $(CTX) --mode $(MODE) $(MIXED_FLAG)
+
+# The table of docs/scale.md: summaries of a 1M- and a 10M-kernel export, a 2 GB torch trace and a 1 GB memory
+# snapshot against their floors (about 20 minutes on 2 cores; the inputs, ~6 GB, go to SCALE_DIR and stay).
+SCALE_DIR ?= /tmp/profiler-kit-scale
+bench-scale: $(ENV)
+	PYTHONPATH=$(CURDIR) $(PY) tools/scale_bench.py --kernels 1M,10M --events 9M --entries 5M --workdir $(SCALE_DIR)
 
 # Remade on every call: --force replaces the earlier recording of the config once the new one is complete.
 nsys: $(ENV)

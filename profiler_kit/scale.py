@@ -14,8 +14,10 @@ Each builder repeats a real recording end to end, each copy shifted in time past
 
 `measure` runs a command in a child process and reads its wall time, CPU time and peak RSS (`getrusage`).
 The floors are what any tool must at least do with the same file: one SQL query joining kernels to their
-launches grouped by name; one `json.load` of the trace (the whole document, not a stream); `pickle.load` of the
-snapshot, and PyTorch's own `torch.cuda._memory_viz.trace` (text of every trace entry) beside it.
+launches grouped by name; one streaming pass over the trace's events (`ijson`, each event built as a dict, as the
+summary reads them); `pickle.load` of the snapshot, and PyTorch's own `torch.cuda._memory_viz.trace` (text of
+every trace entry) beside it. Each row notes the machine's load average over its runs: on a shared machine wall
+times stretch with it, CPU times and peak memory much less.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import os
 import pickle
 import shutil
 import sqlite3
@@ -49,7 +52,7 @@ TRACE_ID_ARGS = ("External id", "correlation", "Sequence number")
 _FREES = ("free_requested", "free_completed")
 SCALE_COLUMNS = ["input", "rows", "size_mib", "command", "wall_s", "cpu_s", "peak_rss_mib", "floor", "floor_s",
                  "floor_cpu_s", "floor_rss_mib", "ratio", "cpu_ratio", "torch_tool_s", "torch_tool_cpu_s",
-                 "torch_tool_rss_mib", "status"]
+                 "torch_tool_rss_mib", "load_avg", "status"]
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,7 @@ class Measurement:
     peak_rss_mib: float
     returncode: int
     error: str = ""
+    load_avg: float = 0.0  # the machine's 1-minute load average, between its start and its end
 
 
 # Runs argv[3:] as its child and writes its wall seconds, CPU seconds (user + system: on a shared machine the
@@ -82,6 +86,7 @@ def measure(argv: list[str], address_space_mib: int | None = None) -> Measuremen
     small launcher's size, ~10 MiB), its exit status and the last line it wrote on stderr when it failed.
     `address_space_mib` caps its address space (a run past it fails, out of memory)."""
     cap = str((address_space_mib or 0) * MIB)
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         usage, err = Path(tmp) / "usage", Path(tmp) / "stderr"
         with open(err, "wb") as fh:
@@ -89,7 +94,8 @@ def measure(argv: list[str], address_space_mib: int | None = None) -> Measuremen
                                  stdout=subprocess.DEVNULL, stderr=fh)
         wall, cpu, rss_kib = usage.read_text().split()
         lines = err.read_text(errors="replace").strip().splitlines()
-    return Measurement(float(wall), float(cpu), int(rss_kib) / 1024, rc, lines[-1] if rc and lines else "")
+    return Measurement(float(wall), float(cpu), int(rss_kib) / 1024, rc, lines[-1] if rc and lines else "",
+                       (load_before + os.getloadavg()[0]) / 2)
 
 
 def _python(code: str, *args: str) -> list[str]:
@@ -102,8 +108,8 @@ def cli(*args: str, max_input_mb: int) -> list[str]:
 
 
 SQL_FLOOR = "import sqlite3, sys; sqlite3.connect(sys.argv[1]).execute(sys.argv[2]).fetchall()"
-JSON_FLOOR = ("import gzip, json, sys; p = sys.argv[1]; "
-              "json.load(gzip.open(p, 'rb') if p.endswith('.gz') else open(p, 'rb'))")
+STREAM_FLOOR = ("import gzip, ijson, sys; p = sys.argv[1]; f = gzip.open(p, 'rb') if p.endswith('.gz') else "
+                "open(p, 'rb'); sum(1 for _ in ijson.items(f, 'traceEvents.item', use_float=True))")
 PICKLE_FLOOR = "import pickle, sys; pickle.load(open(sys.argv[1], 'rb'))"
 MEMORY_VIZ = ("import pickle, sys; from torch.cuda import _memory_viz as v; "
               "v.trace(pickle.load(open(sys.argv[1], 'rb')))")
@@ -294,6 +300,7 @@ def _row(name: str, rows: int, path: Path, command: str, run: Measurement, floor
          torch_run: Measurement | None = None) -> dict:
     failed = [f"{what}: {m.error or f'exit {m.returncode}'}" for what, m in
               ((command, run), (floor, floor_run), ("torch", torch_run)) if m is not None and m.returncode]
+    runs = [m for m in (run, floor_run, torch_run) if m is not None]
     return {
         "input": name, "rows": rows, "size_mib": path.stat().st_size / MIB, "command": command,
         "wall_s": run.wall_s, "cpu_s": run.cpu_s, "peak_rss_mib": run.peak_rss_mib, "floor": floor,
@@ -302,6 +309,7 @@ def _row(name: str, rows: int, path: Path, command: str, run: Measurement, floor
         "torch_tool_s": None if torch_run is None else torch_run.wall_s,
         "torch_tool_cpu_s": None if torch_run is None else torch_run.cpu_s,
         "torch_tool_rss_mib": None if torch_run is None else torch_run.peak_rss_mib,
+        "load_avg": sum(m.load_avg for m in runs) / len(runs),
         "status": "; ".join(failed) or "ok",
     }
 
@@ -347,14 +355,15 @@ def _sqlite_kernels(path: Path) -> int:
 
 
 def bench_trace(source: Path, workdir: Path, events: int) -> dict:
-    """Grow a torch.profiler trace to `events` events and time `kernels summarize` on it against `json.load`."""
+    """Grow a torch.profiler trace to `events` events and time `kernels summarize` on it against one streaming
+    pass over its events."""
     big = workdir / f"{source.name.split('.')[0]}_{events}_events.json"
     copies = build_repeated_trace(source, big, events)
     trace = _read_trace(source)["traceEvents"]
     rows = sum(e.get("ph") == "M" for e in trace) + copies * sum(e.get("ph") != "M" for e in trace)
     run = measure(cli("kernels", "summarize", str(big), "--format", "json", max_input_mb=_max_input_mb(big)))
-    floor = measure(_python(JSON_FLOOR, str(big)))
-    return _row(big.name, rows, big, "kernels summarize", run, "json.load (whole document)", floor)
+    floor = measure(_python(STREAM_FLOOR, str(big)))
+    return _row(big.name, rows, big, "kernels summarize", run, "ijson: every event, streamed", floor)
 
 
 def bench_snapshot(source: Path, workdir: Path, entries: int, torch_tool: bool = True) -> dict:

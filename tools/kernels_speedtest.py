@@ -3,7 +3,7 @@
 The big report is SOURCE (an nsys .sqlite export) repeated end to end, each copy shifted past the one before it
 with its own correlation ids, so it keeps every kernel ↔ launch ↔ NVTX link. The yardstick is one SQL query that
 joins kernels to their launches and groups by name; the summary does that join, then attributes every kernel to
-its NVTX phases and categorizes it. The target is at most 4× the query. Run it with the project's python from the
+its NVTX phases and categorizes it. The target is at most 2× the query. Run it with the project's python from the
 repository root (on a machine without the installed package: PYTHONPATH=$PWD).
 """
 

@@ -2,11 +2,12 @@
 
 Builds each big input once into WORKDIR (an nsys SQLite export repeated to --kernels, a torch.profiler trace to
 --events, a memory snapshot's trace to --entries; see profiler_kit/scale.py for how copies stay consistent),
-runs the summary in a child process and prints, per input: its rows and size, the summary's wall time and peak
-RSS, the floor's (one SQL query joining kernels to their launches by name; one json.load of the trace;
-pickle.load of the snapshot) and the ratio of the two; for snapshots also PyTorch's `_memory_viz.trace` on the
-same file. Sizes take k/M/G suffixes (1M = 1,000,000). Run from the repository root with the project's python
-(on a machine without the installed package: PYTHONPATH=$PWD).
+runs the summary in a child process and prints, per input: its rows and size, the summary's wall time, CPU time
+and peak RSS, the floor's (one SQL query joining kernels to their launches by name; one streaming pass over the
+trace's events; pickle.load of the snapshot) and the ratio of the two, and the machine's load average over the
+row's runs; for snapshots also PyTorch's `_memory_viz.trace` on the same file. Sizes take k/M/G suffixes
+(1M = 1,000,000). Run from the repository root with the project's python (on a machine without the installed
+package: PYTHONPATH=$PWD); `make bench-scale` runs the table of docs/scale.md.
 """
 
 from __future__ import annotations

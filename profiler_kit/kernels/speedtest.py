@@ -4,7 +4,7 @@ The big report is a real nsys export repeated end to end until it holds ~1M kern
 time past the one before it, with correlation ids moved past the ones used, so every copy keeps its own
 kernel ↔ launch ↔ NVTX links. The yardstick is one SQL query that joins kernels to the calls that launched
 them and groups by name — what any per-name summary of launches costs. The summary does that same join,
-then attributes every kernel to its NVTX phases and categorizes it; the target is at most 4× the query.
+then attributes every kernel to its NVTX phases and categorizes it; the target is at most 2× the query.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from profiler_kit.kernels.sources import sniff
 from profiler_kit.kernels.summary import summarize
 
 DEFAULT_KERNELS = 1_000_000
-TARGET_RATIO = 4.0
+TARGET_RATIO = 2.0
 TIMED_TABLES = (KERNEL_TABLE, RUNTIME_TABLE, NVTX_TABLE, *MEMORY_TABLES.values())
 SHIFTED_COLUMNS = ("start", "end")
 RENUMBERED_COLUMNS = ("correlationId",)
