@@ -5,6 +5,8 @@ several reports in worker processes with the same result."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -81,6 +83,11 @@ def test_reports_read_in_worker_processes_summarize_as_read_here():
             for jobs in ("1", "2")]
     assert runs[0].exit_code == runs[1].exit_code == 0
     assert json.loads(runs[0].stdout) == json.loads(runs[1].stdout)
+    # As a user runs it: the workers start afresh and must not run the command themselves.
+    done = subprocess.run([sys.executable, "-m", "profiler_kit", "kernels", "summarize", *map(str, RANKS), "-j", "2",
+                           "--format", "json"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["ranks"] == json.loads(runs[0].stdout)["ranks"]
 
 
 def test_a_failure_in_a_worker_is_one_line_naming_the_report(tmp_path):
