@@ -158,6 +158,46 @@ def _optional(obj: dict, key: str, kind: type | tuple[type, ...], where: str) ->
             conform(frame, FRAME, f"{where}['frames'][{k}]")
 
 
+def _usual_entry(entry: Any, stacks: dict[tuple[int, int], list[list]]) -> int | None:
+    """The bytes a trace entry of the usual shape adds up (its size, 0 without an address), its stack checked
+    as `_optional` does; None for any other entry, whose fields `validate_snapshot` then checks one by one to
+    name the fault. It accepts only what those checks accept, in a fraction of their time on millions of
+    entries: a stack of the same frames as one found well-formed (a snapshot shares each distinct frame among
+    the stacks that hold it, as torch writes it and pickle keeps) is not checked again. `stacks`: those found
+    well-formed, by the id of their first frame and their length."""
+    if type(entry) is not dict:
+        return None
+    action, device_free, time_us = entry.get("action"), entry.get("device_free"), entry.get("time_us")
+    if type(action) is not str or not (device_free is None or _count(device_free)) or not (
+            time_us is None or _count(time_us) or (type(time_us) is float and 0 <= time_us < MAX_INT)):
+        return None
+    size = 0
+    if action in ADDRESS_ACTIONS:
+        size = entry.get("size")
+        if not (_count(entry.get("addr")) and _count(size)):
+            return None
+    frames = entry.get("frames")
+    if frames:
+        if type(frames) is not list:
+            return None
+        # Stacks of one first frame and length, compared to this one (a list compares its items by identity
+        # first, so one of the same frames matches at once).
+        known = stacks.setdefault((id(frames[0]), len(frames)), [])
+        if not any(frames == stack for stack in known):
+            if set(map(type, frames)) - {dict} or {(type(f.get("name")), type(f.get("filename")),
+                                                     type(f.get("line"))) for f in frames} - _FRAME_TYPES:
+                return None
+            known.append(frames)
+    elif frames is not None and type(frames) is not list:
+        return None
+    return size
+
+
+def _count(value: Any) -> bool:
+    """An int (not a bool) within [0, 2^63)."""
+    return type(value) is int and 0 <= value < MAX_INT
+
+
 def validate_snapshot(obj: Any) -> None:
     """Raise ValueError naming the first field that does not look like `torch.cuda.memory._snapshot()`."""
     if not isinstance(obj, dict) or "segments" not in obj or "device_traces" not in obj:
@@ -166,6 +206,7 @@ def validate_snapshot(obj: Any) -> None:
         raise ValueError(f"not a memory snapshot: the pickle holds {kind}, not 'segments'/'device_traces'")
     segments = _require(obj, "segments", list, "snapshot")
     total = 0  # every size the analysis may add up, exactly
+    stacks: dict[tuple[int, int], list[list]] = {}  # stacks found well-formed (`_usual_entry`)
     for i, segment in enumerate(segments):
         where = f"segments[{i}]"
         _require(segment, "address", int, where)
@@ -180,6 +221,10 @@ def validate_snapshot(obj: Any) -> None:
         if not isinstance(trace, list):
             raise ValueError(f"device_traces[{d}] is a {type(trace).__name__}, expected a list")
         for i, entry in enumerate(trace):
+            size = _usual_entry(entry, stacks)
+            if size is not None:
+                total += size
+                continue
             where = f"device_traces[{d}][{i}]"
             if _require(entry, "action", str, where) in ADDRESS_ACTIONS:
                 _require(entry, "addr", int, where)

@@ -325,3 +325,18 @@ def test_a_phase_list_that_is_not_names_is_noted_and_its_names_kept(tmp_path):
     assert any("profiler_kit.phases is not a list of names" in note for note in loaded.notes)
     marked = loaded.ranges[loaded.ranges["marked"]]
     assert set(marked["name"]) <= {"forward"}
+
+
+def test_a_bad_frame_in_a_stack_like_one_already_checked_is_refused(tmp_path):
+    """Stacks whose frames were all found well-formed are not checked again; one that shares its first frame
+    and length with them but holds another frame is."""
+
+    def edit(obj):
+        allocs = [e for t in obj["device_traces"] for e in t if e["action"] == "alloc" and len(e.get("frames")) > 2]
+        first, later = allocs[0], allocs[-1]
+        bad = dict(first["frames"][1], line="3")
+        later["frames"] = [first["frames"][0], bad, *first["frames"][2:]]
+        return obj
+
+    line = one_error(["memory", "summarize", snapshot(tmp_path, edit)])
+    assert "['frames'][1]['line'] is a str" in line
