@@ -1,6 +1,7 @@
 """The steps of a report: its repeating outer range, one row per step, warm-up told apart from the steady state.
 
-The steps are the ranges that directly hold the phases (the program's `step`, the built-in workload's steps,
+The steps are the recorder's step marks (kind `auto`, named `step`: the steps of `profiler_kit.capture`, else one
+per optimizer step of the program); else the ranges that directly hold the phases (the program's `step`,
 `ProfilerStep#N` when nothing of the program's lies between), when they all have one name and repeat; else
 torch.profiler's `ProfilerStep#N` ranges. The first steps of a run are slower (CUDA and allocator start-up,
 `torch.compile`, autotuning): leading steps whose wall time is more than WARMUP_FACTOR times the median of
@@ -16,6 +17,7 @@ import pandas as pd
 
 from profiler_kit.kernels.attribution import RangeIndex, launches_in
 from profiler_kit.kernels.idle import spans_by_owner
+from profiler_kit.names import KIND_AUTO, STEP
 
 PROFILER_STEP = re.compile(r"^ProfilerStep#\d+$")
 # A leading step slower than this many times the later steps' median is warm-up.
@@ -37,7 +39,10 @@ def find_steps(index: RangeIndex, phases: list[str]) -> np.ndarray:
     is_phase = names.isin(phases).to_numpy()
     holders = index.nearest_in(~is_phase)[is_phase]
     holders = holders[holders >= 0]
-    if len(holders) and len(set(keys[holders])) == 1:
+    recorded = (ranges["kind"] == KIND_AUTO).to_numpy() & (names == STEP).to_numpy() if "kind" in ranges else None
+    if recorded is not None and recorded.any():  # the recorder's step marks: the program's steps
+        chosen = recorded
+    elif len(holders) and len(set(keys[holders])) == 1:
         threads = pd.MultiIndex.from_frame(ranges[["process", "thread"]])
         chosen = (keys == keys[holders[0]]) & threads.isin(threads[holders])
     else:
