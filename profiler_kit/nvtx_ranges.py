@@ -1,25 +1,48 @@
-"""NVTX ranges for phases, layers and attention sub-steps, and the record of the phases a program opened.
+"""NVTX ranges: the phases, layers and attention sub-steps a program marks, the recorder's automatic marks, and
+the stream of range events a recorder listens to.
 
 Uses the `nvtx` package (a C extension: a push/pop is well under a microsecond and does nothing visible when
-no profiler is attached); falls back to `torch.cuda.nvtx`, then to nothing. While a torch.profiler records,
-each range is also a `record_function`, so the same names appear in Chrome traces. Inside a `torch.compile`d
-region ranges are skipped: they would break the graph.
+no profiler is attached); falls back to `torch.cuda.nvtx`, then to nothing. While a torch.profiler records
+(or after `set_record_function(True)`, as the memory recorder asks), each range is also a `record_function`,
+so the same names appear in Chrome traces and memory snapshots. Inside a `torch.compile`d region ranges are
+skipped: they would break the graph.
 
-Phases (`marked=True`, what `profiler_kit.phase` opens) go to the NVTX domain `profiler_kit`, so that readers
-of an nsys export tell them from the program's own ranges; their names are kept in order of first use for the
-torch.profiler recorder, which lists them in the trace's metadata. `torch.cuda.nvtx` has no domains: there
-phases are plain ranges.
+Two shapes of range:
+- `push_range`/`pop_range` (and `nvtx_range`): a stack per thread, as NVTX push/pop. `marked=True` makes the
+  range a phase (what `profiler_kit.phase` opens), pushed in the NVTX domain `profiler_kit` so that readers of
+  an nsys export tell it from the program's own ranges. `torch.cuda.nvtx` has no domains: there phases are
+  plain ranges.
+- `mark_start`/`mark_end`: the recorder's automatic marks (`forward`, `backward`, `optimizer_step`, `step`).
+  They open in one hook and close in another, so they are NVTX start/end ranges (process-wide, never popped by
+  the program's own pops) of the domain `profiler_kit`, category `auto`, a step's number as the int64 payload;
+  a `record_function` named `profiler_kit::<name>` (`profiler_kit::step#<number>`) is ended by its handle.
+
+Every range opened or closed here, or by the recorder's mirrors of the program's own ranges, is told to the
+observers as `observer(opened, name, kind, token, number)`: the kind is `phase`, `auto` or `program`
+(`names.RANGE_KINDS`), the token tells one range's close from another's, the number is a step's.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
 from collections.abc import Callable, Iterator
 
 import torch
 
-PHASE_DOMAIN = "profiler_kit"
+from profiler_kit.names import (
+    AUTO_CATEGORY,
+    AUTO_PREFIX,
+    KIND_AUTO,
+    KIND_PHASE,
+    KIND_PROGRAM,
+    MARK_DOMAIN,
+    PROCESS_CATEGORY,
+    STEP,
+)
+
+PHASE_DOMAIN = MARK_DOMAIN
 
 try:
     import nvtx as _nvtx
@@ -33,16 +56,38 @@ try:
     def _pop(marked: bool = False) -> None:
         _nvtx_pop(domain=PHASE_DOMAIN if marked else None)
 
+    def _start(name: str, number: int | None) -> object:
+        domain = _nvtx.get_domain(MARK_DOMAIN)
+        attributes = domain.get_event_attributes(name, None, AUTO_CATEGORY, number)
+        return domain.start_range(attributes)
+
+    def _end(handle: object) -> None:
+        if handle is not None:
+            _nvtx.get_domain(MARK_DOMAIN).end_range(handle)
+
+    def _mark(message: str, category: str) -> None:
+        _nvtx.mark(message, domain=MARK_DOMAIN, category=category)
+
     BACKEND = "nvtx"
 except ImportError:  # the GPU image has no nvtx package unless it is carried
     if torch.cuda.is_available():
         _cuda_push, _cuda_pop = torch.cuda.nvtx.range_push, torch.cuda.nvtx.range_pop
+        _cuda_start, _cuda_end = torch.cuda.nvtx.range_start, torch.cuda.nvtx.range_end
 
         def _push(name: str, marked: bool = False) -> None:
             _cuda_push(name)
 
         def _pop(marked: bool = False) -> None:
             _cuda_pop()
+
+        def _start(name: str, number: int | None) -> object:
+            return _cuda_start(auto_name(name, number))
+
+        def _end(handle: object) -> None:
+            _cuda_end(handle)
+
+        def _mark(message: str, category: str) -> None:
+            torch.cuda.nvtx.mark(f"{AUTO_PREFIX}{category} {message}")
 
         BACKEND = "torch.cuda.nvtx"
     else:
@@ -53,13 +98,25 @@ except ImportError:  # the GPU image has no nvtx package unless it is carried
         def _pop(marked: bool = False) -> None:
             return None
 
+        def _start(name: str, number: int | None) -> object:
+            return None
+
+        def _end(handle: object) -> None:
+            return None
+
+        def _mark(message: str, category: str) -> None:
+            return None
+
         BACKEND = "none"
 
 _state = {"enabled": True, "record_function": False}
-# Names opened as phases, in order of first use (a dict keeps the order).
-_phases: dict[str, None] = {}
-# Told of every range opened (its name) and closed (None) here: the recorder's step counter.
-_observers: list[Callable[[str | None], None]] = []
+Observer = Callable[[bool, str, str, int, "int | None"], None]
+# Told of every range opened and closed (see the module docstring): the recorder's instruments.
+_observers: list[Observer] = []
+_tokens = itertools.count(1)
+# The record_function ops, bound once: a mark is entered and ended by its handle, out of any `with` block.
+_rf_enter = torch.ops.profiler._record_function_enter_new
+_rf_exit = torch.ops.profiler._record_function_exit._RecordFunction
 
 
 def set_enabled(enabled: bool) -> None:
@@ -76,24 +133,29 @@ def is_enabled() -> bool:
     return _state["enabled"]
 
 
-def phase_names() -> list[str]:
-    """The phases opened so far in this process, in order of first use."""
-    return list(_phases)
-
-
-def observe(observer: Callable[[str | None], None]) -> None:
-    """Call `observer(name)` when a range opens and `observer(None)` when one closes."""
+def observe(observer: Observer) -> None:
+    """Call `observer(opened, name, kind, token, number)` whenever a range opens or closes."""
     _observers.append(observer)
 
 
-def notify(name: str | None) -> None:
+def new_token() -> int:
+    """A token no other range has (for the mirrors of the program's ranges, which notify themselves)."""
+    return next(_tokens)
+
+
+def notify(opened: bool, name: str, kind: str, token: int, number: int | None = None) -> None:
     for observer in _observers:
-        observer(name)
+        observer(opened, name, kind, token, number)
 
 
 def recording() -> bool:
     """Whether ranges are also `record_function`s now."""
     return _state["record_function"] or torch.autograd._profiler_enabled()
+
+
+def auto_name(name: str, number: int | None = None) -> str:
+    """An automatic mark's name where no NVTX domain carries it: `profiler_kit::forward`, `profiler_kit::step#3`."""
+    return f"{AUTO_PREFIX}{name}" + ("" if number is None else f"#{number}")
 
 
 @contextlib.contextmanager
@@ -123,14 +185,12 @@ def push_range(name: str, marked: bool = False) -> None:
     if not _state["enabled"]:
         stack.append(_SKIPPED)
         return
-    if marked:
-        _phases.setdefault(name, None)
-    record = torch.profiler.record_function(name) if recording() else None
-    if record is not None:
-        record.__enter__()
-    stack.append((record, marked))
+    record = _rf_enter(name, None) if recording() else None
+    token = next(_tokens)
+    stack.append((record, marked, name, token))
     _push(name, marked)
-    notify(name)
+    if _observers:
+        notify(True, name, KIND_PHASE if marked else KIND_PROGRAM, token)
 
 
 def pop_range() -> None:
@@ -141,8 +201,47 @@ def pop_range() -> None:
     entry = stack.pop()
     if entry is _SKIPPED:
         return
-    record, marked = entry
+    record, marked, name, token = entry
     _pop(marked)
-    notify(None)
+    if _observers:
+        notify(False, name, KIND_PHASE if marked else KIND_PROGRAM, token)
     if record is not None:
-        record.__exit__(None, None, None)
+        _rf_exit(record)
+
+
+class Mark:
+    """An open automatic mark: what `mark_end` closes."""
+
+    __slots__ = ("name", "number", "token", "nvtx", "record")
+
+    def __init__(self, name: str, number: int | None, token: int, nvtx: object, record: object) -> None:
+        self.name, self.number, self.token, self.nvtx, self.record = name, number, token, nvtx, record
+
+
+def mark_start(name: str, number: int | None = None) -> Mark:
+    """Open an automatic mark `name` (a step's `number` with it) on any thread; `mark_end` closes it on any
+    thread, whatever the program pushed or popped meanwhile."""
+    record = _rf_enter(auto_name(name, number), None) if recording() else None
+    mark = Mark(name, number, next(_tokens), _start(name, number), record)
+    if _observers:
+        notify(True, name, KIND_AUTO, mark.token, number)
+    return mark
+
+
+def mark_end(mark: Mark) -> None:
+    _end(mark.nvtx)
+    if _observers:
+        notify(False, mark.name, KIND_AUTO, mark.token, mark.number)
+    if mark.record is not None:
+        _rf_exit(mark.record)
+
+
+def step_mark(number: int) -> Mark:
+    """Open the mark of the program's step `number` (0-based, counted from its first step)."""
+    return mark_start(STEP, number)
+
+
+def process_mark(fields: dict[str, int]) -> None:
+    """An NVTX mark `key=value ...` in the domain `profiler_kit`, category `process`: where this process sits
+    in its job (rank, world size, local rank, node), read back from an nsys export."""
+    _mark(" ".join(f"{key}={value}" for key, value in fields.items()), PROCESS_CATEGORY)

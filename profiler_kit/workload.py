@@ -19,8 +19,8 @@ from profiler_kit.model import ATTENTION_IMPLS, TransformerLM
 from profiler_kit.names import MASTER_WEIGHTS, OPTIMIZER_KWARGS, OPTIMIZERS, phases_for
 from profiler_kit.names import MODES as MODES  # re-exported: the workload's names, also read from here
 from profiler_kit.names import PHASES as PHASES
+from profiler_kit.nvtx_ranges import nvtx_range, set_enabled
 from profiler_kit.presets import DEFAULT_BATCH_SIZE, from_name
-from profiler_kit.recording.ranges import nvtx_range, set_enabled
 
 # AdamW settings of a typical LM run; they do not change the step's cost.
 ADAMW_LR = 1e-4

@@ -19,8 +19,8 @@ import torch
 
 from profiler_kit import distributed
 from profiler_kit.errors import ProfilerKitError, first_line
+from profiler_kit.nvtx_ranges import nvtx_range
 from profiler_kit.recording.api import capture
-from profiler_kit.recording.ranges import nvtx_range
 from profiler_kit.workload import Workload, WorkloadConfig, resolve_device
 
 EXIT_ERROR = 2
