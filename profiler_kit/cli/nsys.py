@@ -196,7 +196,7 @@ def _report(result: ProfileResult, fmt: str, top: int, with_flops: Callable | No
 
     summary = summarize(result.summary_source, top=top, phases=list(result.phases))
     _refuse_empty(summary, result.backend, result.window)
-    summary.notes.append(result.window.describe())
+    summary.notes.extend(result.window.summary_notes())
     if with_flops is not None:
         with_flops(summary)
     emit_report(summary, fmt)
@@ -227,13 +227,13 @@ def _report_program(run: ProgramRun, fmt: str, top: int, phases: list[str] | Non
     if len(ranks) > 1 or ".rank" in run.sources[0].name:
         ranked = summarize_ranks(ranks, top=top, phases=phases)
         for summary in ranked.summaries:
-            summary.notes.append(run.window.describe())
+            summary.notes.extend(run.window.summary_notes())
         emit_report(ranked, fmt)
         return run.exit_code
     summary = summarize_trace(ranks[0][1], top=top, phases=phases)
     if run.exit_code == 0:
         _refuse_empty(summary, run.backend, run.window)
-    summary.notes.append(run.window.describe())
+    summary.notes.extend(run.window.summary_notes())
     if flops_per_step is not None:
         summary.add_flops(per_step=flops_per_step, peak_tflops=peak_tflops)
     emit_report(summary, fmt)

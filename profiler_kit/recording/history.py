@@ -91,7 +91,8 @@ class PhaseLog:
         self.peak = peak
         self.on = False
         self.step = 0  # the program's step the next range runs in
-        self.open: dict[int, list] = {}  # token → [name, kind, step, start_us, peak counter at the start]
+        # token → [name, kind, step, start_us, peak counter at the start, whether an allocation failed in it]
+        self.open: dict[int, list] = {}
         self.rows: list[dict] = []
         self.phase_depth = 0
         self.program_depth = 0
@@ -113,14 +114,19 @@ class PhaseLog:
             self.phase_depth = self.phase_depth + 1 if opened else max(self.phase_depth - 1, 0)
         if opened:
             if self.on:
-                self.open[token] = [name, kind, self.step, trace_clock_us(), self.peak()]
+                self.open[token] = [name, kind, self.step, trace_clock_us(), self.peak(), False]
             return
         entry = self.open.pop(token, None)
         if entry is not None:
-            self.rows.append(self._row(entry, completed=True))
+            self.rows.append(self._row(entry, completed=not entry[5]))
+
+    def fail(self) -> None:
+        """An allocation failed: the ranges open now do not complete, even when the program's error closes them."""
+        for entry in self.open.values():
+            entry[5] = True
 
     def _row(self, entry: list, completed: bool) -> dict:
-        name, kind, step, start_us, counter = entry
+        name, kind, step, start_us, counter, _ = entry
         now = self.peak()
         return {"phase": name, "kind": kind, "step": step, "start_time_us": start_us,
                 "end_time_us": trace_clock_us(), "completed": completed,
@@ -208,6 +214,7 @@ class MemoryRecorder:
 
     def _on_oom(self, _device: int, alloc: int, _allocated: int, _free: int) -> None:
         step, phase = self.phases.innermost()
+        self.phases.fail()
         size = f"{alloc / GIB:.2f} GiB" if alloc >= GIB else f"{alloc / MIB:.2f} MiB"
         self.oom = {"step": step, "phase": phase or "outside phases", "summary": f"Tried to allocate {size}",
                     "message": ""}
