@@ -22,6 +22,7 @@ recorded, its steps and their times, what it could not record), which the parent
 
 from __future__ import annotations
 
+import atexit
 import os
 import warnings
 from collections.abc import Mapping
@@ -40,7 +41,7 @@ from profiler_kit.recording.channel import (
     trace_path,
 )
 from profiler_kit.recording.marks import Marks
-from profiler_kit.recording.notes import Notes
+from profiler_kit.recording.notes import RECORDING_WINDOW, Notes
 from profiler_kit.recording.recorders import JobStop, NsysRecorder, TorchRecorder
 from profiler_kit.recording.window import Window
 
@@ -90,10 +91,21 @@ def install_from_environment(env: Mapping[str, str]) -> None:
                                   marks, notes, place)
     for observer in [*window.observers(), *recorder.observers()]:
         nvtx_ranges.observe(observer)
-    api.set_recorder(recorder)
-    mirror.patch_cuda_profiler(notes.guard("the program's window", recorder.program_start),
-                               notes.guard("the program's window", recorder.program_stop))
+    guarded = Guarded(recorder, notes)
+    api.set_recorder(guarded)
+    mirror.patch_cuda_profiler(guarded.program_start, guarded.program_stop)
+    atexit.register(window.report)  # last at exit: says the window even when the recorder failed to
     recorder.begin()
+
+
+class Guarded:
+    """The recorder as `profiler_kit.capture`, the program's `torch.cuda.profiler` calls and the exit see it:
+    each call under the guard (`notes`), so that a recorder failing to start or stop its window never stops
+    the program."""
+
+    def __init__(self, recorder: object, notes: Notes) -> None:
+        for name in ("declare", "start", "stop", "describe", "program_start", "program_stop"):
+            setattr(self, name, notes.guard(RECORDING_WINDOW, getattr(recorder, name)))
 
 
 def nvtx_reaches_tool() -> bool:

@@ -48,7 +48,7 @@ from profiler_kit.memory.storages import STORAGES_KEY, capture_storages, trace_c
 from profiler_kit.names import KIND_AUTO, KIND_PHASE, KIND_PROGRAM, LIBRARY_RANGES, STEP
 from profiler_kit.recording.channel import CAPTURE, PROGRAM_WINDOW, WHOLE_RUN
 from profiler_kit.recording.marks import Marks
-from profiler_kit.recording.notes import Notes
+from profiler_kit.recording.notes import RECORDING_WINDOW, Notes
 from profiler_kit.recording.window import Window
 
 SNAPSHOT_PICKLE_PROTOCOL = 4  # what memory_viz reads; pinned because Python 3.14 defaults to protocol 5
@@ -184,7 +184,7 @@ class MemoryRecorder:
         register_optimizer_step_post_hook(self.notes.guard("the storages after optimizer steps", self._after_step))
         self._excepthook = sys.excepthook
         sys.excepthook = self._on_uncaught
-        atexit.register(self.stop)
+        atexit.register(self.notes.guard(RECORDING_WINDOW, self.stop))
         torch.cuda._lazy_call(self.notes.guard("the memory history", self._whole_run))
 
     def _whole_run(self) -> None:

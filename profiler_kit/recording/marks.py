@@ -148,9 +148,12 @@ class Marks:
         self._enter(forward=False)
         return mark_start(BACKWARD)
 
+    def _end_backward(self, mark: Mark) -> None:
+        mark_end(mark)
+
     def _wrap_backward(self, original: Callable) -> Callable:
-        begin = self.notes.guard(WHAT, self._begin_backward)
-        end = self.notes.guard(WHAT, mark_end)
+        begin = self.notes.guard(WHAT, lambda: self._begin_backward())
+        end = self.notes.guard(WHAT, lambda mark: self._end_backward(mark))
 
         @functools.wraps(original)
         def backward(*args, **kwargs):

@@ -16,6 +16,8 @@ from typing import Any, TypeVar
 from profiler_kit.errors import first_line
 
 F = TypeVar("F", bound=Callable[..., Any])
+# The instrument that opens, closes and writes the recording (the recorder's own calls).
+RECORDING_WINDOW = "the recording window (start, stop, export)"
 
 
 class Notes:

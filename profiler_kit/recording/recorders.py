@@ -32,7 +32,7 @@ from profiler_kit.nvtx_ranges import process_mark
 from profiler_kit.recording import api
 from profiler_kit.recording.channel import CAPTURE, PROGRAM_WINDOW
 from profiler_kit.recording.marks import Marks
-from profiler_kit.recording.notes import Notes
+from profiler_kit.recording.notes import RECORDING_WINDOW, Notes
 from profiler_kit.recording.window import Window
 
 # A main script that calls these opens its own cudaProfilerApi window (torch.profiler.profile does not).
@@ -83,7 +83,7 @@ class TorchRecorder:
     def begin(self) -> None:
         """Record the whole run unless a window opens."""
         self._begin()
-        atexit.register(self.stop)
+        atexit.register(self.notes.guard(RECORDING_WINDOW, self.stop))
 
     def declare(self) -> None:
         self.marks.capture_steps()
@@ -159,7 +159,7 @@ class NsysRecorder(api.CudaProfilerRecorder):
         return []
 
     def begin(self) -> None:
-        atexit.register(self._at_exit)
+        atexit.register(self.notes.guard(RECORDING_WINDOW, self._at_exit))
         if not self.ranged:  # the whole run is recorded: the place is marked now
             self.whole_run = True
             self._mark_place()
