@@ -217,8 +217,11 @@ def _report_program(run: ProgramRun, fmt: str, top: int, phases: list[str] | Non
         kept = "the summary covers what was recorded" if run.sources else "nothing was recorded"
         say(f"the program exited with status {run.exit_code}; {kept}")
     if not run.sources:
+        for line in run.window.notes:  # what the recorder could not record, and why
+            say(f"note: {line}")
         if run.exit_code == 0:
-            raise ProfilerKitError("the command wrote no trace: it started no Python program that imports torch")
+            why = "the recorder failed" if run.window.notes else "it started no Python program that imports torch"
+            raise ProfilerKitError(f"the command wrote no trace: {why}")
         return run.exit_code
     from profiler_kit.kernels import summarize_trace
     from profiler_kit.kernels.ranks import rank_traces, summarize_ranks

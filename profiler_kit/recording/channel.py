@@ -1,8 +1,10 @@
 """What the parent (`runner`) and the recorders inside the program (`child`) tell each other, importable without
-torch: the environment variables the parent sets, the files the child writes, and the one line each recorded
-process prints on stderr when it is done (`profiler-kit window: {json}`).
+torch: the environment variables the parent sets, the files the child writes, and what each recorded process
+says when it is done: one file `window.<pid>.json` in the job's folder (PROFILER_KIT_JOB_DIR, which the parent
+makes for the run and reads when the program has ended; a file, not a line on stderr, so that the ranks of a job
+writing at once never mix their words with each other's or the program's).
 
-The window line's JSON:
+The window file's JSON:
 
     {"kind": "whole run" | "profiler_kit.capture" | "torch.cuda.profiler",
      "steps": int | null,                 # steps recorded (null: the program has no steps)
@@ -23,12 +25,12 @@ TRACE = "PROFILER_KIT_TRACE"
 WINDOW = "PROFILER_KIT_WINDOW"
 RANKS_ONLY = "PROFILER_KIT_RANKS_ONLY"
 MAX_ENTRIES = "PROFILER_KIT_MAX_ENTRIES"
-# A folder the recorded processes of one job share (nsys: the capture range ends when its last process stops).
+# A folder the recorded processes of one job share: their window files, and (nsys) the count of those that
+# closed their window, as the capture range ends when the last one does.
 JOB_DIR = "PROFILER_KIT_JOB_DIR"
 ENV_KEYS = (RECORD, TRACE, WINDOW, RANKS_ONLY, MAX_ENTRIES, JOB_DIR)
 TRACE_SUFFIX = ".json.gz"
 SNAPSHOT_SUFFIX = ".pickle"
-WINDOW_PREFIX = "profiler-kit window: "
 # What a recording holds.
 WHOLE_RUN, CAPTURE, PROGRAM_WINDOW = "whole run", "profiler_kit.capture", "torch.cuda.profiler"
 # Steps kept in the window line: a longer run keeps its first ones.
@@ -41,17 +43,23 @@ def trace_path(stem: str | os.PathLike, rank: str | int | None, suffix: str = TR
     return stem.with_name(stem.name + (f".rank{rank}" if rank is not None else "") + suffix)
 
 
-def window_line(said: dict) -> str:
-    """The line a recorded process prints when it is done."""
-    return WINDOW_PREFIX + json.dumps(said, separators=(",", ":"))
+def write_window(folder: str | os.PathLike, said: dict) -> None:
+    """Say what this process recorded: `window.<pid>.json` in the job's folder, put in place complete."""
+    path = Path(folder) / f"window.{os.getpid()}.json"
+    tmp = path.with_name(f".{path.name}.partial")
+    tmp.write_text(json.dumps(said, separators=(",", ":")))
+    os.replace(tmp, path)
 
 
-def read_window_line(line: str) -> dict | None:
-    """The JSON of a window line; None when the line is not one (or not a JSON object)."""
-    if not line.startswith(WINDOW_PREFIX):
-        return None
-    try:
-        said = json.loads(line[len(WINDOW_PREFIX):])
-    except ValueError:
-        return None
-    return said if isinstance(said, dict) else None
+def read_windows(folder: str | os.PathLike) -> list[dict]:
+    """What the job's recorded processes said, in the order their process ids sort; files that are not a JSON
+    object are passed over."""
+    said = []
+    for path in sorted(Path(folder).glob("window.*.json")):
+        try:
+            value = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(value, dict):
+            said.append(value)
+    return said

@@ -11,13 +11,13 @@ them once, in the `sitecustomize` that the parent puts first on PYTHONPATH:
     PROFILER_KIT_MAX_ENTRIES  memory: the history's ring size
     PROFILER_KIT_WINDOW       nsys with a cudaProfilerApi capture range: open it (`recorders`); else whole run
     PROFILER_KIT_RANKS_ONLY   1: record only processes that have a RANK (torchrun's workers, not torchrun)
-    PROFILER_KIT_JOB_DIR      nsys: the folder the job's processes count their closed windows in
+    PROFILER_KIT_JOB_DIR      the run's folder: each process's window file; under nsys, the count of closed windows
 
 Every instrument is installed the same way whatever records: the guard and notes (`notes`), the window and its
 step clock (`window`), the automatic marks (`marks`), the mirrors of the program's own ranges (`mirror`); then
 the recorder the parent asked for. They all hear the one stream of range events (`nvtx_ranges.observe`).
-Each recorded process prints one line `profiler-kit window: {json}` on stderr when it is done (what it
-recorded, its steps and their times, what it could not record), which the parent reads.
+Each recorded process writes its window file when it is done (what it recorded, its steps and their times,
+what it could not record), which the parent reads (`channel`).
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def install_from_environment(env: Mapping[str, str]) -> None:
     for key in ENV_KEYS:  # processes this one starts are not recorded again
         os.environ.pop(key, None)
     notes, place = Notes(), place_of(env)
-    window = Window(notes, place.get("rank"))
+    window = Window(notes, env.get(JOB_DIR), place.get("rank"))
     window.nvtx_dropped = not nvtx_reaches_tool()
     marks = Marks(notes)
     warnings.filterwarnings("ignore", message=_COMPILE_WARNING)

@@ -108,14 +108,17 @@ class TorchRecorder:
             self.marks.finish()
         synchronize()
         self.window.close(steps)
-        meta = {**self.described, "phases": list(self.phases.names), "notes": self.notes.lines, **self.place}
-        self.profiler.add_metadata_json("profiler_kit", json.dumps(meta))
+        self.notes.guard("the trace's metadata (phase names, notes, rank)", self._add_metadata)()
         self.profiler.stop()
         try:
             self.profiler.export_chrome_trace(str(self.trace))
         except OSError as exc:  # at the program's exit: one line on its stderr, no traceback
             print(f"profiler-kit: {literal(self.trace)}: could not be written ({exc.strerror or exc})", file=sys.stderr)
         self.window.report()
+
+    def _add_metadata(self) -> None:
+        meta = {**self.described, "phases": list(self.phases.names), "notes": self.notes.lines, **self.place}
+        self.profiler.add_metadata_json("profiler_kit", json.dumps(meta))
 
     def program_start(self) -> None:
         self.start(PROGRAM_WINDOW)

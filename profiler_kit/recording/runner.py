@@ -52,7 +52,7 @@ from profiler_kit.recording.channel import (
     TRACE_SUFFIX,
     WHOLE_RUN,
     WINDOW,
-    read_window_line,
+    read_windows,
     trace_path,
 )
 from profiler_kit.recording.nsys import NsysError, NsysInstall, export_sqlite, find_nsys, kill_group, output_tail
@@ -189,8 +189,8 @@ def exit_status(returncode: int) -> int:
 
 
 class _Output:
-    """The program's output, copied line by line to our stderr; `profiler-kit window:` lines are kept, not
-    shown, and `error: ` lines are also kept."""
+    """The program's output, copied line by line to our stderr, its `error: ` lines kept; and what its
+    recorded processes said of their windows (`channel`)."""
 
     def __init__(self) -> None:
         self.windows: list[dict] = []
@@ -200,10 +200,6 @@ class _Output:
     def pump(self, stream) -> None:
         for raw in iter(stream.readline, b""):
             line = raw.decode(errors="replace")
-            said = read_window_line(line)
-            if said is not None:
-                self.windows.append(said)
-                continue
             if line.startswith(ERROR_PREFIX):
                 self.errors.append(line[len(ERROR_PREFIX):].strip())
             self.tail.append(line)
@@ -239,7 +235,8 @@ def _triples(value: object) -> list[list]:
 
 
 def run_child(cmd: Sequence[str], env: dict[str, str]) -> tuple[int, _Output]:
-    """Run `cmd` in a process group of its own (see the module docstring); its exit status and output."""
+    """Run `cmd` in a process group of its own (see the module docstring); its exit status and output, with
+    the window files its recorded processes left in the folder `env[JOB_DIR]`, when it names one."""
     output = _Output()
     try:
         proc = subprocess.Popen(list(cmd), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -265,6 +262,8 @@ def run_child(cmd: Sequence[str], env: dict[str, str]) -> tuple[int, _Output]:
     kill_group(proc.pid, signal.SIGKILL)  # anything of the program's still running, e.g. a hung recorder
     reader.join()
     proc.stdout.close()
+    if env.get(JOB_DIR):
+        output.windows = read_windows(env[JOB_DIR])
     return exit_status(returncode), output
 
 
@@ -310,9 +309,9 @@ def _run_in_process(cmd: list[str], output: Path, force: bool, backend: str, suf
     `<output><suffix>` or `<output>.rank<R><suffix>`."""
     single = trace_path(output, None, suffix)
     ranked = tuple(output.parent.glob(f"{glob.escape(output.name)}.rank*{suffix}"))
-    with reserve_output(single, force, ranked):
+    with reserve_output(single, force, ranked), tempfile.TemporaryDirectory(prefix="profiler-kit-job-") as job:
         partial = _partial(output)
-        extra = {RECORD: backend, TRACE: str(partial.absolute()), **settings}
+        extra = {RECORD: backend, TRACE: str(partial.absolute()), JOB_DIR: job, **settings}
         if _is_launcher(cmd):
             extra[RANKS_ONLY] = "1"
         what = "torch.profiler" if backend == "torch" else "CUDA memory history"
@@ -354,7 +353,7 @@ def _run_nsys(cmd: list[str], output: Path, nsys: NsysInstall, nsys_args: tuple[
               force: bool) -> ProgramRun:
     """nsys around the whole command, one report for the job: under a launcher every worker records for itself
     (the launcher does not) and opens the capture range, which closes when the last of them closes its
-    window (they count themselves in a folder of this run's)."""
+    window (they count themselves in the job's folder)."""
     report, sqlite = output.with_name(output.name + REPORT_SUFFIX), output.with_name(output.name + ".sqlite")
     with reserve_output(report, force, (sqlite,)), tempfile.TemporaryDirectory(prefix="profiler-kit-job-") as job:
         ranged = capture and cuda_device_present()

@@ -1,4 +1,4 @@
-"""What a recorded process recorded (its window), its step clock, and the line it says it with.
+"""What a recorded process recorded (its window), its step clock, and the file it says it in (`channel`).
 
 The window is the steps `profiler_kit.capture` marks, else the program's `torch.cuda.profiler.start()`/`stop()`,
 else the whole run. The step clock hears every `step` mark of the range events (the program's own steps under
@@ -13,13 +13,12 @@ thread (`StepCounter`).
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from collections import Counter
 
 from profiler_kit.names import KIND_AUTO, STEP
-from profiler_kit.recording.channel import MAX_STEP_TIMES, WHOLE_RUN, window_line
+from profiler_kit.recording.channel import MAX_STEP_TIMES, WHOLE_RUN, write_window
 from profiler_kit.recording.notes import Notes
 
 NS_PER_MS = 1_000_000
@@ -96,9 +95,10 @@ class StepClock:
 
 
 class Window:
-    """What this process records, said once on stderr for the parent (`channel.window_line`)."""
+    """What this process records, said once for the parent (`channel.write_window` into the job's `folder`)."""
 
-    def __init__(self, notes: Notes, rank: int | None = None) -> None:
+    def __init__(self, notes: Notes, folder: str | None, rank: int | None = None) -> None:
+        self.folder = folder
         self.kind = WHOLE_RUN
         self.steps: int | None = None
         self.counter = StepCounter()
@@ -133,4 +133,5 @@ class Window:
         self.close()
         said = {"kind": self.kind, "steps": self.steps, "nvtx_dropped": self.nvtx_dropped, "rank": self.rank,
                 "step_ms": self.clock.times(), "notes": self.notes.lines}
-        print(window_line(said), file=sys.stderr, flush=True)
+        if self.folder:
+            write_window(self.folder, said)

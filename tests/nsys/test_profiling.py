@@ -54,7 +54,9 @@ def test_torch_backend_end_to_end_on_cpu(tmp_path):
     for phase in ("forward", "backward", "optimizer_step"):
         assert names[phase] == names[f"profiler_kit::{phase}"] == STEPS
     with gzip.open(trace, "rt") as f:
-        assert json.load(f)["profiler_kit"] == {"phases": ["forward", "backward", "optimizer_step"], "notes": []}
+        meta = json.load(f)["profiler_kit"]
+    assert meta["phases"] == ["forward", "backward", "optimizer_step"] and meta["notes"] == []
+    assert meta["config"]["model"] == "tiny" and (meta["warmup"], meta["steps"]) == (1, STEPS)  # api.describe
     assert f"recorded the steps profiler_kit.capture marks, {STEPS} steps" in result.stderr
     layers = 2  # the tiny preset
     for rng in ("attention", "ffn", "attn_scores", "softmax", "attn_value"):
