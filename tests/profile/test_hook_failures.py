@@ -122,3 +122,55 @@ def test_a_failing_hook_leaves_the_program_as_it_is(tmp_path, plain, hook, launc
     else:
         assert len(traces) == (1 if launcher == "alone" else 2)
         assert all(len(load(trace).cpu_ops) > 0 for trace in traces)
+
+
+# The memory recorder's storage captures, on a CPU: torch's memory history calls are replaced inside the program
+# by fakes, and the optimizer holds state whose storage cannot be read (as FSDP2's DTensor shards answer).
+MEMORY_PROGRAM = """
+import pickle, sys, torch
+from torch import nn
+torch.cuda.synchronize = lambda *a: None
+torch.cuda.get_device_name = lambda *a: "fake"
+torch.cuda.memory._record_memory_history = lambda *a, **kw: None
+with open(sys.argv[1], "rb") as f:
+    SNAPSHOT = pickle.load(f)  # a real H100 snapshot stands for the GPU's
+torch.cuda.memory._snapshot = lambda: dict(SNAPSHOT)
+
+class Shard:
+    def untyped_storage(self):
+        raise RuntimeError("Attempted to access the data pointer on an invalid python storage.")
+
+model = nn.Linear(8, 8)
+opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+def step():
+    model(torch.randn(4, 8)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+step()
+opt.state[model.weight]["shard"] = Shard()
+torch.cuda.profiler.start()
+step(); step()
+torch.cuda.profiler.stop()
+print("program done")
+sys.exit(3)
+"""
+
+
+def test_storages_that_cannot_be_read_leave_the_program_as_it_is(tmp_path, monkeypatch):
+    from profiler_kit.memory import load_snapshot
+    from profiler_kit.recording import runner
+
+    script = tmp_path / "prog.py"
+    script.write_text(MEMORY_PROGRAM)
+    monkeypatch.setattr(runner, "cuda_device_present", lambda: True)  # the parent's check; the child fakes CUDA
+    snapshot = REPO / "tests" / "fixtures" / "memory" / "h100_plain_phases.pickle"
+    result = CliRunner().invoke(main, ["memory", "-o", str(tmp_path / "run"), "--", sys.executable, str(script),
+                                       str(snapshot)])
+    assert result.exit_code == 3 and "program done" in result.stderr, result.output
+    assert not re.search(r'File ".*profiler_kit/', result.output)
+    said = " ".join(result.output.split())
+    for what in ("the storages at the window's start", "the storages after optimizer steps"):
+        assert (f"{what}: not recorded from here on, the recorder's hook failed (RuntimeError: Attempted to access "
+                "the data pointer on an invalid python storage.)") in said
+    meta = load_snapshot(tmp_path / "run.pickle")["profiler_kit"]
+    assert meta["storages"] == [] and len(meta["notes"]) == 2
