@@ -3,6 +3,7 @@
     profiler-kit nsys -- python examples/train_plain.py                   # Nsight Systems
     profiler-kit nsys --backend torch -- python examples/train_plain.py   # torch.profiler, any machine
     profiler-kit memory -- python examples/train_plain.py                 # the CUDA memory history
+    profiler-kit nsys -- torchrun --nproc-per-node 2 examples/train_plain.py   # data-parallel, one report
 
 A causal Transformer language model (torch's own layers) on random tokens: each step runs `--accum`
 micro-batches of forward and backward (gradient accumulation), clips the gradients and takes an AdamW step. It
@@ -10,14 +11,16 @@ opens no range and no window: the recorder finds forward, backward, optimizer_st
 automatic marks), so the summary has them per phase and per step. `--record-function` wraps the phases in
 `torch.profiler.record_function` ranges of its own instead (`fwd`, `bwd`, `opt`), whose names then win;
 `--checkpoint` recomputes every other block in backward (activation checkpointing); `--compile` compiles the
-model. The program times its own steps (synchronizing on a GPU) and prints one JSON line when it is done:
-`{"step_ms": [...], "mean_last5_ms": ...}`.
+model. Under torchrun it trains data-parallel (DistributedDataParallel over NCCL on GPUs, gloo on CPUs, one
+GPU per rank). The program times its own steps (synchronizing on a GPU) and prints one JSON line when it is
+done (rank 0's under torchrun): `{"step_ms": [...], "mean_last5_ms": ...}`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from contextlib import nullcontext
 
@@ -73,10 +76,20 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
+    distributed = "RANK" in os.environ
     device = torch.device(args.device)
-    torch.manual_seed(0)
+    if distributed:
+        import torch.distributed as dist
+
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        if device.type == "cuda":
+            device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+            torch.cuda.set_device(device)
+    torch.manual_seed(0)  # the same initial weights on every rank
     model = GPT(args.vocab, args.width, args.depth, args.heads, args.checkpoint).to(device)
     run = torch.compile(model) if args.compile else model
+    if distributed:
+        run = nn.parallel.DistributedDataParallel(run, device_ids=[device] if device.type == "cuda" else None)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=device.type == "cuda")
     data = torch.randint(0, args.vocab, (args.accum, args.batch, args.seq + 1), device=device)
 
@@ -103,8 +116,11 @@ def main() -> None:
         sync()
         times.append((time.perf_counter() - began) * 1000)
     last = times[-5:]
-    print(json.dumps({"step_ms": [round(t, 3) for t in times], "mean_last5_ms": round(sum(last) / len(last), 3),
-                      "loss": round(loss.item() * args.accum, 4)}))
+    if not distributed or dist.get_rank() == 0:
+        print(json.dumps({"step_ms": [round(t, 3) for t in times], "mean_last5_ms": round(sum(last) / len(last), 3),
+                          "loss": round(loss.item() * args.accum, 4)}))
+    if distributed:
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

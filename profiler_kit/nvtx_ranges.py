@@ -185,12 +185,12 @@ def push_range(name: str, marked: bool = False) -> None:
     if not _state["enabled"]:
         stack.append(_SKIPPED)
         return
-    record = _rf_enter(name, None) if recording() else None
     token = next(_tokens)
+    if _observers:  # first: an observer may start the recording that this range then belongs to
+        notify(True, name, KIND_PHASE if marked else KIND_PROGRAM, token)
+    record = _rf_enter(name, None) if recording() else None
     stack.append((record, marked, name, token))
     _push(name, marked)
-    if _observers:
-        notify(True, name, KIND_PHASE if marked else KIND_PROGRAM, token)
 
 
 def pop_range() -> None:
@@ -221,11 +221,11 @@ class Mark:
 def mark_start(name: str, number: int | None = None) -> Mark:
     """Open an automatic mark `name` (a step's `number` with it) on any thread; `mark_end` closes it on any
     thread, whatever the program pushed or popped meanwhile."""
+    token = next(_tokens)
+    if _observers:  # first: an observer may start the recording that this mark then belongs to
+        notify(True, name, KIND_AUTO, token, number)
     record = _rf_enter(auto_name(name, number), None) if recording() else None
-    mark = Mark(name, number, next(_tokens), _start(name, number), record)
-    if _observers:
-        notify(True, name, KIND_AUTO, mark.token, number)
-    return mark
+    return Mark(name, number, token, _start(name, number), record)
 
 
 def mark_end(mark: Mark) -> None:

@@ -12,6 +12,7 @@ them once, in the `sitecustomize` that the parent puts first on PYTHONPATH:
     PROFILER_KIT_WINDOW       nsys with a cudaProfilerApi capture range: open it (`recorders`); else whole run
     PROFILER_KIT_RANKS_ONLY   1: record only processes that have a RANK (torchrun's workers, not torchrun)
     PROFILER_KIT_JOB_DIR      the run's folder: each process's window file; under nsys, the count of closed windows
+    PROFILER_KIT_CUDA         torch: 1 when the machine has a CUDA device (a whole run starts at the first CUDA call)
 
 Every instrument is installed the same way whatever records: the guard and notes (`notes`), the window and its
 step clock (`window`), the automatic marks (`marks`), the mirrors of the program's own ranges (`mirror`); then
@@ -30,6 +31,7 @@ from collections.abc import Mapping
 from profiler_kit import nvtx_ranges
 from profiler_kit.recording import api, mirror
 from profiler_kit.recording.channel import (
+    CUDA,
     ENV_KEYS,
     JOB_DIR,
     MAX_ENTRIES,
@@ -80,7 +82,7 @@ def install_from_environment(env: Mapping[str, str]) -> None:
     marks.install()
     mirror.install(notes)
     if backend == "torch":
-        recorder = TorchRecorder(trace_path(env[TRACE], rank), window, marks, notes, place)
+        recorder = TorchRecorder(trace_path(env[TRACE], rank), window, marks, notes, place, env.get(CUDA) == "1")
     elif backend == "nsys":
         local = int(env["LOCAL_WORLD_SIZE"]) if env.get("LOCAL_WORLD_SIZE", "").isdigit() else 1
         recorder = NsysRecorder(window, marks, notes, place, env.get(WINDOW) == "1", JobStop(env.get(JOB_DIR), local))

@@ -1,8 +1,9 @@
 """The recorder's automatic marks: forward, backward, optimizer step and steps of any program, found with
 PyTorch's own global hooks, without a change to the program.
 
-- `forward`: the outermost `nn.Module` call (global module forward pre- and post-hooks). Module calls inside it,
-  on any thread, are part of it; a module call made while a backward runs (activation-checkpoint
+- `forward`: the outermost `nn.Module` call (global module forward pre- and post-hooks), from the call's start to
+  its return (known by the module: a module called inside itself ends the mark at its inner return). Module
+  calls inside it, on any thread, are part of it; a module call made while a backward runs (activation-checkpoint
   recomputation) belongs to that backward.
 - `backward`: each `Tensor.backward`, `torch.autograd.backward` or `torch.autograd.grad` call, from entry to
   return (the kernels the autograd threads launch meanwhile fall in it by the readers' cross-thread rule); one
@@ -23,7 +24,6 @@ graph. Each hook runs under the recorder's guard (`notes`).
 from __future__ import annotations
 
 import functools
-import threading
 from collections.abc import Callable
 
 import torch
@@ -43,8 +43,8 @@ class Marks:
 
     def __init__(self, notes: Notes) -> None:
         self.notes = notes
-        self.local = threading.local()  # `depth`: module calls open on this thread inside the outermost one
         self.forward: Mark | None = None
+        self.outer: torch.nn.Module | None = None  # the module whose call the open forward mark is
         self.backward_depth = 0
         self.optimizer_depth = 0
         self.optimizer: Mark | None = None
@@ -58,9 +58,9 @@ class Marks:
 
     def install(self) -> None:
         guard = self.notes.guard
-        self.handles = [
-            register_module_forward_pre_hook(guard(WHAT, self._module_pre)),
-            register_module_forward_hook(guard(WHAT, self._module_post), always_call=True),
+        self.handles = [  # the module hooks run on every module call: they guard themselves, at less cost
+            register_module_forward_pre_hook(self._module_pre),
+            register_module_forward_hook(self._module_post, always_call=True),
             register_optimizer_step_pre_hook(guard(WHAT, self._optimizer_pre)),
             register_optimizer_step_post_hook(guard(WHAT, self._optimizer_post)),
         ]
@@ -117,29 +117,30 @@ class Marks:
 
     # Forward
 
-    def _module_pre(self, _module: torch.nn.Module, _args: tuple) -> None:
-        if _is_compiling():
+    # Whether the outermost module call is known by the module itself: calls inside it (any module, any thread)
+    # cost a check each. In a compiled region the hooks return first thing, so the graph never reads the marks'
+    # state (which would guard on it and recompile).
+
+    def _module_pre(self, module: torch.nn.Module, _args: tuple) -> None:
+        if _is_compiling() or self.outer is not None or self.backward_depth or not self.notes.working(WHAT):
             return
-        local = self.local
-        depth = getattr(local, "depth", 0)
-        if depth:
-            local.depth = depth + 1
-        elif self.forward is None and not self.backward_depth:
-            local.depth = 1
+        try:
+            self.outer = module
             self._enter(forward=True)
             self.forward = mark_start(FORWARD)
+        except Exception as exc:  # the program must run on whatever the recorder does
+            self.notes.lost(WHAT, exc)
 
-    def _module_post(self, _module: torch.nn.Module, _args: tuple, _output: object) -> None:
-        if _is_compiling():
+    def _module_post(self, module: torch.nn.Module, _args: tuple, _output: object) -> None:
+        if _is_compiling() or module is not self.outer:
             return
-        local = self.local
-        depth = getattr(local, "depth", 0)
-        if not depth:
-            return
-        local.depth = depth - 1
-        if depth == 1 and self.forward is not None:
-            mark, self.forward = self.forward, None
-            mark_end(mark)
+        self.outer = None
+        mark, self.forward = self.forward, None
+        if mark is not None and self.notes.working(WHAT):
+            try:
+                mark_end(mark)
+            except Exception as exc:
+                self.notes.lost(WHAT, exc)
 
     # Backward
 

@@ -30,10 +30,10 @@ _open = threading.local()
 
 
 def _opened(name: str) -> None:
-    record = nvtx_ranges._rf_enter(name, None) if nvtx_ranges.recording() else None
     token = nvtx_ranges.new_token()
-    _open.__dict__.setdefault("stack", []).append((record, name, token))
     nvtx_ranges.notify(True, name, KIND_PROGRAM, token)
+    record = nvtx_ranges._rf_enter(name, None) if nvtx_ranges.recording() else None
+    _open.__dict__.setdefault("stack", []).append((record, name, token))
 
 
 def _closed() -> None:

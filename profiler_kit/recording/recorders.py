@@ -56,10 +56,13 @@ class PhaseNames:
 
 
 class TorchRecorder:
-    """torch.profiler (CPU operators, and CUDA kernels when CUDA is available) from start-up, or over the
-    window the program opens."""
+    """torch.profiler (CPU operators, and CUDA kernels when CUDA is available) over the whole run, or over the
+    window the program opens. On a machine with CUDA (`cuda`) a whole run starts at the program's first CUDA
+    call, as under nsys (what ran before is start-up), or at its first range or step if that comes first (a
+    program that runs on the CPU there); elsewhere at start-up."""
 
-    def __init__(self, trace: Path, window: Window, marks: Marks, notes: Notes, place: dict[str, int]) -> None:
+    def __init__(self, trace: Path, window: Window, marks: Marks, notes: Notes, place: dict[str, int],
+                 cuda: bool = False) -> None:
         self.trace = trace
         self.window = window
         self.marks = marks
@@ -69,9 +72,14 @@ class TorchRecorder:
         self.described: dict = {}
         self.profiler: torch.profiler.profile | None = None
         self.done = False
+        self.cuda = cuda
 
     def observers(self) -> list:
-        return [self.notes.guard("the phase names", self.phases)]
+        return [self.notes.guard("the phase names", self.phases), self.notes.guard(RECORDING_WINDOW, self._first)]
+
+    def _first(self, _opened: bool, _name: str, _kind: str, _token: int, _number: int | None) -> None:
+        if self.profiler is None and not self.done:
+            self._begin()
 
     def _begin(self) -> None:
         activities = [torch.profiler.ProfilerActivity.CPU]
@@ -81,9 +89,12 @@ class TorchRecorder:
         self.profiler.start()
 
     def begin(self) -> None:
-        """Record the whole run unless a window opens."""
-        self._begin()
+        """Record the whole run unless a window opens (see the class docstring)."""
         atexit.register(self.notes.guard(RECORDING_WINDOW, self.stop))
+        if self.cuda:
+            torch.cuda._lazy_call(self.notes.guard(RECORDING_WINDOW, lambda: self._first(True, "", "", 0, None)))
+        else:
+            self._begin()
 
     def declare(self) -> None:
         self.marks.capture_steps()

@@ -43,6 +43,7 @@ from profiler_kit.environment import note
 from profiler_kit.errors import ProfilerKitError, UsageProblem
 from profiler_kit.files import publish, reserve_output
 from profiler_kit.recording.channel import (
+    CUDA,
     JOB_DIR,
     MAX_ENTRIES,
     RANKS_ONLY,
@@ -312,6 +313,8 @@ def _run_in_process(cmd: list[str], output: Path, force: bool, backend: str, suf
     with reserve_output(single, force, ranked), tempfile.TemporaryDirectory(prefix="profiler-kit-job-") as job:
         partial = _partial(output)
         extra = {RECORD: backend, TRACE: str(partial.absolute()), JOB_DIR: job, **settings}
+        if cuda_device_present():
+            extra[CUDA] = "1"
         if _is_launcher(cmd):
             extra[RANKS_ONLY] = "1"
         what = "torch.profiler" if backend == "torch" else "CUDA memory history"
