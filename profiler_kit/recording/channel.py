@@ -28,8 +28,8 @@ MAX_ENTRIES = "PROFILER_KIT_MAX_ENTRIES"
 # A folder the recorded processes of one job share: their window files, and (nsys) the count of those that
 # closed their window, as the capture range ends when the last one does.
 JOB_DIR = "PROFILER_KIT_JOB_DIR"
-# 1: the machine has a CUDA device (the parent asked the driver), so a whole run is recorded from the first CUDA
-# call, as nsys does.
+# 1: the machine has a CUDA device (the parent asked the driver): a whole run under torch.profiler starts again at
+# the first CUDA call, as nsys records it.
 CUDA = "PROFILER_KIT_CUDA"
 ENV_KEYS = (RECORD, TRACE, WINDOW, RANKS_ONLY, MAX_ENTRIES, JOB_DIR, CUDA)
 TRACE_SUFFIX = ".json.gz"

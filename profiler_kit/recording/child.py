@@ -12,7 +12,8 @@ them once, in the `sitecustomize` that the parent puts first on PYTHONPATH:
     PROFILER_KIT_WINDOW       nsys with a cudaProfilerApi capture range: open it (`recorders`); else whole run
     PROFILER_KIT_RANKS_ONLY   1: record only processes that have a RANK (torchrun's workers, not torchrun)
     PROFILER_KIT_JOB_DIR      the run's folder: each process's window file; under nsys, the count of closed windows
-    PROFILER_KIT_CUDA         torch: 1 when the machine has a CUDA device (a whole run starts at the first CUDA call)
+    PROFILER_KIT_CUDA         torch: 1 when the machine has a CUDA device (a whole run starts again at the first
+                              CUDA call)
 
 Every instrument is installed the same way whatever records: the guard and notes (`notes`), the window and its
 step clock (`window`), the automatic marks (`marks`), the mirrors of the program's own ranges (`mirror`); then

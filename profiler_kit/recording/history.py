@@ -46,9 +46,10 @@ from profiler_kit import nvtx_ranges
 from profiler_kit.memory.snapshot import EMBEDDED_KEY, SIDECAR_FORMAT, SIDECAR_VERSION
 from profiler_kit.memory.storages import STORAGES_KEY, capture_storages, trace_clock_us
 from profiler_kit.names import KIND_AUTO, KIND_PHASE, KIND_PROGRAM, LIBRARY_RANGES, STEP
-from profiler_kit.recording.channel import CAPTURE, PROGRAM_WINDOW, WHOLE_RUN
+from profiler_kit.recording.channel import CAPTURE, WHOLE_RUN
 from profiler_kit.recording.marks import Marks
 from profiler_kit.recording.notes import RECORDING_WINDOW, Notes
+from profiler_kit.recording.recorders import WindowRecorder
 from profiler_kit.recording.window import Window
 
 SNAPSHOT_PICKLE_PROTOCOL = 4  # what memory_viz reads; pinned because Python 3.14 defaults to protocol 5
@@ -151,23 +152,18 @@ class PhaseLog:
         return self.step, None
 
 
-class MemoryRecorder:
+class MemoryRecorder(WindowRecorder):
     """Records the allocator's history over the window into `path` (see the module docstring)."""
 
     def __init__(self, path: Path, max_entries: int, window: Window, marks: Marks, notes: Notes,
                  place: dict[str, int]) -> None:
+        super().__init__(window, marks, notes, place)
         self.path = path
         self.max_entries = max_entries
-        self.window = window
-        self.marks = marks
-        self.notes = notes
-        self.place = place
         self.recording = False
-        self.done = False
         self.counters = False  # the window's peak counters are the recorder's to report
         self.captures: list[dict] = []
         self.optimizers: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
-        self.described: dict = {}
         self.oom: dict | None = None  # where an allocation failed: step, phase, size
         self.program_oom: str | None = None  # the out-of-memory error that ended the program
         self.phases = PhaseLog(self._peak)
@@ -226,12 +222,6 @@ class MemoryRecorder:
                 self.oom["summary"], self.oom["message"] = self.program_oom, str(value)
         self._excepthook(kind, value, tb)
 
-    def declare(self) -> None:
-        self.marks.capture_steps()
-
-    def describe(self, fields: dict) -> None:
-        self.described.update(fields)
-
     def start(self, kind: str = CAPTURE) -> None:
         if self.done:
             return
@@ -243,19 +233,14 @@ class MemoryRecorder:
     def stop(self, steps: int | None = None) -> None:
         if self.done or not self.recording:
             return
-        self.done = True
-        if steps is None:
-            self.marks.finish()
-        self.window.close(steps)
+        self._end_window(steps)
         torch.cuda.synchronize()
         snapshot = torch.cuda.memory._snapshot()
         torch.cuda.memory._record_memory_history(enabled=None)
         snapshot[EMBEDDED_KEY] = self.metadata()
         self.recording = False
-        try:
-            write_atomically(self.path, pickle.dumps(snapshot, protocol=SNAPSHOT_PICKLE_PROTOCOL))
-        except OSError as exc:  # at the program's exit: one line on its stderr, no traceback
-            print(f"profiler-kit: {self.path}: could not be written ({exc.strerror or exc})", file=sys.stderr)
+        self._write(self.path, lambda: write_atomically(self.path, pickle.dumps(snapshot,
+                                                                             protocol=SNAPSHOT_PICKLE_PROTOCOL)))
         self.window.report()
 
     def metadata(self) -> dict:
@@ -282,9 +267,3 @@ class MemoryRecorder:
             meta["peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
             meta["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
         return json.loads(json.dumps(meta))
-
-    def program_start(self) -> None:
-        self.start(PROGRAM_WINDOW)
-
-    def program_stop(self) -> None:
-        self.stop()

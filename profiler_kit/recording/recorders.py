@@ -30,7 +30,7 @@ from profiler_kit.errors import literal
 from profiler_kit.names import KIND_PHASE
 from profiler_kit.nvtx_ranges import process_mark
 from profiler_kit.recording import api
-from profiler_kit.recording.channel import CAPTURE, PROGRAM_WINDOW
+from profiler_kit.recording.channel import CAPTURE, PROGRAM_WINDOW, WHOLE_RUN
 from profiler_kit.recording.marks import Marks
 from profiler_kit.recording.notes import RECORDING_WINDOW, Notes
 from profiler_kit.recording.window import Window
@@ -55,30 +55,74 @@ class PhaseNames:
             self.names.setdefault(name, None)
 
 
-class TorchRecorder:
-    """torch.profiler (CPU operators, and CUDA kernels when CUDA is available) over the whole run, or over the
-    window the program opens. On a machine with CUDA (`cuda`) a whole run starts at the program's first CUDA
-    call, as under nsys (what ran before is start-up), or at its first range or step if that comes first (a
-    program that runs on the CPU there); elsewhere at start-up."""
+class WindowRecorder:
+    """What the recorders that live in the program (torch.profiler, the memory history) share: the window, the
+    marks and notes they keep up to date, the metadata the program describes itself with, and the program's
+    own window calls."""
 
-    def __init__(self, trace: Path, window: Window, marks: Marks, notes: Notes, place: dict[str, int],
-                 cuda: bool = False) -> None:
-        self.trace = trace
+    def __init__(self, window: Window, marks: Marks, notes: Notes, place: dict[str, int]) -> None:
         self.window = window
         self.marks = marks
         self.notes = notes
         self.place = place
-        self.phases = PhaseNames()
         self.described: dict = {}
-        self.profiler: torch.profiler.profile | None = None
         self.done = False
+
+    def declare(self) -> None:
+        self.marks.capture_steps()
+
+    def describe(self, fields: dict) -> None:
+        self.described.update(fields)
+
+    def start(self, kind: str = CAPTURE) -> None:
+        raise NotImplementedError
+
+    def stop(self, steps: int | None = None) -> None:
+        raise NotImplementedError
+
+    def program_start(self) -> None:
+        self.start(PROGRAM_WINDOW)
+
+    def program_stop(self) -> None:
+        self.stop()
+
+    def _end_window(self, steps: int | None) -> None:
+        """The window closes: `steps` recorded (None: at the program's exit or its own stop(), where the marks
+        still open are closed first)."""
+        self.done = True
+        if steps is None:
+            self.marks.finish()
+        self.window.close(steps)
+
+    @staticmethod
+    def _write(path: Path, write) -> None:
+        """`write()` the recording to `path`; failing at the program's exit: one line on its stderr."""
+        try:
+            write()
+        except OSError as exc:
+            print(f"profiler-kit: {literal(path)}: could not be written ({exc.strerror or exc})", file=sys.stderr)
+
+
+class TorchRecorder(WindowRecorder):
+    """torch.profiler (CPU operators, and CUDA kernels when CUDA is available) over the whole run, or over the
+    window the program opens. It starts with the program; on a machine with CUDA (`cuda`) a whole run starts
+    again at the program's first CUDA call, as under nsys (what ran before is start-up, and a profiler started
+    before CUDA was is not the one a program would start)."""
+
+    def __init__(self, trace: Path, window: Window, marks: Marks, notes: Notes, place: dict[str, int],
+                 cuda: bool = False) -> None:
+        super().__init__(window, marks, notes, place)
+        self.trace = trace
+        self.phases = PhaseNames()
+        self.profiler: torch.profiler.profile | None = None
         self.cuda = cuda
 
     def observers(self) -> list:
-        return [self.notes.guard("the phase names", self.phases), self.notes.guard(RECORDING_WINDOW, self._first)]
+        return [self.notes.guard("the phase names", self.phases)]
 
-    def _first(self, _opened: bool, _name: str, _kind: str, _token: int, _number: int | None) -> None:
-        if self.profiler is None and not self.done:
+    def _at_cuda_start(self) -> None:
+        if self.profiler is not None and not self.done and self.window.kind == WHOLE_RUN:
+            self.profiler.stop()
             self._begin()
 
     def _begin(self) -> None:
@@ -91,16 +135,9 @@ class TorchRecorder:
     def begin(self) -> None:
         """Record the whole run unless a window opens (see the class docstring)."""
         atexit.register(self.notes.guard(RECORDING_WINDOW, self.stop))
+        self._begin()
         if self.cuda:
-            torch.cuda._lazy_call(self.notes.guard(RECORDING_WINDOW, lambda: self._first(True, "", "", 0, None)))
-        else:
-            self._begin()
-
-    def declare(self) -> None:
-        self.marks.capture_steps()
-
-    def describe(self, fields: dict) -> None:
-        self.described.update(fields)
+            torch.cuda._lazy_call(self.notes.guard(RECORDING_WINDOW, self._at_cuda_start))
 
     def start(self, kind: str = CAPTURE) -> None:
         if self.done:
@@ -114,28 +151,16 @@ class TorchRecorder:
     def stop(self, steps: int | None = None) -> None:
         if self.done or self.profiler is None:
             return
-        self.done = True
-        if steps is None:  # the window ends with the program, or at its own stop(): close what is open
-            self.marks.finish()
+        self._end_window(steps)
         synchronize()
-        self.window.close(steps)
         self.notes.guard("the trace's metadata (phase names, notes, rank)", self._add_metadata)()
         self.profiler.stop()
-        try:
-            self.profiler.export_chrome_trace(str(self.trace))
-        except OSError as exc:  # at the program's exit: one line on its stderr, no traceback
-            print(f"profiler-kit: {literal(self.trace)}: could not be written ({exc.strerror or exc})", file=sys.stderr)
+        self._write(self.trace, lambda: self.profiler.export_chrome_trace(str(self.trace)))
         self.window.report()
 
     def _add_metadata(self) -> None:
         meta = {**self.described, "phases": list(self.phases.names), "notes": self.notes.lines, **self.place}
         self.profiler.add_metadata_json("profiler_kit", json.dumps(meta))
-
-    def program_start(self) -> None:
-        self.start(PROGRAM_WINDOW)
-
-    def program_stop(self) -> None:
-        self.stop()
 
 
 class JobStop:

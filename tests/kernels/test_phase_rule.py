@@ -292,3 +292,17 @@ def test_torch_trace_metadata_marks_ranges_by_name(tmp_path):
     assert set(ranges.loc[ranges["marked"], "name"]) == {"bwd"}
     assert summarize(path).phase_names == ["bwd"]
     assert not load(FIXTURES / "cpu_example_mlp_torch.json.gz").ranges["marked"].any()
+
+
+def test_the_rule_is_one_text_in_the_help_the_readme_and_the_docs():
+    from click.testing import CliRunner
+
+    from profiler_kit.cli import main
+    from profiler_kit.kernels.phases import RULE
+
+    repo = Path(__file__).resolve().parents[2]
+    flat = " ".join(RULE.split())
+    for page in (repo / "README.md", repo / "docs" / "nsys.md"):
+        assert flat in " ".join(page.read_text().split()), page.name
+    shown = CliRunner().invoke(main, ["kernels", "summarize", "--help"]).stdout
+    assert flat in " ".join(shown.split())

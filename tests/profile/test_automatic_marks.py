@@ -25,7 +25,7 @@ torch.manual_seed(0)
 class Block(nn.Module):
     def __init__(self):
         super().__init__()
-        self.up, self.down = nn.Linear(32, 128), nn.Linear(128, 32)
+        self.up, self.down = nn.Linear(64, 256), nn.Linear(256, 64)
 
     def forward(self, x):
         return x + self.down(torch.relu(self.up(x)))
@@ -45,7 +45,7 @@ class Net(nn.Module):
         return x
 
 def batch():
-    return torch.randn(16, 32)
+    return torch.randn(256, 64)
 """
 
 
@@ -82,7 +82,7 @@ def test_gradient_accumulation_and_clipping(tmp_path):
     assert doc["phase_rule"] == "auto" and list(doc["phases"]) == ["forward", "backward", "optimizer_step"]
     assert len(doc["steps"]) == 4
     in_phases = sum(phase["total_ns"] for phase in doc["phases"].values())
-    assert in_phases >= 0.9 * doc["total_ns"]
+    assert in_phases >= 0.9 * doc["total_ns"], in_phases / doc["total_ns"]
     assert marks(ranges).to_dict() == {"backward": 8, "forward": 8, "optimizer_step": 4, "step": 4}
     steps = ranges[(ranges["kind"] == "auto") & (ranges["name"] == "step")]
     assert steps["number"].tolist() == [0, 1, 2, 3]
@@ -123,7 +123,7 @@ def test_a_hugging_face_style_model_with_a_dict_batch(tmp_path):
             # Takes the batch as keyword arguments and returns a dict holding the loss, as transformers' do.
             def __init__(self):
                 super().__init__()
-                self.embed, self.body, self.head = nn.Embedding(50, 32), Net(), nn.Linear(32, 50)
+                self.embed, self.body, self.head = nn.Embedding(50, 64), Net(), nn.Linear(64, 50)
 
             def forward(self, input_ids, labels=None, attention_mask=None):
                 logits = self.head(self.body(self.embed(input_ids)))
