@@ -15,12 +15,12 @@ MODE ?= forward
 MIXED ?= 0
 MIXED_FLAG := $(if $(filter 1 yes true,$(MIXED)),--mixed-precision,)
 
-.PHONY: help install test test-gpu test-gpu-slow results demo bench lint nsys memory attention leaderboard clean
+.PHONY: help install test test-gpu test-gpu-slow test-gpu-all results demo bench lint nsys memory attention leaderboard clean
 
 help:
 	@echo "make demo | test | install | bench | lint | nsys MODEL=xl CTX=256 [MODE=train] [MIXED=1]"
-	@echo "make test-gpu | test-gpu-slow [ARGS='tests/attention -x']   (on a GPU box without the venv: PY=python3)"
-	@echo "make results [ONLY=leaderboard,optimizers]   (GPU; ONLY=render rewrites the docs from docs/data/results)"
+	@echo "make test-gpu | test-gpu-slow | test-gpu-all [ARGS='tests/attention -x']   (GPU box without the venv: PY=python3)"
+	@echo "make results [ONLY=leaderboard,optimizers] [GPUS=0,1]   (GPU; ONLY=render rewrites the docs from docs/data/results)"
 	@echo "make memory MODEL=xl CTX=256 [MODE=train] [MIXED=1] | attention | leaderboard"
 
 $(STAMP): pyproject.toml
@@ -33,11 +33,15 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# Tests that run nsys use the one profiler-kit finds, else Debian's 2022.4, installed into $(VENV)/nsys-debian.
+# Tests that run nsys use the one profiler-kit finds, else Debian's 2022.4, installed into $(VENV)/nsys-debian;
+# the tests that open the HTML reports in a browser use Debian's chromium, installed with apt-get when missing.
 test: $(ENV)
 	@$(PY) -c "from profiler_kit.recording.nsys import find_nsys; find_nsys()" 2>/dev/null \
 		|| bash tools/install_nsys_debian.sh $(VENV)/nsys-debian >/dev/null \
 		|| echo "no nsys found and none installed into $(VENV)/nsys-debian: the tests that run nsys will skip"
+	@command -v chromium >/dev/null \
+		|| { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } >/dev/null 2>&1 \
+		|| echo "no chromium found and apt-get could not install it: the tests that open the HTML reports in a browser will skip"
 	$(PY) -m pytest -q
 
 # Tests marked gpu, on a CUDA machine: the fast ones (a few minutes on one H100), then the ones marked gpu_slow
@@ -49,10 +53,16 @@ test-gpu: $(ENV)
 test-gpu-slow: $(ENV)
 	$(PYTEST_GPU) -m gpu_slow $(ARGS)
 
-# The README's and docs' GPU figures, re-run on this commit (tools/results.py --list names the parts).
+# Both at once, the tests spread over every GPU of the machine (one pytest process per GPU; GPUS=0,1 picks them,
+# ARGS='--per-gpu 2' runs two processes on each).
+test-gpu-all: $(ENV)
+	PYTHONPATH=$(CURDIR) $(PY) tools/gpu_tests.py -m gpu $(if $(GPUS),--gpus $(GPUS)) $(ARGS)
+
+# The README's and docs' GPU figures, re-run on this commit, the parts in parallel on every GPU of the machine
+# (tools/results.py --list names the parts; GPUS=0,1 picks the GPUs).
 results: $(ENV)
 	PYTHONPATH=$(CURDIR) $(PY) tools/results.py $(if $(filter render,$(ONLY)),--render,$(if $(ONLY),--only $(ONLY))) \
-		$(if $(COMMIT),--commit $(COMMIT))
+		$(if $(COMMIT),--commit $(COMMIT)) $(if $(GPUS),--gpus $(GPUS))
 
 # One intra-op thread and a longer warm-up keep CPU step times steady on a machine other processes share.
 demo: $(ENV)

@@ -6,8 +6,11 @@ How a config is timed:
   Rows report how many warm-up steps ran and whether the time settled before the cap.
 - Exactly `steps` timed steps follow. Each starts on an idle device and ends with one synchronize: `total_ms` is
   the wall time of the step on the host clock; phase times come from CUDA events recorded at the phase
-  boundaries (on a CPU, from the host clock there, since CPU work is done when a phase returns). Nothing
-  synchronizes inside a step, so the launch queue is never drained between phases.
+  boundaries (on a CPU, from the host clock there, since CPU work is done when a phase returns; for a step
+  captured whole as one CUDA graph, from the events its replay records). Nothing synchronizes inside a step, so
+  the launch queue is never drained between phases.
+- `opt_exposed_ms` is how much longer the step is than its backward: the `optimizer_step` phase, all of the
+  update when it runs after the backward, the part left when the update runs beside it.
 - `cpu_threads` sets torch's intra-op threads for the config (on a CPU whose cores other processes share, fewer
   threads than cores keep one preempted thread from stalling every parallel op); rows record the count.
 - Python's garbage collector is off from the first warm-up step to the last timed step (one collection right
@@ -41,7 +44,7 @@ TIME_COLUMNS = {"forward": "forward", "backward": "backward", "optimizer_step": 
                 "host_cpu": "host_cpu"}
 STAT_SUFFIXES = ("", "_std", "_median", "_p10", "_p90")
 CONFIG_COLUMNS = ("model", "ctx", "mode", "batch_size", "mixed_precision", "compile", "cuda_graphs", "attention",
-                  "optimizer")
+                  "optimizer", "optimizer_overlap", "clip_grad_norm")
 KEY_COLUMNS = (*CONFIG_COLUMNS, "repeat")
 # What changes a measurement besides its config; `--resume` counts a row as done only when these match.
 # `warmup_min`/`max_warmup`/`stable_pct` are the warm-up options, `warmup` the number of warm-up steps that ran.
@@ -60,6 +63,7 @@ COLUMNS = (
     "nvtx",
     "seed",
     *(f"{p}_ms{s}" for p in TIME_COLUMNS.values() for s in STAT_SUFFIXES),
+    "opt_exposed_ms",
     "tokens_per_s",
     "model_tflops",
     "mfu_pct",
@@ -118,9 +122,12 @@ class StepTimer:
     its return, before the synchronize, whose wait may spin. On a GPU a `host_cpu` close to `total` means the
     host, not the GPU, sets the step's length."""
 
-    def __init__(self, device: torch.device, phases: Sequence[str]) -> None:
+    def __init__(self, device: torch.device, phases: Sequence[str],
+                 recorded: Callable[[], list[torch.cuda.Event] | None] | None = None) -> None:
         self.device = device
         self.phases = tuple(phases)
+        # The events a step captured as a CUDA graph records itself (step start, each phase's end), if any.
+        self.recorded = recorded
         self.uses_events = device.type == "cuda"
         if self.uses_events:
             self.events = [torch.cuda.Event(enable_timing=True) for _ in range(len(self.phases) + 1)]
@@ -149,11 +156,13 @@ class StepTimer:
         if not phases:
             return out
         out["host_cpu"] = host_cpu
-        if len(marks) != len(self.phases) + 1:
+        events = self.recorded() if self.recorded else None
+        if events is None and len(marks) != len(self.phases) + 1:
             raise RuntimeError(f"the step ended {len(marks) - 1} phases, expected {len(self.phases)}")
+        events = events or (self.events if self.uses_events else None)
         for i, phase in enumerate(self.phases):
-            if self.uses_events:
-                out[phase] = self.events[i].elapsed_time(self.events[i + 1]) / 1e3
+            if events:
+                out[phase] = events[i].elapsed_time(events[i + 1]) / 1e3
             else:
                 out[phase] = marks[i + 1] - marks[i]
         return out
@@ -205,7 +214,8 @@ def time_steps(
     """Warm up until the step time settles (within the bounds of `timing`), then time exactly `timing.steps`
     steps. `on_status` hears about the warm-up between its steps and once before the timed steps, never during
     them."""
-    timer = StepTimer(workload.device, workload.phases)
+    # A workload whose step is captured as one CUDA graph says where its replays record the phase boundaries.
+    timer = StepTimer(workload.device, workload.phases, getattr(workload, "phase_events", None))
     warm: list[float] = []
     with collector_paused():
         synchronize(workload.device)
@@ -281,6 +291,8 @@ def run_config(
         for phase, column in TIME_COLUMNS.items():
             if result.samples.get(phase):
                 row.update({f"{column}_ms{k}": v for k, v in step_stats(result.samples[phase]).items()})
+        row["opt_exposed_ms"] = row["optimizer_ms"]
+        row["message"] = "; ".join(workload.notes)
         seconds = row["total_ms"] / 1e3
         row["tokens_per_s"] = cfg.batch_size * cfg.ctx / seconds
         flops = step_flops(workload.model_cfg, cfg.batch_size, cfg.ctx, cfg.mode)

@@ -92,18 +92,23 @@ def leave() -> None:
         dist.destroy_process_group()
 
 
-def wrap(model: nn.Module, parallel: str, device: torch.device) -> nn.Module:
+def wrap(model: nn.Module, parallel: str, device: torch.device, mixed_precision: bool = False) -> nn.Module:
     """`model` data-parallel over the open process group: DDP around it, or FSDP2 sharding each block's
-    parameters and then the rest (embedding, final norm, LM head) at the root."""
+    parameters and then the rest (embedding, final norm, LM head) at the root. With `mixed_precision`, FSDP2
+    gathers the parameters in bf16 for the forward and backward and reduces the gradients in fp32
+    (`MixedPrecisionPolicy`), as bf16 training with FSDP2 is run: gathering fp32 weights for bf16 autocast moves
+    twice the bytes."""
     check_mode(parallel)
     if parallel == "ddp":
         return nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     if parallel == "fsdp":
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mixed_precision \
+            else MixedPrecisionPolicy()
         for layer in model.layers:
-            fully_shard(layer)
-        return fully_shard(model)
+            fully_shard(layer, mp_policy=policy)
+        return fully_shard(model, mp_policy=policy)
     raise ProfilerKitError("parallel mode 'none' has no wrapper")
 
 

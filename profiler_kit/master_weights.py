@@ -12,6 +12,10 @@ gradient tensors, shaped and strided like their contiguous parameters), and the 
 one: the parameters must stay where they are. Each program updates one chunk of `BLOCK` elements
 of one parameter. On a CPU without the Triton interpreter the same update runs as PyTorch ops, parameter by
 parameter.
+
+The step may be captured in a CUDA graph: the step count lives on the device (the kernel reads the powers of
+the betas that a replay computes from it), and while a capture runs the gradients' addresses, which a graph's
+replays keep, go to a table of the optimizer's own that `write_captured_tables` fills once the capture ends.
 """
 
 from __future__ import annotations
@@ -35,14 +39,17 @@ ALIGN: tl.constexpr = tl.constexpr(16)
 
 @triton.jit
 def _adamw_master_kernel(
-    CHUNK_PARAM, CHUNK_START, GRADS, WEIGHTS, OFFSETS, NUMELS, MASTER, EXP_AVG, EXP_AVG_SQ, W0,
-    decay, beta1, beta2, step_size, bias_correction2_sqrt, eps,
+    CHUNK_PARAM, CHUNK_START, GRADS, WEIGHTS, OFFSETS, NUMELS, MASTER, EXP_AVG, EXP_AVG_SQ, W0, BETA_POWERS,
+    decay, beta1, beta2, lr, eps,
     BLOCK: tl.constexpr, WHOLE_VECTORS: tl.constexpr,
 ):
     """One chunk of one parameter: decoupled weight decay, both moments, the bias-corrected step, and the bf16
     (weight-dtype) copy of the new master weight. W0 is the first weight, whose pointer type the addresses in
     GRADS and WEIGHTS are cast to; a zero address in GRADS (no gradient this step) leaves the chunk as it is.
+    BETA_POWERS holds beta1ᵗ and beta2ᵗ in float64 for this step t, whence the bias corrections.
     WHOLE_VECTORS: every parameter's size is a multiple of ALIGN, so that the bounds mask may be vectorised."""
+    step_size = (lr / (1.0 - tl.load(BETA_POWERS))).to(tl.float32)
+    bias_correction2_sqrt = tl.sqrt(1.0 - tl.load(BETA_POWERS + 1)).to(tl.float32)
     chunk = tl.program_id(0)
     param = tl.load(CHUNK_PARAM + chunk)
     # Chunks start at multiples of BLOCK and slices at multiples of ALIGN; the caching allocator aligns
@@ -71,12 +78,20 @@ def _adamw_master_kernel(
     tl.store(weight_ptr + idx, p.to(W0.dtype.element_ty), mask=live)
 
 
+def _address_list(tensors: list[torch.Tensor | None]) -> list[int]:
+    return [0 if t is None else t.data_ptr() for t in tensors]
+
+
 def _addresses(tensors: list[torch.Tensor | None], device: torch.device) -> torch.Tensor:
     """An int64 device tensor of the tensors' data addresses (0 for None), copied from pinned memory without
     blocking the host."""
-    host = torch.tensor([0 if t is None else t.data_ptr() for t in tensors], dtype=torch.int64,
-                        pin_memory=device.type == "cuda")
+    host = torch.tensor(_address_list(tensors), dtype=torch.int64, pin_memory=device.type == "cuda")
     return host.to(device, non_blocking=True)
+
+
+def capturing(device: torch.device) -> bool:
+    """Whether the current stream of `device` is being captured into a CUDA graph."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 class MasterWeightAdamW(torch.optim.Optimizer):
@@ -125,6 +140,12 @@ class MasterWeightAdamW(torch.optim.Optimizer):
             self._numels = torch.tensor(numels, dtype=torch.int64, device=device)
             self._weights = _addresses(self.params, device)
             self._whole_vectors = all(n % ALIGN.value == 0 for n in numels)
+            # The step count t and (beta1ᵗ, beta2ᵗ), on the device so that a graph's replays advance them.
+            self._step = torch.zeros((), dtype=torch.float64, device=device)
+            self._betas = torch.tensor(self.defaults["betas"], dtype=torch.float64, device=device)
+            self._beta_powers = torch.empty_like(self._betas)
+            self._graph_grads = torch.zeros(len(self.params), dtype=torch.int64, device=device)
+            self._captured_grads: list[int] | None = None
 
     @torch.no_grad()
     def step(self, closure=None) -> None:
@@ -135,20 +156,34 @@ class MasterWeightAdamW(torch.optim.Optimizer):
         lr, (beta1, beta2), eps, weight_decay = group["lr"], group["betas"], group["eps"], group["weight_decay"]
         self.steps += 1
         decay = 1.0 - lr * weight_decay
-        step_size = lr / (1.0 - beta1 ** self.steps)
-        bias_correction2_sqrt = math.sqrt(1.0 - beta2 ** self.steps)
         if not self._triton:
+            step_size = lr / (1.0 - beta1 ** self.steps)
+            bias_correction2_sqrt = math.sqrt(1.0 - beta2 ** self.steps)
             for p in self.params:
                 if p.grad is not None:
                     _update(p, self.state[p], decay, beta1, beta2, step_size, bias_correction2_sqrt, eps)
             return
-        grads = _addresses([p.grad for p in self.params], self.master.device)
+        device = self.master.device
+        grads = [p.grad for p in self.params]
+        if capturing(device):
+            self._captured_grads = _address_list(grads)
+            table = self._graph_grads
+        else:
+            table = _addresses(grads, device)
+        torch.pow(self._betas, self._step.add_(1), out=self._beta_powers)
         _adamw_master_kernel[(len(self._chunk_param),)](
-            self._chunk_param, self._chunk_start, grads, self._weights, self._offsets, self._numels,
-            self.master, self.exp_avg, self.exp_avg_sq, self.params[0],
-            decay, beta1, beta2, step_size, bias_correction2_sqrt, eps,
+            self._chunk_param, self._chunk_start, table, self._weights, self._offsets, self._numels,
+            self.master, self.exp_avg, self.exp_avg_sq, self.params[0], self._beta_powers,
+            decay, beta1, beta2, lr, eps,
             BLOCK=BLOCK, WHOLE_VECTORS=self._whole_vectors, num_warps=NUM_WARPS,
         )
+
+    def write_captured_tables(self) -> None:
+        """After a CUDA graph captured `step`: write the addresses of the gradients it saw, which the graph's
+        replays read, into the table its kernel reads (nothing when no capture ran a step)."""
+        if self._triton and self._captured_grads is not None:
+            self._graph_grads.copy_(torch.tensor(self._captured_grads, dtype=torch.int64))
+            self._captured_grads = None
 
 
 def _update(p: torch.Tensor, state: dict[str, torch.Tensor], decay: float, beta1: float, beta2: float,

@@ -30,7 +30,9 @@ def _config_label(row: pd.Series) -> str:
     """One config in a few words: model, ctx, mode, then what differs from the defaults."""
     flags = [name for name, on in (("bf16", row["mixed_precision"]), ("compile", row["compile"]),
                                    ("graphs", row["cuda_graphs"]), (row["attention"], row["attention"] != "naive"),
-                                   (row["optimizer"], row["optimizer"] != OPTIMIZERS[0])) if on]
+                                   (row["optimizer"], row["optimizer"] != OPTIMIZERS[0]),
+                                   ("overlap", row.get("optimizer_overlap")),
+                                   (f"clip{row.get('clip_grad_norm')}", pd.notna(row.get("clip_grad_norm")))) if on]
     again = [f"#{row['repeat']}"] if row.get("repeat", 1) not in (1, None) else []
     return " ".join(map(str, [row["model"], f"ctx{row['ctx']}", row["mode"], *flags, *again]))
 
@@ -90,6 +92,20 @@ def unsteady_note(df: pd.DataFrame) -> str | None:
 )
 @click.option("--steps", type=positive_int, default=10, show_default=True, help="Timed steps per config.")
 @click.option(
+    "--optimizer-overlap",
+    is_flag=True,
+    help="Train: update each block's parameters as soon as its gradients are final, on a stream of its own beside "
+    "the backward of the blocks before it (--compile then compiles block by block; --cuda-graphs captures the "
+    "whole step as one graph). opt_exposed_ms: how much longer the step is than its backward.",
+)
+@click.option(
+    "--clip-grad-norm",
+    type=positive_float,
+    default=None,
+    help="Train: clip the gradients' total norm to this before the update (which then waits for the whole "
+    "backward, with --optimizer-overlap too: the row says so).",
+)
+@click.option(
     "--cpu-threads",
     type=positive_int,
     default=None,
@@ -130,6 +146,8 @@ def benchmark_cmd(
     max_warmup,
     stable_pct,
     steps,
+    optimizer_overlap,
+    clip_grad_norm,
     cpu_threads,
     repeat,
     output,
@@ -141,7 +159,8 @@ def benchmark_cmd(
     """Time forward, backward and optimizer phases over a sweep of model × ctx × mode × attention × optimizer."""
     base = WorkloadConfig(
         model[0], ctx[0], mode[0], batch_size, mixed_precision, compile_, attention[0], device, seed, nvtx,
-        optimizer[0], parallel=parallel, cuda_graphs=cuda_graphs,
+        optimizer[0], parallel=parallel, cuda_graphs=cuda_graphs, optimizer_overlap=optimizer_overlap,
+        clip_grad_norm=clip_grad_norm,
     )
     timing = bench.TimingOptions(warmup, max(warmup, max_warmup), steps, stable_pct, cpu_threads)
     items = bench.sweep_items(bench.sweep_configs(base, model, ctx, mode, attention, optimizer), repeat)

@@ -24,7 +24,7 @@ from profiler_kit.kernels.ranks import rank_of, rank_traces, summarize_ranks
 from profiler_kit.kernels.summary import NS_PER_MS
 from profiler_kit.kernels.timeline import timeline, write_trace
 from profiler_kit.kernels.whatif import Speedup, what_if
-from profiler_kit.render import emit_report, say
+from profiler_kit.render import Report, emit_report, say
 
 SOURCES_HELP = (
     "A report is an nsys .nsys-rep or its .sqlite export, `nsys stats` cuda_gpu_kern_sum output (CSV or "
@@ -51,7 +51,30 @@ _ANALYSIS_OPTIONS = (
         help=f"An NVTX range to report as a phase (repeatable). {PHASE_RULE}",
     ),
     format_option(),
+    click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                 metavar="FILE.png", help="Also draw the report's charts into this PNG."),
+    click.option("--html", "html_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                 metavar="FILE.html", help="Also write the charts and tables as one self-contained HTML file "
+                                           "(opens offline)."),
+    FORCE,
 )
+
+
+def _write_pictures(report: Report, plot_path: Path | None, html_path: Path | None) -> None:
+    """The report's charts (`kernels.charts`) as a PNG and as an HTML page, where asked."""
+    if plot_path is None and html_path is None:
+        return
+    from profiler_kit.kernels.charts import report_charts
+
+    title, charts = report_charts(report)
+    if plot_path is not None:
+        from profiler_kit.kernels.plot import write_png
+
+        say(f"wrote {write_png(charts, title, plot_path)}")
+    if html_path is not None:
+        from profiler_kit.kernels.html import write_html
+
+        say(f"wrote {write_html(report, charts, title, html_path)}")
 
 
 def _analysis_options(fn):
@@ -73,26 +96,33 @@ def kernels() -> None:
 @click.option("--peak-tflops", type=positive_float, default=None,
               help="The GPU's peak TFLOP/s at the run's precision, for MFU.")
 def summarize_command(paths: tuple[Path, ...], top: int, nvtx: str | None, phases: tuple[str, ...], fmt: str,
-                      flops_per_step: float | None, peak_tflops: float | None) -> None:
+                      plot_path: Path | None, html_path: Path | None, force: bool, flops_per_step: float | None,
+                      peak_tflops: float | None) -> None:
     """Summarize the kernels of one report: by category, per kernel, per phase, and where the GPU idles in
     each phase (launch-bound when idle above half of the phase's GPU span; one long gap, such as start-up or
     autotuning, is named instead). A report whose phases sit in a repeating range (`step`, `ProfilerStep#N`)
     gets a per-step table, warm-up steps apart, and the idle verdicts come from the steady steps. A range
     outside the phases holding more than 5% of the time is named in a note.
 
-    Several reports are the ranks of one job (`<stem>.rank<R>.json.gz`, else in the order given): a table per
-    rank, the merged categories, communication per phase (overlapped by compute elsewhere, and exposed) and
-    each phase's spread across ranks with its slowest rank."""
+    Several reports (or one that holds several processes) are the ranks of one job, each the RANK it had (else
+    `.rank<R>.` in its name, else in the order given): over the steps no rank spent warming up, a table per rank,
+    the merged categories, communication per phase (overlapped by compute elsewhere, and exposed), each phase's
+    spread across ranks with its slowest rank, and per step the rank that entered the collectives last.
+
+    --plot and --html draw each phase's time stacked by category and each step's wall time, kernel time and
+    GPU idle share; for several ranks, a bar group per rank."""
+    check_output_paths([plot_path, html_path], paths, force)
     ranks = rank_traces(list(paths))
     if len(ranks) > 1:
         if nvtx is not None or flops_per_step is not None:
             raise click.UsageError("--nvtx and --flops-per-step take the report of one process")
-        emit_report(summarize_ranks(ranks, top=top, phases=list(phases) or None), fmt)
-        return
-    summary = summarize_trace(ranks[0][1], top=top, phases=list(phases) or None, nvtx=nvtx)
-    if flops_per_step is not None:
-        summary.add_flops(per_step=flops_per_step, peak_tflops=peak_tflops)
-    emit_report(summary, fmt)
+        report = summarize_ranks(ranks, top=top, phases=list(phases) or None)
+    else:
+        report = summarize_trace(ranks[0][1], top=top, phases=list(phases) or None, nvtx=nvtx)
+        if flops_per_step is not None:
+            report.add_flops(per_step=flops_per_step, peak_tflops=peak_tflops)
+    _write_pictures(report, plot_path, html_path)
+    emit_report(report, fmt)
 
 
 class _CompareCommand(click.Command):
@@ -132,8 +162,9 @@ class _CompareCommand(click.Command):
                    f"[default: {DEFAULT_MIN_DELTA_SHARE:.0%} of A's total].")
 @click.pass_context
 def compare_command(ctx: click.Context, reports: tuple[Path, ...], against: tuple[Path, ...], baseline: Path | None,
-                    top: int, nvtx: str | None, phases: tuple[str, ...], fmt: str, fail_above: float | None,
-                    gates: list[str], min_delta_ms: float | None) -> None:
+                    top: int, nvtx: str | None, phases: tuple[str, ...], fmt: str, plot_path: Path | None,
+                    html_path: Path | None, force: bool, fail_above: float | None, gates: list[str],
+                    min_delta_ms: float | None) -> None:
     """Compare two reports, or two sides of runs: time per category, phase and kernel in A and B (medians over
     each side's runs: the steps of its reports when each has a per-step table, else the reports), delta (B − A),
     speedup (A / B). Kernels are matched by what they compute (dtypes, sizes and launcher variants folded); the
@@ -141,7 +172,9 @@ def compare_command(ctx: click.Context, reports: tuple[Path, ...], against: tupl
 
     `kernels compare A B`, `kernels compare A1 A2 A3 --against B1 B2 B3`, `kernels compare --baseline a.json B`.
     With several runs a side, each check gets a verdict: regressed or improved when the change passes both
-    sides' range over their runs and the floor, else within noise."""
+    sides' range over their runs and the floor, else within noise. --plot and --html draw A beside B per
+    category and per phase."""
+    check_output_paths([plot_path, html_path], [*reports, *against, baseline], force)
     if baseline is not None:
         side_a, side_b = None, list(reports) + list(against)
     elif against:
@@ -167,6 +200,7 @@ def compare_command(ctx: click.Context, reports: tuple[Path, ...], against: tupl
     min_delta_ns = None if min_delta_ms is None else round(min_delta_ms * NS_PER_MS)
     comparison = compare(a, b_summaries, top=top, fail_above_pct=fail_above, gates=tuple(gates),
                          min_delta_ns=min_delta_ns)
+    _write_pictures(comparison, plot_path, html_path)
     emit_report(comparison, fmt)
     if comparison.failed:
         say(f"regression: {len(comparison.failures())} check(s) of B more than {fail_above:g}% and "

@@ -22,6 +22,7 @@ from profiler_kit.errors import ProfilerKitError
 from profiler_kit.files import check_output_paths
 from profiler_kit.memory import DEFAULT_TOP, MemoryReport, analyze_file, compare, plot_timeline, write_html
 from profiler_kit.memory.html import MEMORY_VIZ_URL
+from profiler_kit.memory.ranks import merge, rank_peak, snapshot_paths, summarize_ranks
 from profiler_kit.memory.snapshot import sidecar_path
 from profiler_kit.names import DEFAULT_MAX_ENTRIES, DEFAULT_OUTPUT_DIR
 from profiler_kit.render import console_err, emit_report, say
@@ -73,8 +74,8 @@ def memory_cmd(click_ctx: click.Context, model, ctx, mode, batch_size, mixed_pre
     torch.cuda.profiler.start() and stop(), else from CUDA's start-up to exit; the storages of its parameters,
     gradients and optimizer state are listed in the snapshot at the window's start and after each optimizer
     step. Writes OUT.pickle (OUT.rank<R>.pickle per torchrun worker), also when the program runs out of
-    memory, and prints the report of `memory summarize` for each. Exits with the program's exit status
-    (128 + N when a signal N ended it).
+    memory, and prints the report of `memory summarize` for each, then, for several ranks, their merged view.
+    Exits with the program's exit status (128 + N when a signal N ended it).
 
     Run `profiler-kit memory summarize FILE.pickle` to explain any snapshot, also on a machine without a GPU;
     the options above apply to recording only. The HTML report opens offline; the pickle also opens at
@@ -131,10 +132,14 @@ def _record_program(command: list[str], output: Path | None, max_entries: int, f
         say(f"the program exited with status {run.exit_code}; {kept}")
     if not run.files and run.exit_code == 0:
         raise ProfilerKitError("the command wrote no snapshot: it started no Python program that used CUDA")
-    for path in run.files:
+    peaks = []
+    for position, path in enumerate(run.files):
         report = analyze_file(path, top)
         report.notes.extend(run.window.summary_notes())
         emit_report(report, fmt)
+        peaks.append(rank_peak(report, position))
+    if len(peaks) > 1:
+        emit_report(merge(peaks), fmt)
     return run.exit_code
 
 
@@ -146,7 +151,7 @@ _SIDECAR = click.option("--sidecar/--no-sidecar", "use_sidecar", default=True, s
 
 
 @memory_cmd.command("summarize")
-@click.argument("snapshot", type=click.Path(path_type=Path))
+@click.argument("snapshots", nargs=-1, required=True, metavar="SNAPSHOT...")
 @_DEVICE_INDEX
 @_SIDECAR
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -155,12 +160,23 @@ _SIDECAR = click.option("--sidecar/--no-sidecar", "use_sidecar", default=True, s
               help="Also write the self-contained HTML report (opens offline) to this path.")
 @FORCE
 @_report_options
-def summarize_cmd(snapshot: Path, device_index: int | None, use_sidecar: bool, plot_path: Path | None,
+def summarize_cmd(snapshots: tuple[str, ...], device_index: int | None, use_sidecar: bool, plot_path: Path | None,
                   html_path: Path | None, force: bool, top: int, fmt: str) -> None:
-    """Peak allocated and reserved memory, per-phase peaks, bytes per role at the peak, the largest allocations
-    alive at it and where they were made, and expected vs measured tensor sizes, for any CUDA memory snapshot
-    pickle. Phases come from the recorder's metadata (its sidecar <stem>.json, or stored in the pickle), else
-    from the record_function ranges the snapshot holds."""
+    """Peak allocated and reserved memory, peaks per step and phase, bytes per role at the peak, the largest
+    allocations alive at it and where they were made, and expected vs measured tensor sizes, for any CUDA memory
+    snapshot pickle. Phases come from the recorder's metadata (its sidecar <stem>.json, or stored in the pickle),
+    else from the record_function ranges the snapshot holds, else from its stacks.
+
+    \b
+    Several snapshots of one job's ranks (files, their stem OUT for OUT.rank<R>.pickle, or a quoted glob) give the
+    merged view: each rank's peak and roles, which rank peaks highest and by what."""
+    paths = snapshot_paths(snapshots)
+    if len(paths) > 1:
+        if plot_path or html_path:
+            raise click.UsageError("--plot and --html draw one snapshot; give one")
+        emit_report(summarize_ranks(paths, device_index, use_sidecar), fmt)
+        return
+    snapshot = paths[0]
     check_output_paths([plot_path, html_path], [snapshot, sidecar_path(snapshot)], force)
     report = analyze_file(snapshot, top, device_index, use_sidecar)
     for path, write in ((plot_path, _plot), (html_path, write_html)):

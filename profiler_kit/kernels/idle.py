@@ -162,9 +162,11 @@ def covered_ns(starts: np.ndarray, ends: np.ndarray, q_starts: np.ndarray, q_end
     return covered_until(q_ends) - covered_until(q_starts)
 
 
-def communication(kernels: pd.DataFrame, index: RangeIndex | None, phases: list[str]) -> pd.DataFrame:
+def communication(kernels: pd.DataFrame, index: RangeIndex | None, phases: list[str],
+                  among: np.ndarray | None = None) -> pd.DataFrame:
     """phase, comm_ns, overlapped_ns, exposed_ns, overlap_pct of one report's `phases` (`kernels` as
-    summarized, with `category`, `start_ns`, `stream` and, for CPU operators, `end_ns` and `outermost`)."""
+    summarized, with `category`, `start_ns`, `stream` and, for CPU operators, `end_ns` and `outermost`).
+    `among`: a mask of the ranges to consider (those of the steady steps), all by default."""
     rows = []
     if index is None or "start_ns" not in kernels.columns:
         return pd.DataFrame(columns=["phase", "comm_ns", "overlapped_ns", "exposed_ns", "overlap_pct"])
@@ -177,7 +179,8 @@ def communication(kernels: pd.DataFrame, index: RangeIndex | None, phases: list[
     compute = ~is_comm & (kernels["outermost"].to_numpy() if "outermost" in kernels.columns else True)
     streams, processes = kernels["stream"].to_numpy(), kernels["process"].to_numpy()
     label_of = pd.Index(phases).get_indexer(index.names())
-    all_members, owners = launches_in(kernels, index, np.flatnonzero(label_of >= 0))
+    chosen = label_of >= 0 if among is None else (label_of >= 0) & among
+    all_members, owners = launches_in(kernels, index, np.flatnonzero(chosen))
     for label, phase in enumerate(phases):
         members = all_members[label_of[owners] == label]
         comm = np.unique(members[is_comm[members]])
@@ -191,9 +194,12 @@ def communication(kernels: pd.DataFrame, index: RangeIndex | None, phases: list[
     return pd.DataFrame(rows, columns=["phase", "comm_ns", "overlapped_ns", "exposed_ns", "overlap_pct"])
 
 
-def phase_wall(index: RangeIndex | None, phases: list[str]) -> dict[str, int]:
-    """CPU wall time of each phase: the total length of its ranges."""
+def phase_wall(index: RangeIndex | None, phases: list[str], among: np.ndarray | None = None) -> dict[str, int]:
+    """CPU wall time of each phase: the total length of its ranges (those of the mask `among`, else all)."""
     if index is None:
         return {p: 0 for p in phases}
-    walls = (index.ranges["end_ns"] - index.ranges["start_ns"]).groupby(index.names().to_numpy()).sum()
+    lengths = index.ranges["end_ns"] - index.ranges["start_ns"]
+    if among is not None:
+        lengths = lengths.where(among, 0)
+    walls = lengths.groupby(index.names().to_numpy()).sum()
     return {p: int(walls.get(p, 0)) for p in phases}

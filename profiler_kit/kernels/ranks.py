@@ -1,12 +1,28 @@
 """A distributed job's reports side by side: one summary per rank, the merged figures, communication per phase
-(`idle.communication`) and the stragglers. A phase's spread across ranks is the difference between its slowest
-and fastest rank's wall time (its ranges' CPU time) over the mean.
+(`idle.communication`), the stragglers and which rank entered each collective last (`collectives`).
+
+Ranks. Each process is the rank it had in its job: the `RANK` the recorder saw (`KernelTrace.process_ranks`),
+else the `.rank<R>.` in its report's name (`<stem>.rank<R>.json.gz`), else its place among the reports and
+processes, with a note. A report that holds several processes (nsys around torchrun) gives one per process;
+the reports of several nodes (`-o` per node) together give the job's global ranks.
+
+Steady state. The per-rank tables cover the job's steady steps: the steps (`kernels.steps`, matched across ranks
+by their number) that no rank spent warming up. What ran outside the steps (start-up, DDP's parameter
+broadcast, a first collective waiting for a rank that started late) and the warm-up steps are apart. A job
+without a repeating step range is covered whole, with a note.
+
+Clocks. Ranks compare in time only on one clock: the processes of one nsys report, or the torch.profiler traces
+of one host. Across hosts the clocks disagree by more than a collective lasts, so who entered a collective last
+is not said; everything else is per rank and stands. A phase's spread across ranks is the difference between
+its slowest and fastest rank's wall time (its ranges' CPU time) over the mean.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from itertools import count
 from pathlib import Path
 from typing import Any
 
@@ -14,17 +30,17 @@ import numpy as np
 import pandas as pd
 
 from profiler_kit.errors import ProfilerKitError
-from profiler_kit.kernels.attribution import RangeIndex
-from profiler_kit.kernels.categories import CATEGORIES
-from profiler_kit.kernels.idle import COMMUNICATION, communication, launches_in, phase_wall
+from profiler_kit.kernels import collectives
+from profiler_kit.kernels.attribution import launches_in, membership
+from profiler_kit.kernels.categories import CATEGORIES, COMMUNICATION
+from profiler_kit.kernels.idle import communication, phase_wall
 from profiler_kit.kernels.sources import load
-from profiler_kit.kernels.summary import NS_PER_MS, KernelSummary, summarize_trace
+from profiler_kit.kernels.steps import STEADY, WARMUP, WARMUP_FACTOR, find_steps, inside_steps, warm_rows
+from profiler_kit.kernels.summary import CPU_OPS, NS_PER_MS, KernelSummary, summarize_trace
 from profiler_kit.kernels.trace import NO_LAUNCH, KernelTrace
 from profiler_kit.render import records
 
 _RANK = re.compile(r"\.rank(\d+)\.")
-# The ProcessGroup operators one collective call goes through, once each, whatever the backend.
-COLLECTIVE_OP = r"c10d::"
 
 
 def rank_of(path: Path, position: int) -> int:
@@ -34,37 +50,80 @@ def rank_of(path: Path, position: int) -> int:
 
 
 @dataclass
-class RankedSummary:
-    """One summary per rank (rank order), with each rank's communication per phase and phase wall times."""
+class Rank:
+    """One rank: its summary (the whole recording) and its figures over the job's steady steps (`steady`: their
+    range ids in the summary's index; None when the figures cover the whole recording)."""
 
-    ranks: list[int]
-    summaries: list[KernelSummary]
-    communication: list[pd.DataFrame]
-    walls: list[dict[str, int]]
-    collective_calls: list[dict[str, int]]
+    rank: int
+    node: int | None
+    process: int | None
+    summary: KernelSummary
+    steady: np.ndarray | None
+    totals: dict[str, Any]
+    communication: pd.DataFrame
+    walls: dict[str, int]
+    collective_calls: dict[str, int]
+    runs: pd.DataFrame  # the collectives it ran (`collectives.executions`)
+
+
+@dataclass
+class RankedSummary:
+    """One job's ranks (rank order), its steady steps (None: no repeating step range on some rank), the
+    collectives matched across ranks, the one-off first collective when there is one, and notes on the job."""
+
+    members: list[Rank]
+    steady_steps: list[int] | None
+    warmup_steps: list[int]
+    arrivals: collectives.Arrivals
+    one_off: dict[str, Any] | None
+    job_notes: list[str] = field(default_factory=list)
+
+    @property
+    def ranks(self) -> list[int]:
+        return [m.rank for m in self.members]
+
+    @property
+    def summaries(self) -> list[KernelSummary]:
+        return [m.summary for m in self.members]
 
     @property
     def phase_names(self) -> list[str]:
         return list(dict.fromkeys(p for s in self.summaries for p in s.phase_names))
 
+    @property
+    def compared(self) -> bool:
+        """Whether the ranks' collectives are compared in time: several ranks on one clock."""
+        return self.arrivals.comparable and len(self.members) > 1
+
+    def _steady_arrivals(self) -> np.ndarray:
+        steps = self.arrivals.table["step"].to_numpy()
+        return np.isin(steps, self.steady_steps) if self.steady_steps is not None else np.ones(len(steps), bool)
+
     def rank_table(self) -> pd.DataFrame:
-        """rank, total_ms, comm_ms, exposed_comm_ms, then each phase's wall time in ms."""
+        """rank (node), steps, wall_ms, total_ms, collective_calls, comm_ms, exposed_comm_ms, times_last and
+        waited_ms (with one clock), then each phase's wall time, all over the steady steps."""
+        last, waited = collectives.rank_waits(self.arrivals, self._steady_arrivals())
         rows = []
-        for rank, summary, comm, wall in zip(self.ranks, self.summaries, self.communication, self.walls,
-                                             strict=True):
-            row = {"rank": rank, "total_ms": summary.total_ns / NS_PER_MS,
-                   "collective_calls": sum(self.collective_calls[self.ranks.index(rank)].values()),
-                   "comm_ms": summary.category_ns()[COMMUNICATION] / NS_PER_MS,
-                   "exposed_comm_ms": comm["exposed_ns"].sum() / NS_PER_MS}
-            row.update({f"{p}_wall_ms": wall.get(p, 0) / NS_PER_MS for p in self.phase_names})
+        for position, m in enumerate(self.members):
+            row: dict[str, Any] = {"rank": m.rank}
+            if any(r.node is not None for r in self.members):
+                row["node"] = m.node
+            wall = m.totals["wall_ns"]
+            row.update(steps=m.totals["steps"], wall_ms=np.nan if wall is None else wall / NS_PER_MS,
+                       total_ms=m.totals["total_ns"] / NS_PER_MS, collective_calls=sum(m.collective_calls.values()),
+                       comm_ms=m.totals["categories"][COMMUNICATION] / NS_PER_MS,
+                       exposed_comm_ms=m.communication["exposed_ns"].sum() / NS_PER_MS)
+            if self.compared:
+                row.update(times_last=int(last[position]), waited_ms=waited[position] / NS_PER_MS)
+            row.update({f"{p}_wall_ms": m.walls.get(p, 0) / NS_PER_MS for p in self.phase_names})
             rows.append(row)
         return pd.DataFrame(rows)
 
     def merged_categories(self) -> dict[str, int]:
-        return {c: sum(int(s.category_ns()[c]) for s in self.summaries) for c in CATEGORIES}
+        return {c: sum(int(m.totals["categories"][c]) for m in self.members) for c in CATEGORIES}
 
     def merged_communication(self) -> pd.DataFrame:
-        frame = pd.concat(self.communication).groupby("phase", sort=False)[
+        frame = pd.concat([m.communication for m in self.members]).groupby("phase", sort=False)[
             ["comm_ns", "overlapped_ns", "exposed_ns"]].sum().reindex(self.phase_names, fill_value=0)
         comm = frame["comm_ns"].replace(0, np.nan)
         return frame.assign(overlap_pct=frame["overlapped_ns"] * 100.0 / comm).reset_index()
@@ -73,13 +132,26 @@ class RankedSummary:
         """phase, mean_wall_ms, min_wall_ms, max_wall_ms, spread_pct, slowest_rank."""
         rows = []
         for phase in self.phase_names:
-            walls = np.array([w.get(phase, 0) for w in self.walls], dtype=float)
+            walls = np.array([m.walls.get(phase, 0) for m in self.members], dtype=float)
             mean = walls.mean()
             rows.append((phase, mean / NS_PER_MS, walls.min() / NS_PER_MS, walls.max() / NS_PER_MS,
                          (walls.max() - walls.min()) * 100.0 / mean if mean else np.nan,
                          self.ranks[int(walls.argmax())]))
         return pd.DataFrame(rows, columns=["phase", "mean_wall_ms", "min_wall_ms", "max_wall_ms", "spread_pct",
                                            "slowest_rank"])
+
+    def arrival_table(self) -> pd.DataFrame:
+        """Per step: which rank entered its collectives last, and how long the first ones waited."""
+        states = None
+        if self.warmup_steps and self.steady_steps is not None:
+            states = {**{s: WARMUP for s in self.warmup_steps}, **{s: STEADY for s in self.steady_steps}}
+        return collectives.per_step(self.arrivals, states)
+
+    def scope(self) -> str:
+        """What the per-rank tables cover, within a title."""
+        if self.steady_steps is None:
+            return "the whole recording"
+        return f"{len(self.steady_steps)} steady {steps_named(self.steady_steps)}"
 
     def tables(self, display: bool = False) -> list[tuple[str, pd.DataFrame]]:
         first = self.summaries[0]
@@ -88,99 +160,231 @@ class RankedSummary:
         comm = self.merged_communication()
         for column in ("comm", "overlapped", "exposed"):
             comm[f"{column}_ms"] = comm.pop(f"{column}_ns") / NS_PER_MS
-        return [
-            (f"Per rank ({len(self.ranks)} ranks; {first.timed})", self.rank_table()),
+        tables = [
+            (f"Per rank ({len(self.ranks)} ranks, over {self.scope()}; {first.timed})", self.rank_table()),
             ("All ranks merged: time by category", merged[merged["total_ms"] > 0]),
             ("Communication per phase, all ranks: overlapped by compute elsewhere, and exposed", comm),
             ("Stragglers: each phase's wall time across ranks", self.stragglers()),
         ]
+        if self.compared and len(self.arrivals.table):
+            tables.append(("Collective arrivals per step: the rank that entered last, and how long the first "
+                           "waited for it", self.arrival_table()))
+        return tables
 
     def to_json(self) -> dict[str, Any]:
         ranks = []
-        for rank, summary, comm, wall in zip(self.ranks, self.summaries, self.communication, self.walls,
-                                             strict=True):
-            doc = summary.to_json()
-            doc["rank"], doc["path"] = rank, str(summary.path)
-            doc["communication"] = {r.pop("phase"): r for r in records(comm)}
-            doc["phase_wall_ns"] = wall
-            doc["collective_calls"] = self.collective_calls[self.ranks.index(rank)]
+        for m in self.members:
+            doc = m.summary.to_json()
+            doc.update(rank=m.rank, node=m.node, process=m.process, path=str(m.summary.path))
+            doc["steady"] = dict(m.totals)
+            doc["communication"] = {r.pop("phase"): r for r in records(m.communication)}
+            doc["phase_wall_ns"] = m.walls
+            doc["collective_calls"] = m.collective_calls
             ranks.append(doc)
         merged_comm = records(self.merged_communication())
         return {
             "ranks": ranks,
+            "steady_steps": self.steady_steps,
+            "warmup_steps": self.warmup_steps,
             "merged": {
-                "total_ns": sum(int(s.total_ns) for s in self.summaries),
+                "total_ns": sum(int(m.totals["total_ns"]) for m in self.members),
                 "categories": self.merged_categories(),
-                "phases": {p: sum(s.phase_ns().get(p, {}).get("total_ns", 0) for s in self.summaries)
-                           for p in self.phase_names},
+                "phases": {p: sum(m.totals["phase_ns"].get(p, 0) for m in self.members) for p in self.phase_names},
                 "communication": {r.pop("phase"): r for r in merged_comm},
-                "collective_calls": {p: sum(c.get(p, 0) for c in self.collective_calls) for p in self.phase_names},
+                "collective_calls": {p: sum(m.collective_calls.get(p, 0) for m in self.members)
+                                     for p in self.phase_names},
             },
             "stragglers": {r.pop("phase"): r for r in records(self.stragglers())},
+            "clocks_comparable": self.arrivals.comparable,
+            "arrivals": records(self.arrival_table()) if self.compared else [],
+            "one_off": self.one_off,
         }
 
     @property
     def notes(self) -> list[str]:
-        return list(dict.fromkeys(n for s in self.summaries for n in s.notes))
+        return list(dict.fromkeys([*self.job_notes, *(n for s in self.summaries for n in s.notes)]))
 
     def caption(self) -> str:
         paths = ", ".join(f"rank {r}: {s.path.name}" for r, s in zip(self.ranks, self.summaries, strict=True))
         return "\n".join([paths] + [f"note: {n}" for n in self.notes])
 
 
-def split_processes(trace: KernelTrace) -> list[KernelTrace]:
-    """One trace per process that ran kernels (or, without kernels, CPU operators), in process-id order: an
-    nsys report of a torchrun job holds every rank's process. Memory operations are not split (None)."""
-    timed = trace.kernels if len(trace.kernels) or trace.cpu_ops is None else trace.cpu_ops
-    if "launch_ns" not in timed.columns:
-        return [trace]
-    processes = np.unique(timed["process"].to_numpy()[timed["launch_ns"].to_numpy() != NO_LAUNCH])
+def steps_named(numbers: list[int]) -> str:
+    """Step numbers as words: `step 3`, `steps 2–5, 7`."""
+    runs: list[list[int]] = []
+    for n in sorted(numbers):
+        if runs and n == runs[-1][-1] + 1:
+            runs[-1].append(n)
+        else:
+            runs.append([n])
+    listed = ", ".join(f"{r[0]}–{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
+    return f"step{'s' * (len(numbers) > 1)} {listed}"
+
+
+def split_processes(trace: KernelTrace) -> list[tuple[int | None, KernelTrace]]:
+    """(process id, its trace) for each process that ran kernels (or, without kernels, CPU operators), in
+    process-id order: an nsys report of a torchrun job holds every rank's process. The id is None when the
+    source has none. Memory operations are not split (None)."""
+    processes = processes_of(trace)
+    if processes is None:
+        return [(None, trace)]
     if len(processes) <= 1:
-        return [trace]
+        return [(int(processes[0]) if len(processes) else None, trace)]
 
     def only(frame: pd.DataFrame | None, proc: int) -> pd.DataFrame | None:
         return None if frame is None else frame[frame["process"] == proc].reset_index(drop=True)
 
-    return [replace(trace, kernels=only(trace.kernels, proc) if "process" in trace.kernels else trace.kernels,
-                    ranges=only(trace.ranges, proc), cpu_ops=only(trace.cpu_ops, proc), memory_ops=None,
-                    notes=[*trace.notes, f"process {proc} of {trace.path.name}"])
+    def mine(known: dict[int, int], proc: int) -> dict[int, int]:
+        return {proc: known[proc]} if proc in known else {}
+
+    return [(int(proc), replace(trace, kernels=only(trace.kernels, proc), ranges=only(trace.ranges, proc),
+                                cpu_ops=only(trace.cpu_ops, proc), memory_ops=None,
+                                notes=[*trace.notes, f"process {proc} of {trace.path.name}"],
+                                process_ranks=mine(trace.process_ranks, proc),
+                                process_nodes=mine(trace.process_nodes, proc)))
             for proc in processes]
 
 
+def processes_of(trace: KernelTrace) -> np.ndarray | None:
+    """The ids of the processes that ran kernels (or, without kernels, CPU operators); None when the source
+    has no process ids."""
+    timed = trace.kernels if len(trace.kernels) or trace.cpu_ops is None else trace.cpu_ops
+    if "launch_ns" not in timed.columns:
+        return None
+    return np.unique(timed["process"].to_numpy()[timed["launch_ns"].to_numpy() != NO_LAUNCH])
+
+
 def rank_traces(paths: list[Path]) -> list[tuple[int, KernelTrace]]:
-    """(rank, trace) of a job's reports in rank order: from `.rank<R>.` in the names, else as given; a single
-    report that holds several processes gives one per process."""
-    if len(paths) == 1:
-        return list(enumerate(split_processes(load(paths[0]))))
-    ordered = sorted(enumerate(paths), key=lambda item: rank_of(item[1], item[0]))
-    ranks = [rank_of(path, position) for position, path in ordered]
-    for k in range(1, len(ranks)):
-        if ranks[k] == ranks[k - 1]:
-            raise ProfilerKitError(f"{ordered[k - 1][1]} and {ordered[k][1]} are both rank {ranks[k]} (from "
-                                   "`.rank<R>.` in a name, else the position among the reports): give each "
-                                   "rank's report once")
-    return [(rank, load(path)) for rank, (_, path) in zip(ranks, ordered, strict=True)]
+    """(rank, trace) of a job's reports, one per process, in rank order (`assign_ranks`)."""
+    traces = [load(path) for path in paths]
+    return assign_ranks(list(zip(paths, traces, strict=True)))
+
+
+def assign_ranks(reports: list[tuple[Path, KernelTrace]]) -> list[tuple[int, KernelTrace]]:
+    """(rank, trace) of a job's reports as read, one per process, in rank order (see the module docstring for
+    where a rank comes from). Each trace's `clock` is set: its source's, else its report's own."""
+    parts = [(path, proc, replace(part, clock=trace.clock or f"report {path}"))
+             for path, trace in reports for proc, part in split_processes(trace)]
+    per_path = Counter(path for path, _, _ in parts)
+    given: list[int | None] = []
+    for path, proc, part in parts:
+        rank = part.process_ranks.get(proc) if proc is not None else None
+        if rank is None and per_path[path] == 1 and (match := _RANK.search(path.name)):
+            rank = int(match.group(1))
+        given.append(rank)
+    taken = set(given)
+    free = (r for r in count() if r not in taken)
+    ranks = [r if r is not None else next(free) for r in given]
+    if len(parts) > 1:
+        for (path, proc, part), rank, said in zip(parts, ranks, given, strict=True):
+            if said is None:
+                part.notes.append(f"rank {rank} is {_label(path, proc, per_path)} by its place among the reports "
+                                  "and processes: the report says no RANK")
+    ordered = sorted(zip(ranks, parts, strict=True), key=lambda item: item[0])
+    for (rank, (path, proc, _)), (other, (path2, proc2, _)) in zip(ordered, ordered[1:], strict=False):
+        if rank == other:
+            raise ProfilerKitError(f"{_label(path, proc, per_path)} and {_label(path2, proc2, per_path)} are both "
+                                   f"rank {rank} (from the RANK recorded, `.rank<R>.` in a name, else the position "
+                                   "among the reports): give each rank's report once")
+    return [(rank, part) for rank, (_, _, part) in ordered]
+
+
+def _label(path: Path, proc: int | None, per_path: Counter) -> str:
+    return f"{path} process {proc}" if per_path[path] > 1 else str(path)
 
 
 def summarize_ranks(ranked: list[tuple[int, KernelTrace]], top: int = 10,
                     phases: list[str] | None = None) -> RankedSummary:
-    """Summaries of one job's traces, rank by rank (`rank_traces` reads them)."""
-    ranks, summaries, comms, walls, calls = [], [], [], [], []
-    for rank, trace in ranked:
-        summary = summarize_trace(trace, top=top, phases=phases)
-        ranks.append(rank)
-        summaries.append(summary)
-        comms.append(communication(summary.attributed, summary.index, summary.phase_names))
-        walls.append(phase_wall(summary.index, summary.phase_names))
-        calls.append(collective_calls(trace, summary.index, summary.phase_names))
-    return RankedSummary(ranks, summaries, comms, walls, calls)
+    """Summaries of one job's traces, rank by rank (`rank_traces` reads them), with the steady-state figures."""
+    summaries = [summarize_trace(trace, top=top, phases=phases) for _, trace in ranked]
+    steps = [_numbered_steps(s) for s in summaries]
+    notes: list[str] = []
+    steady, warm = _job_steps([rank for rank, _ in ranked], steps, notes)
+    members = []
+    for (rank, trace), summary, (ids, numbers, _) in zip(ranked, summaries, steps, strict=True):
+        chosen = ids[np.isin(numbers, steady)] if steady is not None else None
+        runs = collectives.executions(summary.attributed, summary.index, summary.basis == CPU_OPS, ids, numbers,
+                                      trace.clock_offset_ns)
+        members.append(_rank(rank, trace, summary, chosen, runs))
+    clocks = {trace.clock for _, trace in ranked}
+    comparable = len(clocks) == 1
+    if not comparable and len(ranked) > 1:
+        notes.append(f"the ranks were recorded on {len(clocks)} clocks ({', '.join(sorted(map(str, clocks)))}): "
+                     "which rank entered each collective last is not compared across them")
+    arrivals = collectives.match([m.rank for m in members], [m.runs for m in members], comparable)
+    notes += arrivals.notes
+    mask = np.isin(arrivals.table["step"].to_numpy(), steady) if steady is not None else None
+    first = collectives.one_off(arrivals, mask, set(warm)) if len(ranked) > 1 else None
+    if first is not None:
+        notes.append(collectives.one_off_note(first))
+    return RankedSummary(members, steady, warm, arrivals, first, notes)
 
 
-def collective_calls(trace: KernelTrace, index: RangeIndex | None, phases: list[str]) -> dict[str, int]:
-    """How many collectives (`c10d::` operators: all-reduce, broadcast, ...) each phase called, from a trace
-    with CPU operators; on one GPU NCCL runs them as copies without a kernel, and this still counts them."""
-    if trace.cpu_ops is None or index is None:
+def _numbered_steps(summary: KernelSummary) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A summary's step range ids, their numbers and which are warm-up (empty without steps)."""
+    if summary.steps is None or summary.index is None:
+        empty = np.empty(0, dtype=np.int64)
+        return empty, empty, np.empty(0, dtype=bool)
+    return (find_steps(summary.index, summary.phase_names), summary.steps["step"].to_numpy(dtype=np.int64),
+            warm_rows(summary.steps))
+
+
+def _job_steps(ranks: list[int], steps: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
+               notes: list[str]) -> tuple[list[int] | None, list[int]]:
+    """The numbers of the job's steady steps (those no rank spent warming up; None when some rank has no steps)
+    and of its warm-up steps, with a note on what the tables cover."""
+    without = [rank for rank, (ids, _, _) in zip(ranks, steps, strict=True) if not len(ids)]
+    if without:
+        notes.append(f"no repeating step range on rank {', '.join(map(str, without))}: the per-rank tables cover "
+                     "each rank's whole recording, start-up included")
+        return None, []
+    steady = sorted(set.intersection(*(set(numbers[~warm].tolist()) for _, numbers, warm in steps)))
+    warm = sorted(set().union(*(set(numbers[warm].tolist()) for _, numbers, warm in steps)))
+    if not steady:
+        notes.append("no step is steady on every rank: the per-rank tables cover each rank's whole recording")
+        return None, warm
+    if warm:
+        notes.append(f"the per-rank tables cover {steps_named(steady)}, steady on every rank; warm-up "
+                     f"{steps_named(warm)} (over {WARMUP_FACTOR:g}× the later steps' median on some rank) and what "
+                     "ran outside the steps are apart")
+    else:
+        notes.append(f"the per-rank tables cover {steps_named(steady)} (no warm-up seen); what ran outside the "
+                     "steps is apart")
+    return steady, warm
+
+
+def _rank(rank: int, trace: KernelTrace, summary: KernelSummary, steady: np.ndarray | None,
+          runs: pd.DataFrame) -> Rank:
+    """One rank's figures over its steady step ranges `steady` (None: the whole recording)."""
+    index, kernels, names = summary.index, summary.attributed, summary.phase_names
+    among = inside_steps(index, steady) if steady is not None else None
+    if steady is None:
+        rows = np.arange(len(kernels))
+        wall = None
+    else:
+        rows = np.unique(launches_in(kernels, index, steady)[0])
+        wall = int((index.ranges["end_ns"] - index.ranges["start_ns"]).to_numpy()[steady].sum())
+    chosen = kernels.iloc[rows]
+    categories = chosen.groupby("category", observed=False)["total_ns"].sum()
+    totals = {"steps": 0 if steady is None else len(steady), "wall_ns": wall, "total_ns": int(chosen["total_ns"].sum()),
+              "categories": {c: int(categories.get(c, 0)) for c in CATEGORIES},
+              "phase_ns": _phase_ns(summary, among)}
+    node = next(iter(trace.process_nodes.values())) if len(trace.process_nodes) == 1 else None
+    processes = processes_of(trace)
+    process = int(processes[0]) if processes is not None and len(processes) == 1 else None
+    return Rank(rank, node, process, summary, steady, totals, communication(kernels, index, names, among),
+                phase_wall(index, names, among), collectives.calls_per_phase(trace, kernels, index, names, among),
+                runs)
+
+
+def _phase_ns(summary: KernelSummary, among: np.ndarray | None) -> dict[str, int]:
+    """Time launched inside each phase's ranges (those of the mask `among`, else all), each kernel once."""
+    index, kernels, names = summary.index, summary.attributed, summary.phase_names
+    if index is None:
         return {}
-    calls = trace.cpu_ops[trace.cpu_ops["name"].astype(str).str.match(COLLECTIVE_OP)].reset_index(drop=True)
-    names = index.names().to_numpy()
-    return {p: len(np.unique(launches_in(calls, index, np.flatnonzero(names == p))[0])) for p in phases}
+    chosen = index.names().isin(names).to_numpy().copy()
+    if among is not None:
+        chosen &= among
+    rows, labels = membership(kernels, index, np.flatnonzero(chosen), names)
+    sums = np.bincount(labels, weights=kernels["total_ns"].to_numpy()[rows], minlength=len(names))
+    return {p: int(sums[i]) for i, p in enumerate(names)}

@@ -3,9 +3,17 @@
 The steps are the recorder's step marks (kind `auto`, named `step`: the steps of `profiler_kit.capture`, else one
 per optimizer step of the program); else the ranges that directly hold the phases (the program's `step`,
 `ProfilerStep#N` when nothing of the program's lies between), when they all have one name and repeat; else
-torch.profiler's `ProfilerStep#N` ranges. The first steps of a run are slower (CUDA and allocator start-up,
-`torch.compile`, autotuning): leading steps whose wall time is more than WARMUP_FACTOR times the median of
-the later half are warm-up, the rest steady, and where the GPU idles is judged on the steady ones.
+torch.profiler's `ProfilerStep#N` ranges. Only the outermost of these count: a range of the step's name
+nested inside a step is part of that step.
+
+Steps are numbered as the program counted them, from 0 (what `profiler_kit.capture(warmup=2, steps=2)` calls
+steps 2 and 3): the number the recorder gave each step range (the ranges' `number` column), else torch.profiler's
+`ProfilerStep#N`; a report that says neither is numbered from 0 at its first recorded step, with a note.
+
+The first steps of a run are slower (CUDA and allocator start-up, `torch.compile`, autotuning): leading steps
+whose wall time is more than WARMUP_FACTOR times the median of the later half are warm-up, the rest steady,
+and where the GPU idles is judged on the steady ones. The table has a `state` column only where a warm-up
+step was seen.
 """
 
 from __future__ import annotations
@@ -19,11 +27,15 @@ from profiler_kit.kernels.attribution import RangeIndex, launches_in
 from profiler_kit.kernels.idle import spans_by_owner
 from profiler_kit.names import KIND_AUTO, STEP
 
-PROFILER_STEP = re.compile(r"^ProfilerStep#\d+$")
+PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
 # A leading step slower than this many times the later steps' median is warm-up.
 WARMUP_FACTOR = 1.5
 WARMUP, STEADY = "warm-up", "steady"
 NS_PER_MS = 1_000_000
+# The ranges frame's column of step numbers the recorder gave (nullable; NA on other ranges).
+NUMBER = "number"
+NUMBERED_HERE = ("steps are numbered from 0 at the first one recorded: the report does not say which of the "
+                 "program's steps they were")
 
 
 def _step_key(names: pd.Series) -> pd.Series:
@@ -32,7 +44,8 @@ def _step_key(names: pd.Series) -> pd.Series:
 
 
 def find_steps(index: RangeIndex, phases: list[str]) -> np.ndarray:
-    """Range ids of the report's steps, by process and start; empty unless at least two."""
+    """Range ids of the report's steps, by process and start: the outermost ranges of the steps' name (one
+    nested in a step of that name is part of it); empty unless at least two."""
     names = index.names()
     keys = _step_key(names).to_numpy()
     ranges = index.ranges
@@ -47,9 +60,24 @@ def find_steps(index: RangeIndex, phases: list[str]) -> np.ndarray:
         chosen = (keys == keys[holders[0]]) & threads.isin(threads[holders])
     else:
         chosen = names.str.match(PROFILER_STEP, na=False).to_numpy(dtype=bool)
+    chosen = chosen & (index.nearest_in(chosen) < 0)
     ids = np.flatnonzero(chosen)
     ids = ids[np.lexsort((ranges["start_ns"].to_numpy()[ids], ranges["process"].to_numpy()[ids]))]
     return ids if len(ids) >= 2 else ids[:0]
+
+
+def step_numbers(index: RangeIndex, steps: np.ndarray) -> tuple[np.ndarray, bool]:
+    """The number of each step (range ids `steps`, as `find_steps` orders them) as the program counted it, from
+    0: the recorder's `number`, else torch.profiler's `ProfilerStep#N`; else counted from 0 at each process's
+    first step here. True when the numbers are the program's own."""
+    ranges = index.ranges.iloc[steps]
+    if NUMBER in ranges.columns and ranges[NUMBER].notna().all():
+        return ranges[NUMBER].to_numpy(dtype=np.int64), True
+    profiler = ranges["name"].str.extract(PROFILER_STEP, expand=False)
+    if profiler.notna().all():
+        return profiler.to_numpy(dtype=np.int64), True
+    processes = ranges["process"].to_numpy()
+    return pd.Series(processes).groupby(processes).cumcount().to_numpy(dtype=np.int64), False
 
 
 def warmup_steps(walls: np.ndarray) -> int:
@@ -60,12 +88,34 @@ def warmup_steps(walls: np.ndarray) -> int:
     return len(walls) if slow.all() else int(np.argmin(slow))
 
 
-def step_table(kernels: pd.DataFrame, index: RangeIndex, steps: np.ndarray, phases: list[str],
-               phase_rows: np.ndarray, phase_labels: np.ndarray, timestamped: bool) -> pd.DataFrame:
-    """One row per step: `step` (1, 2, … per process), `state` (warm-up or steady), `wall_ms`, `kernel_ms`
-    (time of the kernels launched inside it), `idle_pct` (of its kernels' GPU span; NaN without timestamps)
-    and each phase's `<phase>_ms` within it; `process` first when the report holds several. `phase_rows`,
-    `phase_labels`: the (kernel row, phase position) pairs of the phase totals."""
+def warm_rows(table: pd.DataFrame) -> np.ndarray:
+    """Which rows of a step table are warm-up steps (none when it has no `state` column)."""
+    if "state" not in table.columns:
+        return np.zeros(len(table), dtype=bool)
+    return (table["state"] == WARMUP).to_numpy()
+
+
+def inside_steps(index: RangeIndex, steps: np.ndarray) -> np.ndarray:
+    """Which ranges lie inside one of the step ranges `steps` (the steps themselves not included)."""
+    is_step = np.zeros(len(index.ranges), dtype=bool)
+    is_step[steps] = True
+    return index.nearest_in(is_step) >= 0
+
+
+def step_title(table: pd.DataFrame) -> str:
+    """What a step table shows, after `Per step`: warm-up against the steady state, or that none was seen."""
+    if warm_rows(table).any():
+        return "warm-up against the steady state"
+    return f"no warm-up seen (no leading step over {WARMUP_FACTOR:g}× the later steps' median)"
+
+
+def step_table(kernels: pd.DataFrame, index: RangeIndex, steps: np.ndarray, numbers: np.ndarray,
+               phases: list[str], phase_rows: np.ndarray, phase_labels: np.ndarray,
+               timestamped: bool) -> pd.DataFrame:
+    """One row per step: `step` (its number, `step_numbers`), `state` (warm-up or steady, only when some step
+    was warm-up), `wall_ms`, `kernel_ms` (time of the kernels launched inside it), `idle_pct` (of its kernels'
+    GPU span; NaN without timestamps) and each phase's `<phase>_ms` within it; `process` first when the report
+    holds several. `phase_rows`, `phase_labels`: the (kernel row, phase position) pairs of the phase totals."""
     ranges = index.ranges.iloc[steps]
     processes = ranges["process"].to_numpy()
     rows, owners = launches_in(kernels, index, steps)
@@ -75,7 +125,7 @@ def step_table(kernels: pd.DataFrame, index: RangeIndex, steps: np.ndarray, phas
     durations = kernels["total_ns"].to_numpy()
     table = pd.DataFrame({
         "process": processes,
-        "step": pd.Series(processes).groupby(processes).cumcount().to_numpy() + 1,
+        "step": numbers,
         "state": STEADY,
         "wall_ms": (ranges["end_ns"] - ranges["start_ns"]).to_numpy() / NS_PER_MS,
         "kernel_ms": np.bincount(position, weights=durations[rows], minlength=len(steps)) / NS_PER_MS,
@@ -84,6 +134,8 @@ def step_table(kernels: pd.DataFrame, index: RangeIndex, steps: np.ndarray, phas
     for process in np.unique(processes):
         mine = np.flatnonzero(processes == process)
         table.loc[mine[:warmup_steps(table["wall_ms"].to_numpy()[mine])], "state"] = WARMUP
+    if not (table["state"] == WARMUP).any():
+        table = table.drop(columns="state")
     if timestamped and len(rows):
         starts = kernels["start_ns"].to_numpy()[rows]
         spans = spans_by_owner(starts, starts + durations[rows], position)

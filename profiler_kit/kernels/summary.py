@@ -12,7 +12,8 @@
 All times are integer nanoseconds (the per-step table's are milliseconds, as its names say), `categories`
 lists every category and sums exactly to `total_ns` (kernel time only; memory operations are apart), and
 `phases` is empty when the source has no NVTX ranges. `phase_rule` says which rule of `kernels.phases` chose
-the phases; `steps` is empty without a repeating outer range (`kernels.steps`).
+the phases; `steps` is empty without a repeating outer range (`kernels.steps`: `step` is the program's own
+number of the step, from 0, and `state` is there only when a warm-up step was seen).
 `time_basis` is `gpu_kernels`, or `cpu_ops` for a trace without kernels (a CPU run), whose tables then hold
 CPU operator self time. `idle` (GPU span, busy and idle time of each phase's kernels) is empty without kernel
 timestamps; `mfu` is null unless FLOPs per step were given. With
@@ -36,7 +37,16 @@ from profiler_kit.kernels.categories import CATEGORIES, categorize, optimizer_wo
 from profiler_kit.kernels.idle import phase_idle
 from profiler_kit.kernels.phases import PhaseChoice, choose_phases, left_out
 from profiler_kit.kernels.sources import load
-from profiler_kit.kernels.steps import WARMUP, WARMUP_FACTOR, find_steps, step_table
+from profiler_kit.kernels.steps import (
+    NUMBERED_HERE,
+    WARMUP_FACTOR,
+    find_steps,
+    inside_steps,
+    step_numbers,
+    step_table,
+    step_title,
+    warm_rows,
+)
 from profiler_kit.kernels.trace import KernelTrace
 
 # What the times are: GPU kernel durations, or (a trace without kernels) CPU operator self times.
@@ -224,7 +234,7 @@ class KernelSummary:
         if self.phase_names:
             tables.append((f"Per phase{where}: share of each phase's {self.timed}", self.phase_table()))
         if self.steps is not None:
-            tables.append((f"Per step{where}: warm-up against the steady state", self.steps))
+            tables.append((f"Per step{where}: {step_title(self.steps)}", self.steps))
         if self.idle is not None:
             tables.append((f"Where the GPU idles, per phase{where} (launch-bound: idle above half the GPU span)",
                            self.idle_table()))
@@ -313,14 +323,16 @@ def _add_phases(summary: KernelSummary, asked: bool) -> None:
     steps = find_steps(index, names)
     steady = None
     if len(steps):
-        summary.steps = step_table(kernels, index, steps, names, rows[in_phase], labels[in_phase], timestamped)
+        numbers, own = step_numbers(index, steps)
+        if not own:
+            notes.append(NUMBERED_HERE)
+        summary.steps = step_table(kernels, index, steps, numbers, names, rows[in_phase], labels[in_phase],
+                                   timestamped)
         if summary.basis == CPU_OPS:  # operators' time, and no GPU to idle
             summary.steps = summary.steps.rename(columns={"kernel_ms": "operator_ms"}).drop(columns="idle_pct")
-        warm = (summary.steps["state"] == WARMUP).to_numpy()
+        warm = warm_rows(summary.steps)
         if timestamped and warm.any() and not warm.all():
-            is_steady = np.zeros(len(index.ranges), dtype=bool)
-            is_steady[steps[~warm]] = True
-            steady = index.nearest_in(is_steady) >= 0
+            steady = inside_steps(index, steps[~warm])
             notes.append(f"where the GPU idles is judged on the {int((~warm).sum())} steady steps of "
                          f"{len(steps)}: the first {int(warm.sum())} took over {WARMUP_FACTOR:g}× the later "
                          "steps' median wall time (warm-up)")

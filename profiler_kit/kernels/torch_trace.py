@@ -25,6 +25,7 @@ import pandas as pd
 from profiler_kit.errors import ProfilerKitError
 from profiler_kit.kernels.cpu_ops import CPU_OP_CATEGORY, cpu_operators, event_ranges, us_to_ns
 from profiler_kit.kernels.trace import (
+    MAX_TOTAL_NS,
     NO_LAUNCH,
     KernelTrace,
     auto_names,
@@ -57,9 +58,19 @@ def load_torch_trace(obj: object, path: Path) -> KernelTrace:
         columns=["cat", "name", "pid", "tid", "ts", "dur", "args"],
     )
     try:
-        return _load(events, path, *_phase_names(obj), _recording(obj))
+        trace = _load(events, path, *_phase_names(obj), _recording(obj))
     except (KeyError, TypeError, ValueError) as exc:
         raise ProfilerKitError(f"{path}: a Chrome trace with malformed events ({exc!r})") from None
+    trace.clock, trace.clock_offset_ns = _clock(obj)
+    return trace
+
+
+def _clock(obj: dict) -> tuple[str | None, int]:
+    """The host whose clock the trace's times are on (`host_name`), and the offset that puts them on it
+    (`baseTimeNanoseconds`: an event's time is that plus its `ts`); no host when the trace does not name it."""
+    host, base = obj.get("host_name"), obj.get("baseTimeNanoseconds", 0)
+    usable = isinstance(host, str) and host and type(base) is int and 0 <= base < MAX_TOTAL_NS
+    return (f"host {host}", base) if usable else (None, 0)
 
 
 def _usable(events: pd.DataFrame, what: str, times: tuple[str, ...], notes: list[str]) -> pd.DataFrame:

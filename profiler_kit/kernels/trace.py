@@ -41,8 +41,10 @@ class KernelTrace:
     memory_ops: memcpy/memset totals by operation; None when the source does not say.
     notes: caveats about the source to show beside the summary (rounded times, truncated names).
     cpu_ops: CPU operator calls as a `kernels` frame of self times (torch.profiler traces); None elsewhere.
-    process_ranks, process_nodes: the RANK (and node, GROUP_RANK) each process of `kernels.process` /
-        `ranges.process` had, as its recorder wrote it; empty when the source does not say.
+    process_ranks, process_nodes: the `RANK` (and node rank, GROUP_RANK) each process (`process` id) had in its
+        job, as its recorder wrote it; empty where the source does not say.
+    clock: the clock the times are on, where the source says (`host NAME` for a torch.profiler trace): traces of
+        one clock compare in time; `clock_offset_ns` is added to their times to put them on it.
     """
 
     source: str
@@ -54,6 +56,8 @@ class KernelTrace:
     cpu_ops: pd.DataFrame | None = None
     process_ranks: dict[int, int] = field(default_factory=dict)
     process_nodes: dict[int, int] = field(default_factory=dict)
+    clock: str | None = None
+    clock_offset_ns: int = 0
 
     @property
     def has_launches(self) -> bool:

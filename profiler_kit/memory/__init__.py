@@ -1,8 +1,8 @@
-"""Memory analysis: load any snapshot safely (`snapshot`), rebuild its timeline (`analyze`), place its phases
-(`phases`), say what each allocation holds (`roles`), explain its peak (`tables`, `report`), and render it as a
-PNG (`plot`), a self-contained HTML page (`html`) or beside another snapshot (`compare`). Recording lives in
-`profiler_kit.recording` (`history`, the recorder inside the program; `builtin.record_memory`, the built-in
-workload)."""
+"""Memory analysis: load any snapshot safely (`snapshot`), rebuild its timeline (`analyze`), place its phases and
+steps (`phases`, `inferred`), say what each allocation holds (`roles`), explain its peak (`tables`, `report`),
+merge several ranks' snapshots (`ranks`), and render it as a PNG (`plot`), a self-contained HTML page (`html`) or
+beside another snapshot (`compare`). Recording lives in `profiler_kit.recording` (`history`, the recorder inside
+the program; `builtin.record_memory`, the built-in workload)."""
 
 from profiler_kit.memory.analyze import Reconstruction, reconstruct
 from profiler_kit.memory.compare import MemoryComparison, compare

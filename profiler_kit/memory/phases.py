@@ -1,48 +1,118 @@
-"""Phases of a snapshot placed on its trace, and the peak of each one replayed from the trace.
+"""Phases and steps of a snapshot placed on its trace, each phase labelled by its step, and their peaks.
 
-Phases come from the recorder's metadata when the snapshot has it (each phase's end read from the wall clock that
-also stamps the trace's `time_us`), else from the snapshot's `external_annotations`: every `record_function`
-range that was open while history was recorded (`profiler_kit.phase`, PyTorch's own `Optimizer.step#AdamW.step`,
-any user range) has a START and an END entry there, and each outermost range becomes a phase. A range whose name
-repeats gets a `#k` suffix, so each occurrence keeps its own peak. When neither names a forward or a backward
-phase (a plain script's snapshot has at most PyTorch's `Optimizer.step#…` ranges), the phases between its ranges
-are inferred from the stacks of what is allocated and freed (`inferred_spans`).
+Phases come from the first of these that the snapshot has:
+1. The recorder's metadata (`phases` in the snapshot's `profiler_kit` entry or its sidecar): every range closed
+   while it recorded, with its kind (`phase`: opened with `profiler_kit.phase`; `program`: the program's own
+   ranges; `auto`: the recorder's own marks `forward`, `backward`, `optimizer_step`), the program's step
+   (0-based) and its start and end on the trace's clock. The phases are the ranges of the first kind present in
+   that order, as for kernel reports; `step` ranges are the steps. A recording without kinds or start times (the
+   built-in workload's) has each phase start where the previous one ended.
+2. The snapshot's `external_annotations`: every `record_function` range open while history was recorded has a
+   START and an END entry there. PyTorch's own ranges (`Optimizer.step#…`, `Optimizer.zero_grad#…`, `aten::…`,
+   DDP's, FSDP's) and `warmup` are never phases; `step` ranges (and `ProfilerStep#N`) are the steps; the
+   outermost of the others are the phases or, while those all have one name (a `train_step` holding `forward`,
+   `backward`, `optimizer`), the ranges directly inside them, and the outer ones are the steps.
+3. Inferred from the stacks (`inferred.py`), only where neither names a phase.
+`Optimizer.step#…` ranges that no phase holds stand in for the optimizer step (`optimizer_step`). Without step
+ranges, each step ends with an optimizer step: a phase named like one or holding PyTorch's `Optimizer.step#…`
+(with gradient accumulation, several forwards and backwards run in one step).
+
+Labels name the step, shown counted from 1, and the phase: `step 2, backward`; a phase that runs more than once
+in a step is numbered (`step 2, forward #2`), as are the repeated phases of a snapshot without steps.
+Recomputation inside a backward (activation checkpointing) is part of that backward: the recorder's marks say so,
+and so do the stacks the inference reads.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from collections import Counter
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
 
+from profiler_kit.kernels.phases import NOT_PHASES, PYTORCH_RANGES
 from profiler_kit.memory.analyze import BEFORE_TRACE, MIB, Reconstruction
-from profiler_kit.memory.evidence import BACKWARD_CALL, ENGINE, MODULE_INIT, OPTIMIZER, PYTHON, phase_kind
+from profiler_kit.memory.evidence import Marks, phase_kind
+from profiler_kit.memory.inferred import inferred_runs
+from profiler_kit.names import PHASES, STEP
 
 BEFORE_TRACE_LABEL = "before trace"
+BEFORE_STEPS_LABEL = "before the steps"
 AFTER_STEPS_LABEL = "after the steps"
 OUTSIDE_LABEL = "outside phases"
+ANNOTATION_SOURCE = "annotation"
+RECORDER_SOURCE = "recorder"
+PYTORCH_SOURCE = "pytorch"
 INFERRED_SOURCE = "inferred"
-# Kinds of evidence an entry of the trace gives about the phase it runs in.
-_FORWARD, _BACKWARD, _OPTIMIZER = 1, 2, 3
-_INFERRED_LABELS = {_FORWARD: "forward", _BACKWARD: "backward", _OPTIMIZER: "optimizer step"}
+# The kinds of the recorder's ranges, in the order they win as phases.
+KINDS = ("phase", "program", "auto")
+OPTIMIZER_STEP = PHASES[2]
+_STEP_RANGE = re.compile(rf"^(?:{re.escape(STEP)}|ProfilerStep#\d+)$")
+_OPTIMIZER_RANGE = re.compile(r"^Optimizer\.step#")
 PHASE_COLUMNS = [
-    "phase", "source", "start_event", "end_event", "peak_allocated_mib", "peak_reserved_mib",
+    "phase", "step", "peak_allocated_mib", "peak_reserved_mib", "source", "start_event", "end_event",
     "counter_peak_allocated_mib", "completed",
 ]
+STEP_PEAK = "step_peak_mib"
+RECORDER_STEPS = "the recorder's step numbers"
 
 
 @dataclass(frozen=True)
 class PhaseSpan:
-    """Trace entries [start, end) recorded during one phase; `counter_peak_bytes` is the allocator's own peak
-    counter read at the phase's end (only the recorder reads it)."""
+    """Trace entries [start, end) recorded during one phase: its `label` (`step 2, backward`), its own name
+    (`phase`), its `step` (0-based; None outside steps), and `counter_peak_bytes`, the allocator's own peak
+    counter read at its end (only the built-in workload's recorder reads it)."""
 
     label: str
     start: int
     end: int
     completed: bool = True
-    source: str = "annotation"
+    source: str = ANNOTATION_SOURCE
     counter_peak_bytes: int | None = None
+    phase: str = ""
+    step: int | None = None
+    holds_optimizer_step: bool = False  # holds one of PyTorch's `Optimizer.step#…` ranges
+
+    def __post_init__(self) -> None:
+        if not self.phase:
+            object.__setattr__(self, "phase", self.label)
+
+
+@dataclass(frozen=True)
+class StepSpan:
+    """Trace entries [start, end) of one step (0-based)."""
+
+    step: int
+    start: int
+    end: int
+
+
+@dataclass
+class Phases:
+    """A snapshot's phases and steps on its trace, and how the steps were found (None without steps)."""
+
+    spans: list[PhaseSpan]
+    steps: list[StepSpan]
+    steps_from: str | None = None
+
+
+@dataclass(frozen=True)
+class _Range:
+    """A closed range on the trace's clock (µs), with what the recorder said about it."""
+
+    name: str
+    start_us: float
+    end_us: float
+    step: int | None = None
+    completed: bool = True
+    counter: int | None = None
+
+
+def step_label(step: int) -> str:
+    """How a step is shown: counted from 1."""
+    return f"step {step + 1}"
 
 
 def _monotone_times(recon: Reconstruction) -> np.ndarray | None:
@@ -50,21 +120,37 @@ def _monotone_times(recon: Reconstruction) -> np.ndarray | None:
     return None if recon.time_us is None else np.maximum.accumulate(recon.time_us)
 
 
-def metadata_spans(recon: Reconstruction, meta: dict | None) -> list[PhaseSpan]:
-    """The recorder's phases, each ending at the first trace entry after its end time."""
-    phases = (meta or {}).get("phases") or []
-    times = _monotone_times(recon)
-    if not phases or times is None:
-        return []
-    several_steps = len({p["step"] for p in phases}) > 1
-    spans, start = [], 0
-    for p in phases:
-        end = max(start, int(np.searchsorted(times, p["end_time_us"], side="right")))
-        label = f"{p['phase']} (step {p['step'] + 1})" if several_steps else p["phase"]
-        spans.append(PhaseSpan(label, start, end, p.get("completed", True), "recorder",
-                               p.get("peak_allocated_bytes")))
-        start = end
-    return spans
+def _entries(times: np.ndarray, start_us: float, end_us: float) -> tuple[int, int]:
+    """The trace entries [start, end) recorded from `start_us` through `end_us`."""
+    start = int(np.searchsorted(times, start_us, side="left"))
+    return start, max(start, int(np.searchsorted(times, end_us, side="right")))
+
+
+def _outermost(ranges: list[_Range]) -> list[_Range]:
+    """The ranges that start after the previous outer one ended (`ranges` in start order)."""
+    out: list[_Range] = []
+    for r in ranges:
+        if not out or r.start_us >= out[-1].end_us:
+            out.append(r)
+    return out
+
+
+def _phase_level(ranges: list[_Range]) -> tuple[list[_Range], list[_Range]]:
+    """The phases among `ranges` and, when the outermost ones all have one name and hold others, those outer
+    ones as the steps."""
+    ranges = sorted(ranges, key=lambda r: (r.start_us, -r.end_us))
+    outer = _outermost(ranges)
+    names = {r.name for r in outer}
+    if len(names) == 1 and not names & set(PHASES):
+        kept = set(map(id, outer))
+        inner = _outermost([r for r in ranges if id(r) not in kept])
+        if inner:
+            return inner, outer
+    return outer, []
+
+
+def _is_candidate(name: str) -> bool:
+    return not PYTORCH_RANGES.match(name) and name not in NOT_PHASES and not _STEP_RANGE.match(name)
 
 
 def annotation_ranges(snapshot: dict, device: int) -> list[tuple[str, int, int, int]]:
@@ -89,132 +175,214 @@ def annotation_ranges(snapshot: dict, device: int) -> list[tuple[str, int, int, 
     return sorted(ranges, key=lambda r: (r[1], r[3]))
 
 
-def annotation_spans(recon: Reconstruction, snapshot: dict) -> list[PhaseSpan]:
-    """Outermost `record_function` ranges as phases (a range inside another is part of its phase)."""
-    times = _monotone_times(recon)
-    if times is None:
-        return []
-    outer, last_end = [], None
-    for name, start_us, end_us, _ in annotation_ranges(snapshot, recon.device):
-        if last_end is not None and start_us < last_end:
-            continue
-        outer.append((name, start_us, end_us))
-        last_end = end_us
-    counts: dict[str, int] = {}
-    for name, _, _ in outer:
-        counts[name] = counts.get(name, 0) + 1
-    seen: dict[str, int] = {}
-    spans = []
-    for name, start_us, end_us in outer:
-        seen[name] = seen.get(name, 0) + 1
-        label = f"{name} #{seen[name]}" if counts[name] > 1 else name
-        start = int(np.searchsorted(times, start_us, side="left"))
-        end = int(np.searchsorted(times, end_us, side="right"))
-        spans.append(PhaseSpan(label, start, max(start, end)))
+def _spans(times: np.ndarray, ranges: list[_Range], source: str) -> list[PhaseSpan]:
+    out = []
+    for r in ranges:
+        start, end = _entries(times, r.start_us, r.end_us)
+        out.append(PhaseSpan(r.name, start, end, r.completed, source, r.counter, step=r.step))
+    return out
+
+
+def _step_spans(times: np.ndarray, ranges: list[_Range]) -> list[StepSpan]:
+    """Steps from step ranges, numbered by the recorder where it did, else in order."""
+    ordered = sorted(ranges, key=lambda r: r.start_us)
+    return [StepSpan(i if r.step is None else r.step, *_entries(times, r.start_us, r.end_us))
+            for i, r in enumerate(ordered)]
+
+
+def _index(lo: np.ndarray, hi: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """Per value of `at`, which range [lo, hi) holds it (the last one, where ranges overlap); -1 for none."""
+    if (np.diff(lo) >= 0).all() and (hi[:-1] <= lo[1:]).all():  # ordered, disjoint: one binary search
+        k = np.searchsorted(lo, at, side="right") - 1
+        inside = (k >= 0) & (at < hi[np.maximum(k, 0)]) if len(lo) else np.zeros(len(at), dtype=bool)
+        return np.where(inside, k, -1)
+    out = np.full(len(at), -1, dtype=np.int64)
+    for k, (a, b) in enumerate(zip(lo, hi, strict=True)):
+        out[(at >= a) & (at < b)] = k
+    return out
+
+
+def span_index(spans: list[PhaseSpan] | list[StepSpan], indices: np.ndarray | list[int]) -> np.ndarray:
+    """Per entry index, which span holds it (the last one, where spans overlap); -1 for none."""
+    return _index(np.array([s.start for s in spans], dtype=np.int64), np.array([s.end for s in spans],
+                  dtype=np.int64), np.asarray(indices, dtype=np.int64))
+
+
+def _held(ranges: list[_Range], inner: list[_Range]) -> np.ndarray:
+    """Per range of `inner`, which of `ranges` holds its start, by time; -1 for none."""
+    return _index(np.array([r.start_us for r in ranges], dtype=np.float64),
+                  np.array([r.end_us for r in ranges], dtype=np.float64),
+                  np.array([r.start_us for r in inner], dtype=np.float64))
+
+
+def _from_metadata(times: np.ndarray, entries: list[dict]) -> tuple[list[PhaseSpan], list[StepSpan]]:
+    """The recorder's phases of the winning kind, and its steps (see the module docstring). PyTorch's own ranges
+    never make a kind win."""
+    kinds = {p.get("kind") for p in entries if _is_candidate(p["phase"])}
+    chosen = next((k for k in KINDS if k in kinds), None)
+
+    def as_range(p: dict) -> _Range:
+        return _Range(p["phase"], p["start_time_us"], p["end_time_us"], p["step"], p.get("completed", True),
+                      p.get("peak_allocated_bytes"))
+
+    steps = [as_range(p) for p in entries if _STEP_RANGE.match(p["phase"])]
+    candidates = [as_range(p) for p in entries if _is_candidate(p["phase"]) and p.get("kind") == chosen]
+    phases, outer = _phase_level(candidates)
+    return _spans(times, phases, chosen or RECORDER_SOURCE), _step_spans(times, steps or outer)
+
+
+def _from_recorder_order(times: np.ndarray, entries: list[dict]) -> list[PhaseSpan]:
+    """Phases of a recording that gives only each phase's end: each starts where the previous one ended."""
+    spans, start = [], 0
+    for p in entries:
+        end = max(start, int(np.searchsorted(times, p["end_time_us"], side="right")))
+        spans.append(PhaseSpan(p["phase"], start, end, p.get("completed", True), RECORDER_SOURCE,
+                               p.get("peak_allocated_bytes"), step=p["step"]))
+        start = end
     return spans
 
 
-def phase_spans(recon: Reconstruction, snapshot: dict, meta: dict | None) -> list[PhaseSpan]:
-    """The recorder's phases when its metadata is there, else the snapshot's annotated ranges."""
-    return metadata_spans(recon, meta) or annotation_spans(recon, snapshot)
+def _from_annotations(times: np.ndarray, snapshot: dict, device: int
+                      ) -> tuple[list[PhaseSpan], list[StepSpan], str | None]:
+    """The annotated phases with PyTorch's stand-ins, the step ranges, and what the steps are."""
+    ranges = [_Range(name, start, end) for name, start, end, _ in annotation_ranges(snapshot, device)]
+    phases, outer = _phase_level([r for r in ranges if _is_candidate(r.name)])
+    optimizer = _outermost(sorted((r for r in ranges if _OPTIMIZER_RANGE.match(r.name)),
+                                  key=lambda r: (r.start_us, -r.end_us)))
+    held = _held(phases, optimizer)
+    holders = set(held[held >= 0].tolist())
+    # PyTorch's optimizer steps that no phase holds stand in for the optimizer phase.
+    stand_ins = [replace(r, name=OPTIMIZER_STEP) for r, k in zip(optimizer, held, strict=True) if k < 0]
+    explicit = [r for r in ranges if _STEP_RANGE.match(r.name)]
+    step_ranges = sorted(explicit or outer, key=lambda r: r.start_us)
+    if step_ranges:  # each phase in the step whose time holds its start, counted from the first
+        phases, stand_ins = ([replace(r, step=int(k) if k >= 0 else None) for r, k in
+                              zip(group, _held(step_ranges, group), strict=True)] for group in (phases, stand_ins))
+    spans = [replace(span, holds_optimizer_step=k in holders)
+             for k, span in enumerate(_spans(times, phases, ANNOTATION_SOURCE))]
+    spans += _spans(times, stand_ins, PYTORCH_SOURCE)
+    steps_from = (f"the {explicit[0].name.split('#')[0]!r} ranges" if explicit else
+                  f"the {outer[0].name!r} ranges, which hold the phases" if outer else None)
+    return sorted(spans, key=lambda s: s.start), _step_spans(times, step_ranges), steps_from
 
 
-def _entry_kinds(recon: Reconstruction, made: list[frozenset[str]], freed: list[frozenset[str]]
-                 ) -> np.ndarray:
-    """Per trace entry: backward where the autograd engine or the `backward()` call allocates or frees, optimizer
-    where `torch/optim` allocates, forward where other Python code allocates (not a module's constructor or its
-    move to the device); 0 elsewhere."""
-    n = recon.n_entries
-    kinds = np.zeros(n, dtype=np.int8)
-    a = recon.allocations
-    for start, end, m, f in zip(a["start"], a["end"], made, freed, strict=True):
-        if start >= 0:
-            if ENGINE in m or BACKWARD_CALL in m:
-                kinds[start] = _BACKWARD
-            elif OPTIMIZER in m:
-                kinds[start] = _OPTIMIZER
-            elif PYTHON in m and MODULE_INIT not in m:  # building or moving the model is not its forward
-                kinds[start] = _FORWARD
-        if end < n and (ENGINE in f or BACKWARD_CALL in f):
-            kinds[end] = _BACKWARD
-    return kinds
+def _in_steps(spans: list[PhaseSpan], steps: list[StepSpan]) -> list[PhaseSpan]:
+    """The inferred spans with the step whose entries hold their start (None outside all); the others keep the
+    step their times gave them."""
+    held = span_index(steps, [s.start for s in spans])
+    return [replace(span, step=steps[k].step if k >= 0 else None) if span.source == INFERRED_SOURCE else span
+            for span, k in zip(spans, held, strict=True)]
 
 
-def inferred_spans(recon: Reconstruction, spans: list[PhaseSpan], made: list[frozenset[str]],
-                   freed: list[frozenset[str]]) -> list[PhaseSpan]:
-    """`spans` plus the forward, backward and optimizer steps inferred between them, when no span names a forward
-    or a backward and the stacks show a backward (`made`/`freed`: each allocation's marks, from
-    `evidence.allocation_marks`). A forward runs from the first entry that Python code allocates in to the
-    backward's first entry; a backward (an optimizer step) from its first to its last entry of autograd
-    (optimizer) work, so that what is kept after it (gradients, optimizer state) outlives it."""
-    if any(phase_kind(s.label) in ("forward", "backward") for s in spans) or recon.n_entries == 0:
-        return spans
-    kinds = _entry_kinds(recon, made, freed)
-    covered = np.zeros(recon.n_entries + 1, dtype=bool)
-    for span in spans:
-        covered[span.start:span.end] = True
-    kinds[covered[:-1]] = 0
-    if not (kinds == _BACKWARD).any():
-        return spans
-    covered_before = np.concatenate(([0], np.cumsum(covered)))  # covered entries before each index
-    runs: list[list[int]] = []  # [kind, first entry, last entry]
-    for i in np.flatnonzero(kinds):
-        if runs and runs[-1][0] == kinds[i] and covered_before[i] == covered_before[runs[-1][2]]:
-            runs[-1][2] = int(i)
+def _by_optimizer_steps(spans: list[PhaseSpan]) -> list[PhaseSpan] | None:
+    """Steps that each end with an optimizer step (a phase named like one, or holding PyTorch's
+    `Optimizer.step#…`); None when no phase is one."""
+    ends = [s.holds_optimizer_step or phase_kind(s.phase) == "optimizer" for s in spans]
+    if not any(ends):
+        return None
+    out, step = [], 0
+    for span, ends_step in zip(spans, ends, strict=True):
+        out.append(replace(span, step=step))
+        step += ends_step
+    return out
+
+
+def _extents(spans: list[PhaseSpan]) -> list[StepSpan]:
+    """Each step's entries: from the previous step's end (the first step: its first phase) to the end of its
+    last phase, so that what runs between two steps (e.g. `zero_grad`) belongs to the next one."""
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for s in spans:
+        if s.step is not None:
+            first[s.step] = min(first.get(s.step, s.start), s.start)
+            last[s.step] = max(last.get(s.step, s.end), s.end)
+    out: list[StepSpan] = []
+    for n in sorted(first):
+        start = min(out[-1].end, first[n]) if out else first[n]
+        out.append(StepSpan(n, start, max(start, last[n])))
+    return out
+
+
+def _labelled(spans: list[PhaseSpan]) -> list[PhaseSpan]:
+    """Spans labelled by step and phase, repeats within a step (or, without steps, overall) numbered."""
+    counts = Counter((s.step, s.phase) for s in spans)
+    seen: Counter = Counter()
+    out = []
+    for s in spans:
+        key = (s.step, s.phase)
+        seen[key] += 1
+        label = s.phase if s.step is None else f"{step_label(s.step)}, {s.phase}"
+        out.append(replace(s, label=f"{label} #{seen[key]}" if counts[key] > 1 else label))
+    return out
+
+
+def place_phases(recon: Reconstruction, snapshot: dict, meta: dict | None, marks: Marks) -> Phases:
+    """The snapshot's phases and steps by the rules of the module docstring (`marks`: each allocation's, from
+    `evidence.allocation_marks`, for the inference)."""
+    times = _monotone_times(recon)
+    entries = [p for p in (meta or {}).get("phases") or [] if isinstance(p, dict)]
+    spans: list[PhaseSpan] = []
+    steps: list[StepSpan] = []
+    steps_from = None
+    if entries and times is not None:
+        if all(p.get("start_time_us") is not None for p in entries):
+            spans, steps = _from_metadata(times, entries)
         else:
-            runs.append([int(kinds[i]), int(i), int(i)])
-    ends = []
-    for k, (kind, first, last) in enumerate(runs):
-        if kind != _FORWARD:
-            ends.append(last + 1)
-            continue
-        stop = runs[k + 1][1] if k + 1 < len(runs) else recon.n_entries
-        inside = np.flatnonzero(covered[first:stop])
-        ends.append(first + int(inside[0]) if len(inside) else stop)
-    counts: dict[int, int] = {}
-    for kind, _, _ in runs:
-        counts[kind] = counts.get(kind, 0) + 1
-    seen: dict[int, int] = {}
-    inferred = []
-    for (kind, first, _), end in zip(runs, ends, strict=True):
-        seen[kind] = seen.get(kind, 0) + 1
-        name = _INFERRED_LABELS[kind]
-        label = f"{name} #{seen[kind]}" if counts[kind] > 1 else name
-        inferred.append(PhaseSpan(label, first, end, source=INFERRED_SOURCE))
-    return sorted(spans + inferred, key=lambda s: s.start)
+            spans = _from_recorder_order(times, entries)
+        steps_from = RECORDER_STEPS
+    elif times is not None:
+        spans, steps, steps_from = _from_annotations(times, snapshot, recon.device)
+    if all(s.source == PYTORCH_SOURCE for s in spans):  # nothing names a phase: infer them
+        runs = inferred_runs(recon, [(s.start, s.end) for s in spans], *marks)
+        spans = sorted(spans + [PhaseSpan(n, a, b, source=INFERRED_SOURCE) for n, a, b in runs],
+                       key=lambda s: s.start)
+    if steps:
+        spans = _in_steps(spans, steps)
+    elif not any(s.step is not None for s in spans):
+        grouped = _by_optimizer_steps(spans)
+        spans, steps_from = (grouped, "optimizer steps: each step ends with one") if grouped else (spans, None)
+    if not steps:
+        steps = _extents(spans)
+    return Phases(_labelled(spans), steps, steps_from if steps else None)
 
 
-def phase_at(spans: list[PhaseSpan], index: int) -> str | None:
-    """The phase an entry index falls in; None when phases are unknown."""
+def phase_at(phases: Phases, index: int) -> str | None:
+    """The phase an entry index falls in (the step, when it falls between phases); None when phases are
+    unknown."""
     if index == BEFORE_TRACE:
         return BEFORE_TRACE_LABEL
-    for span in spans:
+    for span in phases.spans:
         if span.start <= index < span.end:
             return span.label
-    if not spans:
+    if not phases.spans:
         return None
-    recorder = spans[0].source == "recorder"
-    return AFTER_STEPS_LABEL if recorder and index >= spans[-1].end else OUTSIDE_LABEL
+    for step in phases.steps:
+        if step.start <= index < step.end:
+            return f"{step_label(step.step)}, {OUTSIDE_LABEL}"
+    if phases.steps:
+        return BEFORE_STEPS_LABEL if index < phases.steps[0].start else AFTER_STEPS_LABEL
+    return OUTSIDE_LABEL
 
 
-def _peak_within(series: np.ndarray, initial: int, start: int, end: int) -> int:
-    """Highest value from just before `start` (what the phase inherits) through entry end-1."""
+def peak_within(series: np.ndarray, initial: int, start: int, end: int) -> int:
+    """Highest value from just before `start` (what the range inherits) through entry end-1."""
     entering = initial if start == 0 else int(series[start - 1])
     inside = int(series[start:end].max()) if end > start else entering
     return max(entering, inside)
 
 
 def phase_peaks(recon: Reconstruction, spans: list[PhaseSpan]) -> pd.DataFrame | None:
-    """Per phase: the trace entries it covers and its peak allocated and reserved bytes replayed from the trace,
-    beside the allocator counter's peak when the recorder read it."""
+    """Per phase: its step (counted from 1), the trace entries it covers and its peak allocated and reserved
+    bytes replayed from the trace, beside the allocator counter's peak when the recorder read it."""
     if not spans:
         return None
     rows = []
     for span in spans:
-        allocated = _peak_within(recon.allocated_bytes, recon.initial_allocated_bytes, span.start, span.end)
-        reserved = _peak_within(recon.reserved_bytes, recon.initial_reserved_bytes, span.start, span.end)
+        allocated = peak_within(recon.allocated_bytes, recon.initial_allocated_bytes, span.start, span.end)
+        reserved = peak_within(recon.reserved_bytes, recon.initial_reserved_bytes, span.start, span.end)
         rows.append({
             "phase": span.label,
+            "step": pd.NA if span.step is None else span.step + 1,
             "source": span.source,
             "start_event": span.start,
             "end_event": span.end,
@@ -225,4 +393,28 @@ def phase_peaks(recon: Reconstruction, spans: list[PhaseSpan]) -> pd.DataFrame |
             "completed": span.completed,
             "peak_allocated_bytes": allocated,
         })
-    return pd.DataFrame(rows, columns=PHASE_COLUMNS + ["peak_allocated_bytes"])
+    out = pd.DataFrame(rows, columns=PHASE_COLUMNS + ["peak_allocated_bytes"])
+    out["step"] = out["step"].astype("Int64")
+    return out
+
+
+def step_phase_peaks(recon: Reconstruction, phases: Phases) -> pd.DataFrame | None:
+    """Per step (counted from 1): the peak allocated MiB of each phase (the highest of its runs in the step;
+    NaN where the step has none), in the order phases first appear, and the step's own peak, which also counts
+    what happens between its phases."""
+    if not phases.steps:
+        return None
+    names = list(dict.fromkeys(s.phase for s in phases.spans if s.step is not None))
+    peaks: dict[tuple[int, str], int] = {}
+    for s in phases.spans:
+        if s.step is not None:
+            peak = peak_within(recon.allocated_bytes, recon.initial_allocated_bytes, s.start, s.end)
+            peaks[s.step, s.phase] = max(peaks.get((s.step, s.phase), 0), peak)
+    rows = []
+    for st in phases.steps:
+        row: dict = {"step": st.step + 1}
+        for name in names:
+            row[f"{name}_peak_mib"] = peaks[st.step, name] / MIB if (st.step, name) in peaks else float("nan")
+        row[STEP_PEAK] = peak_within(recon.allocated_bytes, recon.initial_allocated_bytes, st.start, st.end) / MIB
+        rows.append(row)
+    return pd.DataFrame(rows, columns=["step", *(f"{n}_peak_mib" for n in names), STEP_PEAK])

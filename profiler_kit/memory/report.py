@@ -10,8 +10,17 @@ from pathlib import Path
 import pandas as pd
 
 from profiler_kit.memory.analyze import MIB, Reconstruction, reconstruct
-from profiler_kit.memory.evidence import allocation_marks
-from profiler_kit.memory.phases import INFERRED_SOURCE, PhaseSpan, inferred_spans, phase_at, phase_peaks, phase_spans
+from profiler_kit.memory.evidence import ZERO_GRAD, allocation_marks
+from profiler_kit.memory.phases import (
+    INFERRED_SOURCE,
+    RECORDER_STEPS,
+    Phases,
+    PhaseSpan,
+    phase_at,
+    phase_peaks,
+    place_phases,
+    step_phase_peaks,
+)
 from profiler_kit.memory.roles import (
     GRADIENT,
     OPTIMIZER_STATE,
@@ -35,11 +44,12 @@ class MemoryReport:
 
     source: str
     recon: Reconstruction
-    spans: list[PhaseSpan]
+    placed: Phases
     roles: pd.Series
     evidence: pd.Series
     summary: pd.DataFrame
     phases: pd.DataFrame | None
+    step_peaks: pd.DataFrame | None
     roles_at_peak: pd.DataFrame
     top: pd.DataFrame
     expected: pd.DataFrame | None
@@ -47,14 +57,27 @@ class MemoryReport:
     meta: dict | None
     meta_source: str | None = None
 
+    @property
+    def spans(self) -> list[PhaseSpan]:
+        return self.placed.spans
+
+    @property
+    def rank(self) -> int | None:
+        """The process's RANK under torchrun, as the recorder wrote it."""
+        return (self.meta or {}).get("rank")
+
     def title(self) -> str:
-        """`xl ctx 256 train bf16, batch 4, <GPU>` from the recorder's metadata, else the snapshot's file name."""
-        if not self.meta or not self.meta.get("config"):
-            return Path(self.source).name or "memory snapshot"
-        cfg = self.meta["config"]
+        """`xl ctx 256 train bf16, batch 4, <GPU>` from the recorder's metadata, else the snapshot's file name;
+        `, rank R of W` for a process of a distributed job."""
+        meta = self.meta or {}
+        of = f", rank {meta['rank']} of {meta['world_size']}" if meta.get("rank") is not None and \
+            meta.get("world_size") else ""
+        if not meta.get("config"):
+            return (Path(self.source).name or "memory snapshot") + of
+        cfg = meta["config"]
         precision = " bf16" if cfg["mixed_precision"] else ""
-        gpu = f", {self.meta['device_name']}" if self.meta.get("device_name") else ""
-        return f"{cfg['model']} ctx {cfg['ctx']} {cfg['mode']}{precision}, batch {cfg['batch_size']}{gpu}"
+        gpu = f", {meta['device_name']}" if meta.get("device_name") else ""
+        return f"{cfg['model']} ctx {cfg['ctx']} {cfg['mode']}{precision}, batch {cfg['batch_size']}{gpu}{of}"
 
     def caption(self) -> str:
         lines = [f"{self.source}: device {self.recon.device}, {self.recon.n_entries:,} trace entries; "
@@ -64,6 +87,8 @@ class MemoryReport:
     def tables(self, display: bool = False) -> list[tuple[str, pd.DataFrame]]:
         """The report's tables; the same for every format (`display` is part of the render layer's protocol)."""
         out = [("peak memory", self.summary)]
+        if self.step_peaks is not None:
+            out.append(("peak allocated per step and phase", self.step_peaks))
         if self.phases is not None:
             out.append(("peaks per phase", self.phases.drop(columns=["peak_allocated_bytes"])))
         out.append(("allocated at the peak by role", self.roles_at_peak.drop(columns=["size_bytes"])))
@@ -78,8 +103,13 @@ class MemoryReport:
         phases = None
         if self.phases is not None:
             phases = [{"name": row.pop("phase"), **row} for row in records(self.phases)]
+        step = next((s.step for s in self.spans if s.start <= peak < s.end), None)
+        if step is None:
+            step = next((s.step for s in self.placed.steps if s.start <= peak < s.end), None)
         return {
             "snapshot": self.source,
+            "rank": self.rank,
+            "world_size": (self.meta or {}).get("world_size"),
             "device": recon.device,
             "trace_entries": recon.n_entries,
             "metadata_source": self.meta_source,
@@ -87,7 +117,8 @@ class MemoryReport:
                 "allocated_bytes": recon.peak_allocated_bytes,
                 "reserved_bytes": recon.peak_reserved_bytes,
                 "event": peak,
-                "phase": phase_at(self.spans, peak),
+                "phase": phase_at(self.placed, peak),
+                "step": None if step is None else step + 1,
                 "time_us": None if recon.time_us is None or peak < 0 else int(recon.time_us[peak]),
             },
             "config": (self.meta or {}).get("config"),
@@ -98,6 +129,8 @@ class MemoryReport:
             "oom": (self.meta or {}).get("oom"),
             "oom_events": recon.oom_events,
             "phases": phases,
+            "steps_from": self.placed.steps_from,
+            "peaks_by_step": None if self.step_peaks is None else records(self.step_peaks),
             "roles_at_peak": records(self.roles_at_peak),
             "top_allocations": records(self.top),
             "expected_vs_measured": None if self.expected is None else records(self.expected),
@@ -105,13 +138,14 @@ class MemoryReport:
         }
 
 
-def _summary_table(recon: Reconstruction, spans: list[PhaseSpan], meta: dict | None) -> pd.DataFrame:
+def _summary_table(recon: Reconstruction, placed: Phases, meta: dict | None) -> pd.DataFrame:
+    spans = placed.spans
     rows = [{
         "source": "trace (requested bytes)",
         "peak_allocated_mib": recon.peak_allocated_bytes / MIB,
+        "peak_phase": phase_at(placed, recon.peak_index),
         "peak_reserved_mib": recon.peak_reserved_bytes / MIB,
         "peak_event": recon.peak_index,
-        "peak_phase": phase_at(spans, recon.peak_index),
     }]
     if meta is not None and meta.get("peak_allocated_bytes") is not None:
         counted = [s for s in spans if s.counter_peak_bytes is not None]
@@ -119,15 +153,16 @@ def _summary_table(recon: Reconstruction, spans: list[PhaseSpan], meta: dict | N
         rows.append({
             "source": "allocator counters (rounded blocks)",
             "peak_allocated_mib": meta["peak_allocated_bytes"] / MIB,
+            "peak_phase": top,
             "peak_reserved_mib": meta["peak_reserved_bytes"] / MIB,
             "peak_event": None,
-            "peak_phase": top,
         })
     return frame_with_optional_ints(rows, list(rows[0]), ("peak_event",))
 
 
-def _notes(recon: Reconstruction, spans: list[PhaseSpan], top: pd.DataFrame, roles: pd.DataFrame,
-           meta: dict | None) -> list[str]:
+def _notes(recon: Reconstruction, placed: Phases, top: pd.DataFrame, roles: pd.DataFrame,
+           meta: dict | None, freed: list[frozenset[str]]) -> list[str]:
+    spans = placed.spans
     notes = []
     if recon.n_entries == 0:
         notes.append("the snapshot has no trace (memory history was off): the peak is its state when taken")
@@ -137,15 +172,19 @@ def _notes(recon: Reconstruction, spans: list[PhaseSpan], top: pd.DataFrame, rol
             notes.append(f"the trace filled max_entries={max_entries}: its oldest events were dropped, so "
                          "allocations made before them count as alive from the start; record again with a "
                          "larger --max-entries")
-        if meta.get("phases") and not spans:
+        if meta.get("phases") and recon.time_us is None:
             notes.append("the trace entries carry no time_us, so phases cannot be placed on the trace")
+        notes.extend(f"the recorder's list of storages {c['label']}: {c['note']}"
+                     for c in meta.get("storages") or [] if isinstance(c, dict) and c.get("note"))
         oom = meta.get("oom")
         if oom:
             notes.append(f"the recorded step ran out of memory in {oom['phase']} (step {oom['step'] + 1}): "
                          f"{oom['summary']}")
         if meta.get("program_oom"):
             notes.append(f"the program ran out of memory ({meta['program_oom']}); the snapshot is its memory then")
-    elif not spans and recon.n_entries:
+    if placed.steps_from and placed.steps_from != RECORDER_STEPS:
+        notes.append(f"steps: {placed.steps_from}, counted from the first in the snapshot")
+    if meta is None and not spans and recon.n_entries:
         notes.append("no phases: the snapshot has no recorder metadata and no record_function ranges "
                      "(wrap the steps in profiler_kit.phase(name) or torch.profiler.record_function)")
     for event in recon.oom_events:
@@ -158,10 +197,10 @@ def _notes(recon: Reconstruction, spans: list[PhaseSpan], top: pd.DataFrame, rol
                      "e.g. by the autograd engine's thread in backward, or before the trace began")
     if any(s.source == INFERRED_SOURCE for s in spans):
         notes.append("phases with source 'inferred' are not named in the snapshot: a backward runs from the first "
-                     "to the last allocation or free of the autograd engine, a forward from the first allocation "
-                     "by Python code before it")
+                     "to the last allocation or free of the autograd engine (or of code it runs, such as activation "
+                     "checkpointing's recomputation), a forward from the first allocation by Python code before it")
     alive = recon.alive_at(recon.peak_index)
-    notes.extend(_absent_at_peak(recon, spans, roles, alive))
+    notes.extend(_absent_at_peak(recon, placed, roles, alive, freed))
     unknown = roles.loc[alive.index, "role"] == UNKNOWN
     unknown_bytes = int(alive.loc[unknown, "size_bytes"].sum())
     if unknown_bytes:
@@ -171,10 +210,11 @@ def _notes(recon: Reconstruction, spans: list[PhaseSpan], top: pd.DataFrame, rol
     return notes
 
 
-def _absent_at_peak(recon: Reconstruction, spans: list[PhaseSpan], roles: pd.DataFrame,
-                    alive: pd.DataFrame) -> list[str]:
-    """Why the parameters, gradients or optimizer state that the trace holds are not alive at the peak: when the
-    last one before it was freed and when the next one after it was made."""
+def _absent_at_peak(recon: Reconstruction, placed: Phases, roles: pd.DataFrame, alive: pd.DataFrame,
+                    freed: list[frozenset[str]]) -> list[str]:
+    """Why the parameters, gradients or optimizer state that the trace holds are not alive at the peak: when (and,
+    for `zero_grad`, by what) the last one before it was freed, and when the next one after it was made
+    (`freed`: each allocation's marks of the stack that freed it)."""
     notes = []
     peak, a = recon.peak_index, recon.allocations
     for role in (PARAMETER, GRADIENT, OPTIMIZER_STATE):
@@ -182,9 +222,10 @@ def _absent_at_peak(recon: Reconstruction, spans: list[PhaseSpan], roles: pd.Dat
         if not mine.any() or (roles.loc[alive.index, "role"] == role).any():
             continue
         before, after = a.loc[mine & (a["end"] <= peak), "end"], a.loc[mine & (a["start"] > peak), "start"]
-        why = [f"the last one before it was freed at event {before.max()} ({phase_at(spans, int(before.max()))})"
-               if len(before) else "",
-               f"the next one is made at event {after.min()} ({phase_at(spans, int(after.min()))})"
+        by = ", by zero_grad" if len(before) and ZERO_GRAD in freed[a.index.get_loc(before.idxmax())] else ""
+        why = [f"the last one before it was freed at event {before.max()} ({phase_at(placed, int(before.max()))}"
+               f"{by})" if len(before) else "",
+               f"the next one is made at event {after.min()} ({phase_at(placed, int(after.min()))})"
                if len(after) else ""]
         notes.append(f"no {role} is alive at the peak (event {peak}): " + "; ".join(w for w in why if w))
     return notes
@@ -195,23 +236,24 @@ def analyze(snapshot: dict, meta: dict | None = None, top: int = DEFAULT_TOP, de
     """Analyse an in-memory snapshot (with the recorder's metadata, when it wrote some)."""
     recon = reconstruct(snapshot, device)
     marks = allocation_marks(recon.allocations)
-    spans = inferred_spans(recon, phase_spans(recon, snapshot, meta), *marks)
-    roles = infer_roles(recon, spans, meta, sizes_are_rounded(snapshot), marks)
-    top_df = top_allocations(recon, roles, spans, top)
+    placed = place_phases(recon, snapshot, meta, marks)
+    roles = infer_roles(recon, placed.spans, meta, sizes_are_rounded(snapshot), marks)
+    top_df = top_allocations(recon, roles, placed, top)
     by_role = roles_at(recon, roles["role"], recon.peak_index, roles["evidence"])
     config = (meta or {}).get("config")
     return MemoryReport(
         source=source,
         recon=recon,
-        spans=spans,
+        placed=placed,
         roles=roles["role"],
         evidence=roles["evidence"],
-        summary=_summary_table(recon, spans, meta),
-        phases=phase_peaks(recon, spans),
+        summary=_summary_table(recon, placed, meta),
+        phases=phase_peaks(recon, placed.spans),
+        step_peaks=step_phase_peaks(recon, placed),
         roles_at_peak=by_role,
         top=top_df,
         expected=expected_vs_measured(recon, roles["role"], config) if config else None,
-        notes=_notes(recon, spans, top_df, roles, meta),
+        notes=_notes(recon, placed, top_df, roles, meta, marks[1]),
         meta=meta,
         meta_source=meta_source,
     )

@@ -2,9 +2,11 @@
 
 Evidence, strongest first:
 - the recorder's list of storages (`storages.py`: parameters, gradients, optimizer state, with the moment each
-  list was taken): an allocation alive then at a listed address, of the listed size, has the listed role;
-- the allocation's stacks (`evidence.py`): PyTorch's autocast cast cache, the autograd engine's thread, the
-  optimizer's code, a module's `__init__`, `zero_grad` freeing it (a `.grad`);
+  list was taken; of a sharded parameter, its local shard): an allocation alive then at a listed address, of the
+  listed size, has the listed role (a listed gradient that DDP's reducer made is a gradient bucket);
+- the allocation's stacks (`evidence.py`): PyTorch's autocast cast cache, FSDP's all-gather (an unsharded
+  parameter), DDP's reducer (a gradient bucket), the autograd engine's thread, the optimizer's code, a module's
+  `__init__`, `zero_grad` freeing it (a `.grad`);
 - the phase it was allocated in and whether it outlived that phase: made and freed in one phase is a temporary;
   made in a forward phase and kept is an activation or a tensor saved for backward; made in backward and kept is a
   gradient; made in an optimizer step and kept is optimizer state;
@@ -29,27 +31,33 @@ import pandas as pd
 from profiler_kit.memory.analyze import BEFORE_TRACE, MIB, Reconstruction
 from profiler_kit.memory.evidence import (
     AUTOCAST,
+    DDP_BUCKET,
     ENGINE,
     LINEAR,
     MODULE_INIT,
     OPTIMIZER,
+    UNSHARDED,
     ZERO_GRAD,
     Marks,
     allocation_marks,
     phase_kind,
 )
-from profiler_kit.memory.phases import PhaseSpan
+from profiler_kit.memory.phases import PhaseSpan, span_index
 from profiler_kit.memory.storages import Capture, read_captures
 
 PARAMETER = "parameter"
+UNSHARDED_PARAMETER = "unsharded parameter"
 GRADIENT = "gradient"
+GRADIENT_BUCKET = "gradient bucket"
 OPTIMIZER_STATE = "optimizer state"
 ACTIVATION = "activation"
 AUTOCAST_COPY = "autocast weight copy"
 TEMPORARY = "temporary"
 UNKNOWN = "unknown"
-ROLES = (PARAMETER, GRADIENT, OPTIMIZER_STATE, ACTIVATION, AUTOCAST_COPY, TEMPORARY, UNKNOWN)
-LISTED_ROLES = {"parameter": PARAMETER, "gradient": GRADIENT, "optimizer_state": OPTIMIZER_STATE}
+ROLES = (PARAMETER, UNSHARDED_PARAMETER, GRADIENT, GRADIENT_BUCKET, OPTIMIZER_STATE, ACTIVATION, AUTOCAST_COPY,
+         TEMPORARY, UNKNOWN)
+LISTED_ROLES = {"parameter": PARAMETER, "unsharded_parameter": UNSHARDED_PARAMETER, "gradient": GRADIENT,
+                "gradient_bucket": GRADIENT_BUCKET, "optimizer_state": OPTIMIZER_STATE}
 BF16_BYTES = 2
 BLOCK_ROUND = 512  # the caching allocator's block granularity
 MAX_STATE_PER_PARAMETER = 2  # Adam's exp_avg and exp_avg_sq
@@ -57,20 +65,6 @@ STEP_COUNTER_BYTES = (4, 8)  # fused or capturable Adam keeps each parameter's s
 BEFORE_TRACE_KEPT = "alive before the trace and never freed"
 _STATE_NAMES = {1: "1 optimizer-state tensor (e.g. SGD's momentum)", 2: "2 optimizer-state tensors (Adam's "
                 "exp_avg, exp_avg_sq)"}
-
-
-def _span_index(spans: list[PhaseSpan], starts: np.ndarray) -> np.ndarray:
-    """Index of the span each entry index falls in, -1 outside all spans."""
-    lo = np.array([s.start for s in spans], dtype=np.int64)
-    hi = np.array([s.end for s in spans], dtype=np.int64)
-    if (np.diff(lo) >= 0).all() and (hi[:-1] <= lo[1:]).all():  # ordered, disjoint: one binary search
-        k = np.searchsorted(lo, starts, side="right") - 1
-        inside = (k >= 0) & (starts < hi[np.maximum(k, 0)]) if len(spans) else np.zeros(len(starts), dtype=bool)
-        return np.where(inside, k, -1)
-    out = np.full(len(starts), -1, dtype=np.int64)
-    for k, span in enumerate(spans):
-        out[(starts >= span.start) & (starts < span.end)] = k
-    return out
 
 
 def sizes_are_rounded(snapshot: dict) -> bool:
@@ -89,14 +83,14 @@ def infer_roles(recon: Reconstruction, spans: list[PhaseSpan], meta: dict | None
         if config.get("mixed_precision") else set()
     a = recon.allocations
     made, freed = marks or allocation_marks(a)
-    span_idx = _span_index(spans, a["start"].to_numpy())
-    end_idx = _span_index(spans, a["end"].to_numpy())
+    span_idx = span_index(spans, a["start"].to_numpy())
+    end_idx = span_index(spans, a["end"].to_numpy())
     roles, evidence = [], []
     columns = ["size_bytes", "start", "end", "alive_at_end"]
     for (size, start, end, alive_at_end), m, f, k, k_end in zip(
             a[columns].itertuples(index=False), made, freed, span_idx, end_idx, strict=True):
         span = spans[k] if k >= 0 else None
-        freed_in_backward = ENGINE in f or (k_end >= 0 and phase_kind(spans[k_end].label) == "backward")
+        freed_in_backward = ENGINE in f or (k_end >= 0 and phase_kind(spans[k_end].phase) == "backward")
         role, why = _role(m, f, freed_in_backward, span, start, end, size, bool(alive_at_end), bf16_weights)
         roles.append(role)
         evidence.append(why)
@@ -118,10 +112,14 @@ def assign_roles(recon: Reconstruction, spans: list[PhaseSpan], meta: dict | Non
 def _role(made: frozenset[str], freed: frozenset[str], freed_in_backward: bool, span: PhaseSpan | None, start: int,
           end: int, size: int, alive_at_end: bool, bf16_weights: set[int]) -> tuple[str, str]:
     """The role one allocation's evidence supports (see the module docstring), and that evidence."""
-    kind = phase_kind(span.label) if span else None
+    kind = phase_kind(span.phase) if span else None
     outlives = end >= span.end if span else alive_at_end
     if AUTOCAST in made:
         return AUTOCAST_COPY, "made by autocast's cast cache"
+    if UNSHARDED in made:
+        return UNSHARDED_PARAMETER, "made by FSDP's all-gather of the sharded parameters"
+    if DDP_BUCKET in made and (span is None or outlives):  # what the reducer frees at once is its scratch
+        return GRADIENT_BUCKET, "made by DDP's reducer (torch/nn/parallel/distributed.py) and kept: its buckets"
     if kind == "forward" and LINEAR in made and size in bf16_weights and freed_in_backward:
         return AUTOCAST_COPY, "a Linear weight's size in bf16, made by nn.Linear in forward, freed in backward"
     if ZERO_GRAD in freed:
@@ -137,22 +135,22 @@ def _role(made: frozenset[str], freed: frozenset[str], freed_in_backward: bool, 
     if MODULE_INIT in made and outlives:
         return PARAMETER, "made by a module's constructor or its move to the device"
     if span is not None and not outlives:
-        return TEMPORARY, f"made and freed in {span.label}"
+        return TEMPORARY, f"made and freed in {span.phase}"
     if ENGINE in made:  # made by the autograd engine: freed there it was an intermediate, else a gradient
         if ENGINE in freed:
             return TEMPORARY, "made and freed by the autograd engine"
         return GRADIENT, "made by the autograd engine, kept after it"
     if kind == "backward":
-        return GRADIENT, f"made in {span.label}, kept after it"
+        return GRADIENT, f"made in {span.phase}, kept after it"
     if OPTIMIZER in made or kind == "optimizer":  # optimizer state lives on; what the step frees was scratch
-        where = "by torch/optim" if OPTIMIZER in made else f"in {span.label}"
+        where = "by torch/optim" if OPTIMIZER in made else f"in {span.phase}"
         return (OPTIMIZER_STATE, f"made {where}, kept after it") if outlives else \
             (TEMPORARY, f"made {where}, freed in the step")
     if ENGINE in freed:
         return ACTIVATION, "freed by the autograd engine: saved for backward"
     if kind == "forward":
-        return ACTIVATION, f"made in {span.label}, kept after it"
-    where = f"made in {span.label}" if span else "made outside any phase"
+        return ACTIVATION, f"made in {span.phase}, kept after it"
+    where = f"made in {span.phase}" if span else "made outside any phase"
     return UNKNOWN, f"{where}; no stack or phase says what it holds"
 
 
@@ -188,8 +186,13 @@ def _apply_list(recon: Reconstruction, captures: list[Capture], out: pd.DataFram
                 if alive and idx not in listed and (size is None or keys[idx] == _size_key(size, rounded)):
                     listed.add(idx)
                     label = f" taken at {capture.label}" if capture.label else ""
-                    _set(out, idx, LISTED_ROLES[kind], f"in the recorder's list of {kind.replace('_', ' ')} "
-                         f"storages{label}")
+                    why = f"in the recorder's list of {kind.replace('_', ' ')} storages{label}"
+                    if LISTED_ROLES[kind] == GRADIENT and out.at[idx, "role"] == GRADIENT_BUCKET:
+                        # DDP with gradient_as_bucket_view: the gradients are views into its buckets.
+                        _set(out, idx, GRADIENT_BUCKET, f"{why}, made by DDP's reducer: a bucket the gradients "
+                             "are views of")
+                    else:
+                        _set(out, idx, LISTED_ROLES[kind], why)
     kept = (out["role"] == UNKNOWN) & (out["evidence"] == BEFORE_TRACE_KEPT)
     out.loc[kept, "evidence"] = f"{BEFORE_TRACE_KEPT}; not in the recorder's list"
 

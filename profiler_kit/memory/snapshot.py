@@ -13,7 +13,7 @@ import io
 import math
 import pickle
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from profiler_kit.errors import ProfilerKitError
 from profiler_kit.files import parse_json, read_bytes
@@ -33,6 +33,13 @@ MAX_INT = 2**63
 # protocol 2 names their module `__builtin__`, as Python 2 did).
 _BUILTIN_MODULES = frozenset({"builtins", "__builtin__"})
 _ALLOWED_GLOBALS = frozenset({"dict", "list", "tuple", "set", "frozenset"})
+# Pickles of protocol 2 and later (torch writes 4 or later) open with the PROTO opcode.
+_PROTO = b"\x80"
+EXPECTED = ("expected a CUDA memory snapshot pickle (from torch.cuda.memory._dump_snapshot or profiler-kit "
+            "memory)")
+# What a file that is not a pickle most often is, told by its first bytes.
+_KINDS = ((b"SQLite format 3\x00", "an SQLite database (e.g. an nsys export)"), (b"\x1f\x8b", "gzip data"),
+          (b"PK\x03\x04", "a zip archive"), (b"NVIDIA Tegra Profiler Report", "an nsys report"))
 
 
 class _RefusedGlobal(pickle.UnpicklingError):
@@ -55,20 +62,30 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())
 
 
-def _unpickle(stream: BinaryIO) -> Any:
+def _not_a_pickle(head: bytes) -> str:
+    """What a file that does not open like a pickle is, and what was expected instead."""
+    kind = next((name for magic, name in _KINDS if head.startswith(magic)), None)
+    if kind is None:
+        kind = "JSON" if head.lstrip()[:1] in (b"{", b"[") else "text" if b"\x00" not in head else "binary data"
+    return f"it is {kind}, not a pickle; {EXPECTED}"
+
+
+def _unpickle(data: bytes) -> Any:
     try:
-        return _SnapshotUnpickler(stream).load()
+        return _SnapshotUnpickler(io.BytesIO(data)).load()
     except _RefusedGlobal as exc:
         raise ValueError(str(exc)) from None
     except EOFError:
         raise ValueError("the pickle is truncated") from None
-    except pickle.UnpicklingError as exc:
-        reason = "the pickle is truncated" if "truncated" in str(exc) else f"not a pickle ({_one_line(exc)})"
-        raise ValueError(reason) from None
     # Malformed bytes can fail inside the unpickler in many ways (bad opcode arguments, wrong stack contents,
-    # undecodable strings); all of them mean "not a snapshot" to the user.
+    # undecodable strings): a file that does not open like a pickle is named by what it is; one that does is a
+    # damaged pickle, and the unpickler's reason is kept.
     except Exception as exc:
-        raise ValueError(f"not a readable pickle ({type(exc).__name__}: {_one_line(exc)})") from None
+        if not data.startswith(_PROTO):
+            raise ValueError(_not_a_pickle(data[:64])) from None
+        if isinstance(exc, pickle.UnpicklingError) and "truncated" in str(exc):
+            raise ValueError("the pickle is truncated") from None
+        raise ValueError(f"a damaged pickle ({type(exc).__name__}: {_one_line(exc)}); {EXPECTED}") from None
 
 
 def load_snapshot(path: str | Path) -> dict:
@@ -83,7 +100,7 @@ def load_snapshot(path: str | Path) -> dict:
     if not data:
         raise ProfilerKitError(f"cannot read memory snapshot {path}: the file is empty")
     try:
-        obj = _unpickle(io.BytesIO(data))
+        obj = _unpickle(data)
         _check_expansion(obj, len(data))
         validate_snapshot(obj)
     except ValueError as exc:
@@ -183,8 +200,10 @@ METADATA = {
     "config?": {"model": str, "ctx": int, "mode": str, "batch_size": int, "mixed_precision": bool},
     "device_name?": str, "steps?": int, "warmup?": int, "max_entries?": int,
     "peak_allocated_bytes?": int, "peak_reserved_bytes?": int,
-    "phases?": [{"step": int, "phase": str, "end_time_us": (int, float), "completed?": bool,
-                 "peak_allocated_bytes?": int, "peak_reserved_bytes?": int, "allocated_bytes?": int}],
+    "phases?": [{"step": int, "phase": str, "kind?": str, "start_time_us?": (int, float), "end_time_us": (int, float),
+                 "completed?": bool, "peak_allocated_bytes?": int, "peak_reserved_bytes?": int,
+                 "allocated_bytes?": int}],
+    "rank?": int, "world_size?": int, "local_rank?": int, "node?": int,
     "warmup_oom?": str, "oom?": _OOM, "program_oom?": str, "tensor_roles?": {str: [int]},
     "linear_weight_numels?": [int],
 }

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from profiler_kit.memory.analyze import BEFORE_TRACE, MIB, Reconstruction, first_user_frame, short_path
-from profiler_kit.memory.phases import PhaseSpan, phase_at
+from profiler_kit.memory.phases import Phases, phase_at
 from profiler_kit.memory.roles import (
     ACTIVATION,
     AUTOCAST_COPY,
@@ -25,7 +25,7 @@ TOP_COLUMNS = ["rank", "size_mib", "size_bytes", "role", "evidence", "allocated_
                "user_metadata"]
 
 
-def top_allocations(recon: Reconstruction, roles: pd.DataFrame, spans: list[PhaseSpan], n: int) -> pd.DataFrame:
+def top_allocations(recon: Reconstruction, roles: pd.DataFrame, phases: Phases, n: int) -> pd.DataFrame:
     """The n largest allocations alive at the peak, with their role and its evidence (`roles`: the columns role and
     evidence per allocation), the phase that allocated them, the first frame outside torch and the user metadata
     set when they were made."""
@@ -39,7 +39,7 @@ def top_allocations(recon: Reconstruction, roles: pd.DataFrame, spans: list[Phas
             "size_bytes": int(row["size_bytes"]),
             "role": roles.at[idx, "role"],
             "evidence": roles.at[idx, "evidence"],
-            "allocated_in": phase_at(spans, int(row["start"])),
+            "allocated_in": phase_at(phases, int(row["start"])),
             "where": f"{short_path(frame['filename'])}:{frame['line']}" if frame else None,
             "function": frame["name"] if frame else None,
             "user_metadata": row["user_metadata"] or None,

@@ -172,3 +172,27 @@ def test_the_optimizer_reaches_the_profiled_workload():
 def test_an_unknown_optimizer_is_a_usage_error(command):
     result = _cli(command, "--optimizer", "sgd")
     assert result.exit_code == 2 and "adamw-fused" in result.output
+
+
+def test_overlap_rows_carry_the_exposed_optimizer_time_and_the_clipping_fallback():
+    """`--optimizer-overlap` rows, with and without clipping: `opt_exposed_ms` is the optimizer phase (the step
+    past the backward's end), the config columns say overlap and clipping, the fallback is in the message."""
+    rows = []
+    for clip in ([], ["--clip-grad-norm", "1.5"]):
+        result = _cli("benchmark", "--model", "tiny", "--ctx", "8", "--device", "cpu", "--warmup", "1", "--steps",
+                      "2", "--optimizer-overlap", *clip, "--format", "json")
+        assert result.exit_code == 0, result.output
+        rows += json.loads(result.stdout)["results"]
+    plain, clipped = rows
+    for row in rows:
+        assert row["status"] == "ok" and row["optimizer_overlap"] is True
+        assert row["opt_exposed_ms"] == row["optimizer_ms"] > 0
+    assert plain["clip_grad_norm"] is None and plain["message"] == ""
+    assert clipped["clip_grad_norm"] == 1.5 and "after the backward" in clipped["message"]
+    row = bench.run_config(WorkloadConfig("tiny", 16, "forward", batch_size=2, device="cpu"), timing(0, 1))
+    assert row["opt_exposed_ms"] is None
+
+
+def test_the_overlap_needs_a_train_step():
+    result = _cli("benchmark", "--model", "tiny", "--device", "cpu", "--mode", "forward", "--optimizer-overlap")
+    assert result.exit_code != 0 and "needs a train step" in result.output

@@ -1,6 +1,7 @@
 """The command line starts without torch: `--help`, `--version` and the commands that read reports
-(`kernels summarize|compare|timeline`, `memory summarize|compare`) never import torch or triton, and the
-top-level help lists each command with the first sentence of its own help."""
+(`kernels summarize|compare|timeline`, `memory summarize|compare`, HTML pages included) never import torch,
+triton or matplotlib (drawn only for a PNG), and the top-level help lists each command with the first sentence
+of its own help."""
 
 from __future__ import annotations
 
@@ -46,6 +47,8 @@ def _probe(*args: str, cwd: Path) -> dict:
     ["kernels", "summarize", BF16],
     ["kernels", "summarize", BF16, "--format", "json"],
     ["kernels", "compare", FP32, BF16],
+    ["kernels", "summarize", BF16, "--html", "page.html"],
+    ["kernels", "compare", FP32, BF16, "--html", "page.html"],
     ["kernels", "timeline", BF16, "-o", "trace.json"],
     ["memory", "summarize", SNAPSHOT],
     ["memory", "compare", SNAPSHOT, SNAPSHOT],

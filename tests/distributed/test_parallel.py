@@ -107,6 +107,35 @@ def test_leave_stops_the_gloo_threads():
     assert not any(name.startswith(("pt_gloo", "gloo")) for name in after), after
 
 
+# One gloo rank of the built-in workload with FSDP2 and --mixed-precision: the dtype of a block's weight while its
+# forward runs, and the dtypes of the sharded parameters and their gradients after a step.
+FSDP_BF16_CHECK = """
+import json, torch
+from profiler_kit import distributed
+from profiler_kit.workload import Workload, WorkloadConfig
+w = Workload(WorkloadConfig("tiny", 16, "train", batch_size=2, mixed_precision=True, device="cpu", nvtx=False,
+                            parallel="fsdp"))
+seen = []
+w.model.layers[0].register_forward_pre_hook(lambda m, a: seen.append(str(next(m.parameters()).dtype)))
+w.step()
+found = [seen, sorted({str(p.dtype) for p in w.model.parameters()}),
+         sorted({str(p.grad.dtype) for p in w.model.parameters()})]
+del w
+distributed.leave()
+print(json.dumps(found))
+"""
+
+
+def test_fsdp_mixed_precision_gathers_bf16_and_reduces_fp32():
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    proc = subprocess.run([sys.executable, "-c", FSDP_BF16_CHECK], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen, params, grads = json.loads(proc.stdout)
+    assert seen == ["torch.bfloat16"] and params == ["torch.float32"] and grads == ["torch.float32"]
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -111,7 +111,7 @@ def test_top_level_phases_hold_the_optimizers_own_ranges(traces):
 def test_step_holding_phases(traces):
     summary = summarize(traces("step", steps=3))
     assert summary.phase_names == ["fwd", "bwd", "opt"]
-    assert summary.steps is not None and summary.steps["step"].tolist() == [1, 2, 3]
+    assert summary.steps is not None and summary.steps["step"].tolist() == [0, 1, 2]
 
 
 def test_forward_backward_optimizer_are_three_phases(traces):

@@ -1,17 +1,26 @@
 """Steps and where the GPU idles in them: the warm-up step left out of the idle verdicts, one long gap named as
-such rather than launch-bound, on kernel timelines built here with known gaps; the per-step table of the
-committed 2-rank DDP recording, and the timeline of a CPU trace."""
+such rather than launch-bound, on kernel timelines built here with known gaps; steps numbered as the program
+counted them, `state` only where a warm-up was seen, only the outermost step ranges counted (in reports built
+here, a real torch.profiler schedule and real recordings of a program); the per-step table of the committed
+2-rank DDP recording, and the timeline of a CPU trace."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from dataclasses import replace
 from pathlib import Path
 
+import pandas as pd
 import pytest
+from click.testing import CliRunner
 
+from profiler_kit.cli import main
 from profiler_kit.kernels import CATEGORIES, load, summarize, summarize_trace
 from profiler_kit.kernels.attribution import RangeIndex
 from profiler_kit.kernels.ranks import rank_traces, summarize_ranks
-from profiler_kit.kernels.steps import find_steps
+from profiler_kit.kernels.steps import NUMBERED_HERE, find_steps
 from profiler_kit.kernels.timeline import timeline
 from profiler_kit.kernels.trace import KernelTrace, kernel_frame, range_frame
 
@@ -94,7 +103,8 @@ def test_ddp_ranks_have_the_same_phases_steps_and_optimizer_work():
         opt = summary.phase_ns()["opt"]
         assert opt["categories"]["optimizer"] > 0.9 * opt["total_ns"]
         steps = summary.steps
-        assert steps["step"].tolist() == [1, 2]
+        # Recorded with `capture(warmup=1, steps=2)` before traces said which steps they held.
+        assert steps["step"].tolist() == [0, 1] and NUMBERED_HERE in summary.notes
         assert steps["operator_ms"].sum() * MS == pytest.approx(
             sum(summary.phase_ns()[p]["total_ns"] for p in ("fwd", "bwd", "opt")), rel=0.02)
 
@@ -133,3 +143,121 @@ def test_steps_are_the_ranges_that_hold_the_phases():
     # One step does not repeat; phases at top level have no steps.
     assert steps_of(["step", "fwd", "bwd"], [0, 1, 5], [9, 4, 8]) == []
     assert steps_of(["fwd", "bwd", "fwd", "bwd"], [0, 5, 10, 15], [4, 8, 14, 18]) == []
+
+
+def test_state_only_where_a_warm_up_was_seen():
+    warm = summarize_trace(synthetic([SHORT, SHORT, SHORT], [40, 10, 10]))
+    assert warm.steps["state"].tolist() == ["warm-up", "steady", "steady"]
+    assert [t for t, _ in warm.tables()][3] == "Per step: warm-up against the steady state"
+    even = summarize_trace(synthetic([SHORT, SHORT], [10, 11]))
+    assert "state" not in even.steps.columns
+    assert [t for t, _ in even.tables()][3].startswith("Per step: no warm-up seen")
+    assert "state" not in even.to_json()["steps"][0]
+
+
+def test_steps_are_numbered_as_the_program_counted_them():
+    trace = synthetic([SHORT, SHORT, SHORT], [10, 10, 10])
+    # The recorder's numbers (the program's steps 4-6), NA on every other range.
+    numbers = pd.array([4, pd.NA, 5, pd.NA, 6, pd.NA], dtype="Int64")
+    summary = summarize_trace(replace(trace, ranges=trace.ranges.assign(number=numbers)))
+    assert summary.steps["step"].tolist() == [4, 5, 6] and NUMBERED_HERE not in summary.notes
+    plain = summarize_trace(trace)
+    assert plain.steps["step"].tolist() == [0, 1, 2] and NUMBERED_HERE in plain.notes
+
+
+SCHEDULED = """
+import sys, torch
+from torch.profiler import profile, record_function, schedule, ProfilerActivity
+model = torch.nn.Linear(64, 64)
+x = torch.randn(8, 64)
+with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=2),
+             on_trace_ready=lambda p: p.export_chrome_trace(sys.argv[1])) as prof:
+    for i in range(4):
+        with record_function("fwd"):
+            y = model(x).sum()
+        with record_function("bwd"):
+            y.backward()
+        prof.step()
+"""
+
+
+def test_torch_profiler_steps_keep_their_numbers(tmp_path):
+    """A program that records itself with torch.profiler's schedule: its steps 2 and 3, as ProfilerStep#2/#3."""
+    out = tmp_path / "scheduled.json"
+    done = subprocess.run([sys.executable, "-c", SCHEDULED, str(out)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = summarize(out)
+    assert summary.steps["step"].tolist() == [2, 3] and NUMBERED_HERE not in summary.notes
+
+
+def test_nested_ranges_of_the_step_name_are_part_of_their_step():
+    # A step holding two micro-steps of the same name, twice: two steps, not six.
+    names = ["step", "step", "fwd", "bwd", "step", "fwd", "bwd"] * 2
+    starts = [0, 1, 2, 5, 10, 11, 15, 100, 101, 102, 105, 110, 111, 115]
+    ends = [50, 9, 4, 8, 19, 14, 18, 150, 109, 104, 108, 119, 114, 118]
+    index = RangeIndex(range_frame(names, starts, ends, [1] * len(names), [1] * len(names)))
+    steps = find_steps(index, ["fwd", "bwd"])
+    assert index.ranges["start_ns"].to_numpy()[steps].tolist() == [0, 100]
+
+
+# A program that records its own window (torch.cuda.profiler.start/stop) over its steps 2 and 3, each step
+# holding repeated per-layer ranges: the recorder counts the steps of the window.
+WINDOW_PROGRAM = """
+import torch
+import profiler_kit
+model = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(3)])
+x = torch.randn(4, 16)
+for i in range(5):
+    if i == 2:
+        torch.cuda.profiler.start()
+    with profiler_kit.phase("step"):
+        with profiler_kit.phase("fwd"):
+            y = x
+            for layer in model:
+                with profiler_kit.phase("layer"):
+                    y = layer(y)
+        with profiler_kit.phase("bwd"):
+            y.sum().backward()
+    if i == 3:
+        torch.cuda.profiler.stop()
+"""
+
+
+def test_the_recorders_step_count_is_the_step_tables(tmp_path):
+    """The window's step count counts only the top-level ranges of the main thread: the per-layer ranges nested
+    in each step are not steps. It agrees with the per-step table of the same recording."""
+    program = tmp_path / "window.py"
+    program.write_text(WINDOW_PROGRAM)
+    result = CliRunner().invoke(main, ["nsys", "--backend", "torch", "-o", str(tmp_path / "w"), "--format", "json",
+                                       "--", sys.executable, str(program)])
+    assert result.exit_code == 0, result.stderr[-3000:]
+    steps = json.loads(result.stdout)["steps"]
+    assert len(steps) == 2
+    assert "torch.cuda.profiler.start()/stop() window, 2 steps" in result.stderr
+
+
+CAPTURED = """
+import torch
+import profiler_kit
+model = torch.nn.Linear(16, 16)
+x = torch.randn(4, 16)
+with profiler_kit.capture(warmup=2, steps=2) as cap:
+    for _ in range(5):
+        with cap.step():
+            with profiler_kit.phase("fwd"):
+                y = model(x).sum()
+            with profiler_kit.phase("bwd"):
+                y.backward()
+"""
+
+
+def test_a_capture_of_steps_2_and_3_is_numbered_2_and_3(tmp_path):
+    """The recorder numbers the step ranges of `profiler_kit.capture` as the program counts its steps."""
+    program = tmp_path / "captured.py"
+    program.write_text(CAPTURED)
+    result = CliRunner().invoke(main, ["nsys", "--backend", "torch", "-o", str(tmp_path / "c"), "--format", "json",
+                                       "--", sys.executable, str(program)])
+    assert result.exit_code == 0, result.stderr[-3000:]
+    if "number" not in load(tmp_path / "c.json.gz").ranges.columns:
+        pytest.skip("this torch trace reader gives the step ranges no numbers")
+    assert [row["step"] for row in json.loads(result.stdout)["steps"]] == [2, 3]

@@ -16,7 +16,8 @@ from profiler_kit.cli import main
 from profiler_kit.errors import ProfilerKitError
 from profiler_kit.memory import analyze, plot_timeline, reconstruct
 from profiler_kit.memory.analyze import BEFORE_TRACE, first_user_frame, short_path
-from profiler_kit.memory.phases import phase_spans
+from profiler_kit.memory.evidence import allocation_marks
+from profiler_kit.memory.phases import place_phases
 from profiler_kit.memory.roles import assign_roles
 from profiler_kit.memory.snapshot import SIDECAR_FORMAT, SIDECAR_VERSION
 from profiler_kit.memory.tables import expected_vs_measured, parameter_tensor_count
@@ -273,11 +274,11 @@ def simulated_train_step() -> tuple[dict, dict, dict]:
 def test_phases_roles_and_expected_vs_measured():
     snapshot, sidecar, counts = simulated_train_step()
     report = analyze(snapshot, sidecar, top=5)
-    spans = phase_spans(report.recon, snapshot, sidecar)
-    assert [s.label for s in spans] == ["forward", "backward", "optimizer_step"]
+    spans = report.spans
+    assert [s.label for s in spans] == ["step 1, forward", "step 1, backward", "step 1, optimizer_step"]
     assert spans[0].start == 0 and spans[-1].end == report.recon.n_entries
-    assert report.summary.loc[0, "peak_phase"] == "forward"  # activations all alive, no gradients yet
-    assert set(report.top["allocated_in"]) <= {"forward", "before trace"}
+    assert report.summary.loc[0, "peak_phase"] == "step 1, forward"  # activations all alive, no gradients yet
+    assert set(report.top["allocated_in"]) <= {"step 1, forward", "before trace"}
     n_tensors = len(sidecar["tensor_roles"]["parameter"])
     assert parameter_tensor_count(from_name("tiny").num_layers) == n_tensors  # the formula matches the model
     rows = expected_vs_measured(report.recon, assign_roles(report.recon, spans, sidecar), CONFIG).set_index("tensor")
@@ -300,7 +301,7 @@ def test_roles_without_the_recorders_list_come_from_phase_and_lifetime():
     del sidecar["tensor_roles"]
     report = analyze(snapshot, sidecar)
     a, roles = report.recon.allocations, report.roles
-    made_in = {span.label: (a["start"] >= span.start) & (a["start"] < span.end) for span in report.spans}
+    made_in = {span.phase: (a["start"] >= span.start) & (a["start"] < span.end) for span in report.spans}
     # Kept past forward: activations; made in backward and kept: gradients; the optimizer's scratch: temporary.
     assert set(roles[made_in["forward"]]) == {"activation"}
     n_tensors = parameter_tensor_count(from_name("tiny").num_layers)
@@ -347,7 +348,7 @@ def test_summarize_cli_formats_and_plot(tmp_path):
     data = json.loads(result.stdout)
     recon = reconstruct(snapshot)
     assert data["peak"]["allocated_bytes"] == recon.peak_allocated_bytes
-    assert data["peak"]["phase"] == "forward"
+    assert (data["peak"]["phase"], data["peak"]["step"]) == ("step 1, forward", 1)
     assert len(data["top_allocations"]) == 3 and data["config"]["model"] == "tiny"
     assert {r["tensor"] for r in data["expected_vs_measured"]} >= {"parameters", "gradients"}
     png = tmp_path / "timeline.png"
@@ -369,7 +370,7 @@ def test_summarize_without_metadata_or_ranges_has_no_phase_or_expected_tables(tm
     assert "no phases" in result.stdout  # the table's caption holds the notes
 
 
-def test_outermost_annotated_ranges_are_the_phases():
+def test_ranges_inside_outermost_ranges_of_one_name_are_the_phases_and_those_the_steps():
     fake = FakeAllocator()
     fake.recording = True
     notes = []
@@ -392,12 +393,13 @@ def test_outermost_annotated_ranges_are_the_phases():
     fake.free(outside)
     snapshot = dict(fake.snapshot(), external_annotations=notes)
     report = analyze(snapshot)
-    assert [s.label for s in report.spans] == ["train_step #1", "train_step #2"]
+    assert [s.label for s in report.spans] == ["step 1, inner", "step 2, inner"]
+    assert report.placed.steps_from == "the 'train_step' ranges, which hold the phases"
     phases = report.to_json()["phases"]
     # Each range's peak holds what it inherited plus its own scratch; the larger allocation outside is not in it.
     assert [p["peak_allocated_bytes"] for p in phases] == [1000 + 5000, 1000 + 2000 + 5000]
     assert report.recon.peak_allocated_bytes == 1000 + 2000 + 9000
-    assert report.summary.loc[0, "peak_phase"] == "outside phases"
+    assert report.summary.loc[0, "peak_phase"] == "after the steps"
     assert set(report.roles[report.recon.allocations["size_bytes"] == 5000]) == {"temporary"}
 
 
@@ -417,7 +419,7 @@ def test_autocast_weight_copies_are_told_from_a_linear_output_of_the_same_size()
     fake.free(logits)  # the step's local variable goes when the step returns
     meta = {"config": {"mixed_precision": True}, "linear_weight_numels": [weight_numel], "phases": phases}
     recon = reconstruct(fake.snapshot())
-    spans = phase_spans(recon, fake.snapshot(), meta)
+    spans = place_phases(recon, fake.snapshot(), meta, allocation_marks(recon.allocations)).spans
     roles = dict(zip(recon.allocations["addr"], assign_roles(recon, spans, meta), strict=True))
     assert [roles[a] for a in copies] == ["autocast weight copy"] * 2
     assert roles[logits] == "activation"

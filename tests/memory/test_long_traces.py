@@ -10,8 +10,7 @@ import pandas as pd
 
 from profiler_kit.memory.analyze import reconstruct
 from profiler_kit.memory.evidence import allocation_marks, frame_marks
-from profiler_kit.memory.phases import PhaseSpan
-from profiler_kit.memory.roles import _span_index
+from profiler_kit.memory.phases import PhaseSpan, span_index
 from profiler_kit.memory.snapshot import load_snapshot
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "memory"
@@ -33,7 +32,7 @@ def test_span_of_each_entry_matches_checking_every_span():
     overlapping = [PhaseSpan("a", 0, 300), PhaseSpan("b", 100, 200), PhaseSpan("c", 150, 400)]
     starts = rng.integers(-1, 5200, size=20_000)
     for spans in (disjoint, overlapping, []):
-        assert (_span_index(spans, starts) == _by_loop(spans, starts)).all()
+        assert (span_index(spans, starts) == _by_loop(spans, starts)).all()
 
 
 def test_marks_of_shared_stacks_are_those_of_each_stack():

@@ -7,6 +7,7 @@ the program's."""
 import json
 import os
 import pickle
+import re
 import subprocess
 import sys
 import textwrap
@@ -18,6 +19,7 @@ from click.testing import CliRunner
 from memory_replay import replay_levels, replay_range_peak
 
 from profiler_kit.cli import main
+from profiler_kit.kernels.phases import PYTORCH_RANGES
 from profiler_kit.memory import analyze_file, load_snapshot
 from profiler_kit.memory.phases import annotation_ranges
 from profiler_kit.memory.snapshot import EMBEDDED_KEY
@@ -125,8 +127,8 @@ def test_ranks_and_oom_dump(tmp_path, monkeypatch):
     assert _meta(rank0)["program_oom"] is None
     assert _meta(rank1)["program_oom"] == "Tried to allocate 2.00 GiB"
     assert [c["label"] for c in _meta(rank1)["storages"]] == ["window start", "optimizer step 1"]
-    reports = [json.loads(doc) for doc in result.stdout.replace("}\n{", "}\n\x00{").split("\x00")]
-    assert len(reports) == 2
+    *reports, merged = [json.loads(doc) for doc in result.stdout.replace("}\n{", "}\n\x00{").split("\x00")]
+    assert len(reports) == 2 and [r["rank"] for r in merged["ranks"]] == [0, 1]
     assert any("the program ran out of memory (Tried to allocate 2.00 GiB)" in n for n in reports[1]["notes"])
 
 
@@ -164,9 +166,10 @@ def test_plain_program_window_on_gpu(tmp_path):
     snapshot = load_snapshot(out.with_suffix(".pickle"))
     levels, times = replay_levels(snapshot)
     assert report["peak"]["allocated_bytes"] == levels.max()
-    assert report["peak"]["phase"].split(" #")[0] in ("forward", "backward", "optimizer")
-    outer = [r for r in annotation_ranges(snapshot, report["device"]) if r[3] == 0]
-    named = [p for p in report["phases"] if p["source"] == "annotation"]
+    assert re.fullmatch(r"step \d+, (forward|backward|optimizer)", report["peak"]["phase"])
+    # The program's own ranges (not PyTorch's, e.g. Optimizer.zero_grad#…) are the phases.
+    outer = [r for r in annotation_ranges(snapshot, report["device"]) if r[3] == 0 and not PYTORCH_RANGES.match(r[0])]
+    named = [p for p in report["phases"] if p["source"] in ("annotation", "program")]
     for phase, (_, start_us, end_us, _) in zip(named, outer, strict=True):
         assert phase["peak_allocated_bytes"] == replay_range_peak(levels, times, start_us, end_us), phase["name"]
     roles = _roles(report)

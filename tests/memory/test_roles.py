@@ -5,88 +5,15 @@ gradients made by the autograd engine and freed by `zero_grad`, with C++ or Pyth
 moment each capture was taken, and the list built from a model and its optimizer."""
 
 import pickle
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 
 import pytest
 import torch
+from snapshot_program import OPTIM, PARAM_SIZES, STATE_PER_PARAM, USER, WORKSPACE, ZERO_GRAD, Program
 
 from profiler_kit.memory import analyze, analyze_file
 from profiler_kit.memory.snapshot import EMBEDDED_KEY, SIDECAR_FORMAT, SIDECAR_VERSION
 from profiler_kit.memory.storages import capture_storages, read_captures
-
-ENGINE_FRAME = {"filename": "??", "line": 0, "name": "torch::autograd::Engine::thread_main(std::shared_ptr<>)"}
-USER = {"filename": "/home/me/train.py", "line": 40, "name": "step"}
-ZERO_GRAD = [{"filename": "/venv/lib/python3.11/site-packages/torch/nn/modules/module.py", "line": 2900,
-              "name": "zero_grad"}, USER]
-OPTIM = [{"filename": "/venv/lib/python3.11/site-packages/torch/optim/adam.py", "line": 400, "name": "_init_group"},
-         USER]
-# Two parameters share a size, so a size stands for more than one parameter.
-PARAM_SIZES = [4096 * 4, 1000 * 4, 1000 * 4, 64 * 4]
-WORKSPACE = 32 * 1024**2
-STATE_PER_PARAM = {"adam": 2, "sgd-momentum": 1, "sgd": 0}
-
-
-def round_up(n: int, to: int = 512) -> int:
-    return -(-n // to) * to
-
-
-class Program:
-    """The CUDA caching allocator's view of a program: one block per allocation, each event logged as torch logs
-    it (while history is on), `record_function` ranges as external annotations, stacks as `stacks` records them
-    ("all": C++ frames, the engine's among them; "python": Python frames only, none on the engine's thread)."""
-
-    def __init__(self, stacks: str = "all") -> None:
-        self.stacks = stacks
-        self.time_us = 1_795_000_000_000_000
-        self.next_address = 0x7F00_0000_0000
-        self.live: dict[int, tuple[int, list, bool]] = {}
-        self.trace: list[dict] = []
-        self.annotations: list[dict] = []
-        self.recording = False
-
-    def _log(self, action: str, addr: int, size: int, frames: list) -> None:
-        self.time_us += 5
-        if self.recording:
-            self.trace.append({"action": action, "addr": addr, "size": size, "stream": 0,
-                               "time_us": self.time_us, "frames": frames})
-
-    def _frames(self, frames: list, engine: bool) -> list:
-        if engine:
-            return [ENGINE_FRAME] if self.stacks == "all" else []
-        return frames
-
-    def alloc(self, size: int, frames: list = (), engine: bool = False) -> int:
-        addr = self.next_address
-        self.next_address += round_up(size) + 512
-        frames = self._frames(list(frames), engine)
-        self.live[addr] = (size, frames, self.recording)
-        self._log("alloc", addr, size, frames)
-        return addr
-
-    def free(self, addr: int, frames: list = (), engine: bool = False) -> None:
-        size, _, _ = self.live.pop(addr)
-        frames = self._frames(list(frames), engine)
-        self._log("free_requested", addr, size, frames)
-        self._log("free_completed", addr, size, frames)
-
-    @contextmanager
-    def range(self, name: str):
-        self.time_us += 1
-        self.annotations.append({"stage": "START", "name": name, "device": 0, "time_us": self.time_us})
-        yield
-        self.time_us += 1
-        self.annotations.append({"stage": "END", "name": name, "device": 0, "time_us": self.time_us})
-
-    def snapshot(self, requested_size: bool = True) -> dict:
-        segments = []
-        for addr, (size, frames, recorded) in sorted(self.live.items()):
-            block = {"address": addr, "size": round_up(size), "state": "active_allocated",
-                     "frames": frames if recorded else []}  # blocks older than the history carry no stack
-            if requested_size:
-                block["requested_size"] = size
-            segments.append({"device": 0, "address": addr, "total_size": round_up(size), "stream": 0,
-                             "segment_type": "large", "frames": [], "blocks": [block]})
-        return {"segments": segments, "device_traces": [self.trace], "external_annotations": self.annotations}
 
 
 def train(program: Program, optimizer: str, steps: int = 2, lazy_state: bool = False,
@@ -160,13 +87,12 @@ def test_persistent_blocks_divide_into_parameters_and_optimizer_state(optimizer,
     assert roles[truth["unknown"][0]] == "unknown"
     if optimizer == "adam":
         assert "Adam's exp_avg, exp_avg_sq" in evidence[truth["parameter"][0]]
-    # Phases: the snapshot names only the optimizer's steps (and zero_grad); forward and backward are inferred.
-    def step(k: int) -> list[str]:
-        zero_grad = [f"Optimizer.zero_grad#{optimizer}.zero_grad #{k}"] if stacks == "python" else []
-        return zero_grad + [f"forward #{k}", f"backward #{k}", f"Optimizer.step#{optimizer}.step #{k}"]
-
-    assert [s.label for s in report.spans] == step(1) + step(2)
-    assert report.summary.loc[0, "peak_phase"] == "backward #1"
+    # Phases: the snapshot names only PyTorch's optimizer steps (and zero_grad, never a phase), which end each
+    # step; forward and backward are inferred.
+    assert [s.label for s in report.spans] == [f"step {k}, {phase}" for k in (1, 2)
+                                               for phase in ("forward", "backward", "optimizer_step")]
+    assert [s.source for s in report.spans] == ["inferred", "inferred", "pytorch"] * 2
+    assert report.summary.loc[0, "peak_phase"] == "step 1, backward"
     kinds = dict(zip(a["size_bytes"], report.roles, strict=False))
     assert kinds[3_000_000] == "temporary" and kinds[2_000_000] == "temporary" and kinds[300_000] == "activation"
 
@@ -203,7 +129,7 @@ def test_a_history_from_the_start_of_the_program_names_parameters_by_their_stack
     assert [roles[a] for a in params] == ["parameter"] * len(params)
     assert {roles[a] for a in grads} == {"gradient"} and {roles[a] for a in state} == {"optimizer state"}
     assert roles[saved] == "activation"
-    assert [s.label for s in report.spans] == ["forward", "backward", "Optimizer.step#adam.step"]
+    assert [s.label for s in report.spans] == ["step 1, forward", "step 1, backward", "step 1, optimizer_step"]
     assert report.spans[0].start == len(params)  # the forward starts after the model is on the device
 
 

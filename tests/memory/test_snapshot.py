@@ -172,3 +172,23 @@ def test_metadata_comes_from_the_sidecar_else_from_the_snapshot(tmp_path):
     assert load_metadata(path, SNAPSHOT, use_sidecar=False) == (None, None, None)
     with pytest.raises(ProfilerKitError, match="is not profiler-kit memory metadata; it was not written by"):
         load_metadata(path, dict(SNAPSHOT, **{EMBEDDED_KEY: {"x": 1}}), use_sidecar=False)
+
+
+def test_a_file_that_is_not_a_pickle_says_what_was_expected(tmp_path):
+    """An nsys export, a torch.profiler trace, JSON: one line naming what the file is and what summarize reads."""
+    import gzip
+    import sqlite3
+
+    database = tmp_path / "run.sqlite"
+    with sqlite3.connect(database) as connection:
+        connection.execute("CREATE TABLE StringIds (id INTEGER, value TEXT)")
+    (tmp_path / "trace.json.gz").write_bytes(gzip.compress(b'{"traceEvents": []}'))
+    (tmp_path / "report.json").write_text('{"snapshot": "x"}\n')
+    expected = ("expected a CUDA memory snapshot pickle (from torch.cuda.memory._dump_snapshot or profiler-kit "
+                "memory)")
+    for name, kind in (("run.sqlite", "an SQLite database (e.g. an nsys export)"), ("trace.json.gz", "gzip data"),
+                       ("report.json", "JSON")):
+        result = CliRunner().invoke(main, ["memory", "summarize", str(tmp_path / name)])
+        assert result.exit_code == 1 and result.stdout == ""
+        assert result.stderr == (f"Error: cannot read memory snapshot {tmp_path / name}: it is {kind}, not a "
+                                 f"pickle; {expected}\n")
