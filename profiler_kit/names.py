@@ -38,6 +38,8 @@ LIBRARY_RANGES = re.compile(
     r"FullyShardedDataParallel|FSDP::|Torch-Compiled Region|CompiledFunction|## |"
     + re.escape(AUTO_PREFIX) + ")"
 )
+# Top-level ranges that hold no step of the program, never phases.
+NOT_PHASES = ("warmup",)
 # torch's AdamW implementations: one fused kernel chain, multi-tensor (foreach) kernels, or a loop over the
 # parameters; then AdamW on fp32 master weights of a model held in bf16 (`master_weights`).
 OPTIMIZER_KWARGS = {"adamw-fused": {"fused": True}, "adamw-foreach": {"foreach": True}, "adamw": {"foreach": False}}

@@ -24,11 +24,9 @@ import numpy as np
 import pandas as pd
 
 from profiler_kit.kernels.attribution import RangeIndex, launches_in
-from profiler_kit.names import KIND_AUTO, KIND_PHASE, KIND_PROGRAM, LIBRARY_RANGES, PHASES
+from profiler_kit.names import KIND_AUTO, KIND_PHASE, KIND_PROGRAM, LIBRARY_RANGES, NOT_PHASES, PHASES
 
 BUILTIN_PHASES = PHASES
-# Top-level ranges that hold no step of the program.
-NOT_PHASES = ("warmup",)
 # More distinct names than this at the phase level are not phases (e.g. one range per item); none are chosen.
 MAX_FOUND_PHASES = 64
 # A range outside the phases holding more than this share of the time is named in a note.

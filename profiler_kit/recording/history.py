@@ -184,10 +184,14 @@ class MemoryRecorder(WindowRecorder):
         torch.cuda._lazy_call(self.notes.guard("the memory history", self._whole_run))
 
     def _whole_run(self) -> None:
-        if hasattr(torch._C, "_cuda_attach_out_of_memory_observer"):
-            torch._C._cuda_attach_out_of_memory_observer(self.notes.guard("the out-of-memory step", self._on_oom))
+        self.notes.guard("the step and phase of an out-of-memory error", self._observe_oom)()
         if not self.recording and not self.done:
             self._begin(counters=True)
+
+    def _observe_oom(self) -> None:
+        if hasattr(torch._C, "_cuda_attach_out_of_memory_observer"):
+            observer = self.notes.guard("the step and phase of an out-of-memory error", self._on_oom)
+            torch._C._cuda_attach_out_of_memory_observer(observer)
 
     def _begin(self, counters: bool) -> None:
         start_history(self.max_entries)

@@ -137,7 +137,8 @@ class TorchRecorder(WindowRecorder):
         atexit.register(self.notes.guard(RECORDING_WINDOW, self.stop))
         self._begin()
         if self.cuda:
-            torch.cuda._lazy_call(self.notes.guard(RECORDING_WINDOW, self._at_cuda_start))
+            torch.cuda._lazy_call(self.notes.guard("the whole run's restart at the first CUDA call",
+                                                   self._at_cuda_start))
 
     def start(self, kind: str = CAPTURE) -> None:
         if self.done:

@@ -19,10 +19,10 @@ from click.testing import CliRunner
 from memory_replay import replay_levels, replay_range_peak
 
 from profiler_kit.cli import main
-from profiler_kit.kernels.phases import PYTORCH_RANGES
 from profiler_kit.memory import analyze_file, load_snapshot
 from profiler_kit.memory.phases import annotation_ranges
 from profiler_kit.memory.snapshot import EMBEDDED_KEY
+from profiler_kit.names import LIBRARY_RANGES
 from profiler_kit.recording import runner
 
 ROOT = Path(__file__).parents[2]
@@ -168,7 +168,7 @@ def test_plain_program_window_on_gpu(tmp_path):
     assert report["peak"]["allocated_bytes"] == levels.max()
     assert re.fullmatch(r"step \d+, (forward|backward|optimizer)", report["peak"]["phase"])
     # The program's own ranges (not PyTorch's, e.g. Optimizer.zero_grad#…) are the phases.
-    outer = [r for r in annotation_ranges(snapshot, report["device"]) if r[3] == 0 and not PYTORCH_RANGES.match(r[0])]
+    outer = [r for r in annotation_ranges(snapshot, report["device"]) if r[3] == 0 and not LIBRARY_RANGES.match(r[0])]
     named = [p for p in report["phases"] if p["source"] in ("annotation", "program")]
     for phase, (_, start_us, end_us, _) in zip(named, outer, strict=True):
         assert phase["peak_allocated_bytes"] == replay_range_peak(levels, times, start_us, end_us), phase["name"]

@@ -68,3 +68,39 @@ def test_nsys_around_torchrun_records_every_rank_in_one_report(tmp_path, nsys, n
         steps = mine[(mine["kind"] == "auto") & (mine["name"] == "step")]
         assert steps["number"].tolist() == [0, 1, 2]
     assert set(ranges["process"]) == set(trace.process_ranks)  # torchrun itself recorded nothing
+
+
+# FSDP2 (`fully_shard` per block and on the model) with its own forward hooks and DTensor parameters, two
+# micro-batches per optimizer step.
+FSDP2 = """
+import os, sys, torch, torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import fully_shard
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+model = nn.Sequential(*[nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 32)) for _ in range(3)])
+for block in model:
+    fully_shard(block)
+fully_shard(model)
+opt = torch.optim.AdamW(model.parameters())
+for step in range(3):
+    for micro in range(2):
+        model(torch.randn(8, 32)).square().mean().backward()
+    opt.step()
+    opt.zero_grad()
+os.write(1, f"program done {dist.get_rank()}\\n".encode())
+dist.destroy_process_group()
+"""
+
+
+def test_fsdp2_keeps_its_hooks_and_gets_the_marks(tmp_path):
+    script = tmp_path / "fsdp.py"
+    script.write_text(FSDP2)
+    result = CliRunner().invoke(main, ["nsys", "--backend", "torch", "-o", str(tmp_path / "fsdp"), "--", *TORCHRUN,
+                                       str(script)])
+    assert result.exit_code == 0, result.output
+    assert "program done 0" in result.stderr and "program done 1" in result.stderr
+    for rank in (0, 1):
+        ranges = load(tmp_path / f"fsdp.rank{rank}.json.gz").ranges
+        marks = ranges[ranges["kind"] == "auto"].groupby("name").size().to_dict()
+        assert marks == {"backward": 6, "forward": 6, "optimizer_step": 3, "step": 3}
