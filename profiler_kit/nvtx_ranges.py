@@ -114,9 +114,13 @@ Observer = Callable[[bool, str, str, int, "int | None"], None]
 # Told of every range opened and closed (see the module docstring): the recorder's instruments.
 _observers: list[Observer] = []
 _tokens = itertools.count(1)
-# The record_function ops, bound once: a mark is entered and ended by its handle, out of any `with` block.
+# The record_function ops, bound once: a range is entered and ended by its handle, out of any `with` block.
 _rf_enter = torch.ops.profiler._record_function_enter_new
 _rf_exit = torch.ops.profiler._record_function_exit._RecordFunction
+# The record_function of each open range (token → (name, handle); None: not recorded now). A handle is ended
+# only while the recording it began in runs: `end_records` before a recorder stops, `resume_records` after one
+# starts, so no range straddles two recordings (ending one in another would call the callbacks of the first).
+_records: dict[int, tuple[str, object]] = {}
 
 
 def set_enabled(enabled: bool) -> None:
@@ -151,6 +155,34 @@ def notify(opened: bool, name: str, kind: str, token: int, number: int | None = 
 def recording() -> bool:
     """Whether ranges are also `record_function`s now."""
     return _state["record_function"] or torch.autograd._profiler_enabled()
+
+
+def open_record(token: int, name: str) -> None:
+    """The record_function of range `token`, named `name`, when ranges are recorded now."""
+    if recording():
+        _records[token] = (name, _rf_enter(name, None))
+
+
+def close_record(token: int) -> None:
+    entry = _records.pop(token, None)
+    if entry is not None and entry[1] is not None:
+        _rf_exit(entry[1])
+
+
+def end_records() -> None:
+    """Before a recording stops: end the record_function of every open range (see `_records`)."""
+    for token, (name, handle) in list(_records.items()):
+        if handle is not None:
+            _records[token] = (name, None)
+            _rf_exit(handle)
+
+
+def resume_records() -> None:
+    """After a recording starts: a record_function for every range still open, from now."""
+    if recording():
+        for token, (name, handle) in list(_records.items()):
+            if handle is None:
+                _records[token] = (name, _rf_enter(name, None))
 
 
 def auto_name(name: str, number: int | None = None) -> str:
@@ -188,8 +220,8 @@ def push_range(name: str, marked: bool = False) -> None:
     token = next(_tokens)
     if _observers:  # first: an observer may start the recording that this range then belongs to
         notify(True, name, KIND_PHASE if marked else KIND_PROGRAM, token)
-    record = _rf_enter(name, None) if recording() else None
-    stack.append((record, marked, name, token))
+    open_record(token, name)
+    stack.append((marked, name, token))
     _push(name, marked)
 
 
@@ -201,21 +233,20 @@ def pop_range() -> None:
     entry = stack.pop()
     if entry is _SKIPPED:
         return
-    record, marked, name, token = entry
+    marked, name, token = entry
     _pop(marked)
     if _observers:
         notify(False, name, KIND_PHASE if marked else KIND_PROGRAM, token)
-    if record is not None:
-        _rf_exit(record)
+    close_record(token)
 
 
 class Mark:
     """An open automatic mark: what `mark_end` closes."""
 
-    __slots__ = ("name", "number", "token", "nvtx", "record")
+    __slots__ = ("name", "number", "token", "nvtx")
 
-    def __init__(self, name: str, number: int | None, token: int, nvtx: object, record: object) -> None:
-        self.name, self.number, self.token, self.nvtx, self.record = name, number, token, nvtx, record
+    def __init__(self, name: str, number: int | None, token: int, nvtx: object) -> None:
+        self.name, self.number, self.token, self.nvtx = name, number, token, nvtx
 
 
 def mark_start(name: str, number: int | None = None) -> Mark:
@@ -224,16 +255,15 @@ def mark_start(name: str, number: int | None = None) -> Mark:
     token = next(_tokens)
     if _observers:  # first: an observer may start the recording that this mark then belongs to
         notify(True, name, KIND_AUTO, token, number)
-    record = _rf_enter(auto_name(name, number), None) if recording() else None
-    return Mark(name, number, token, _start(name, number), record)
+    open_record(token, auto_name(name, number))
+    return Mark(name, number, token, _start(name, number))
 
 
 def mark_end(mark: Mark) -> None:
     _end(mark.nvtx)
     if _observers:
         notify(False, mark.name, KIND_AUTO, mark.token, mark.number)
-    if mark.record is not None:
-        _rf_exit(mark.record)
+    close_record(mark.token)
 
 
 def step_mark(number: int) -> Mark:

@@ -6,7 +6,8 @@ The window follows the other recorders (`recorders`): the steps `profiler_kit.ca
 `torch.cuda.profiler.start()`/`stop()`; else from CUDA's start-up (the first allocation comes after it) to exit.
 At the window's start and after every optimizer step a capture of the storages is taken (`memory.storages`);
 the optimizers are the ones alive at the window's start and every one that steps (a global optimizer step hook),
-the parameters those they hold. Every range closed while the history records (`PhaseLog`) is listed with its
+the parameters those they hold, and the DDP and `fully_shard` modules alive at the window's start add their
+buckets and unsharded parameters. Every range closed while the history records (`PhaseLog`) is listed with its
 kind, the program's step it ran in and its peak; the ranges of the recorder's own marks are also
 `record_function` ranges, so the snapshot's annotations hold them. When the window ends the snapshot gets the
 recorder's metadata under `profiler_kit` (`memory.snapshot.EMBEDDED_KEY`) and is pickled to `<stem>.pickle`
@@ -80,6 +81,12 @@ def write_atomically(path: Path, data: bytes) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(data)
     os.replace(tmp, path)
+
+
+def _distributed_module(module: torch.nn.Module) -> bool:
+    """A DDP module, or one that `fully_shard` manages (FSDP2): the storage captures read their buckets and
+    unsharded parameters."""
+    return isinstance(module, torch.nn.parallel.DistributedDataParallel) or hasattr(type(module), "_get_fsdp_state")
 
 
 class PhaseLog:
@@ -164,6 +171,7 @@ class MemoryRecorder(WindowRecorder):
         self.counters = False  # the window's peak counters are the recorder's to report
         self.captures: list[dict] = []
         self.optimizers: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
+        self.modules: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()  # DDP's and fully_shard's
         self.oom: dict | None = None  # where an allocation failed: step, phase, size
         self.program_oom: str | None = None  # the out-of-memory error that ended the program
         self.phases = PhaseLog(self._peak)
@@ -194,18 +202,23 @@ class MemoryRecorder(WindowRecorder):
             torch._C._cuda_attach_out_of_memory_observer(observer)
 
     def _begin(self, counters: bool) -> None:
+        nvtx_ranges.end_records()  # the open ranges' annotations end in the history they began in
         start_history(self.max_entries)
+        nvtx_ranges.resume_records()
         self.recording = True
         self.counters = counters
         self.captures = []
         self.phases.start()
         # type(), not isinstance(): the latter reads `__class__`, which some lazy or deprecated objects answer
         # with a warning or an import.
-        self.optimizers.update(o for o in gc.get_objects() if issubclass(type(o), torch.optim.Optimizer))
+        for kind, found in ((torch.optim.Optimizer, self.optimizers), (torch.nn.Module, self.modules)):
+            found.update(o for o in gc.get_objects() if issubclass(type(o), kind) and (
+                kind is torch.optim.Optimizer or _distributed_module(o)))
         self.notes.guard("the storages at the window's start", self._capture)("window start")
 
     def _capture(self, label: str) -> None:
-        self.captures.append(capture_storages([], list(self.optimizers), label, trace_clock_us()))
+        self.captures.append(capture_storages([], list(self.optimizers), label, trace_clock_us(),
+                                              list(self.modules)))
 
     def _after_step(self, optimizer: torch.optim.Optimizer, _args: tuple, _kwargs: dict) -> None:
         self.optimizers.add(optimizer)
@@ -239,6 +252,7 @@ class MemoryRecorder(WindowRecorder):
             return
         self._end_window(steps)
         torch.cuda.synchronize()
+        nvtx_ranges.end_records()
         snapshot = torch.cuda.memory._snapshot()
         torch.cuda.memory._record_memory_history(enabled=None)
         snapshot[EMBEDDED_KEY] = self.metadata()

@@ -117,9 +117,9 @@ class Marks:
 
     # Forward
 
-    # Whether the outermost module call is known by the module itself: calls inside it (any module, any thread)
-    # cost a check each. In a compiled region the hooks return first thing, so the graph never reads the marks'
-    # state (which would guard on it and recompile).
+    # The outermost module call is known by its module: every call inside it (any module, any thread) costs one
+    # check. In a compiled region the hooks return first thing, so the graph never reads the marks' state (which
+    # would guard on it and recompile).
 
     def _module_pre(self, module: torch.nn.Module, _args: tuple) -> None:
         if _is_compiling() or self.outer is not None or self.backward_depth or not self.notes.working(WHAT):

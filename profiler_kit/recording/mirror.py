@@ -25,25 +25,24 @@ from profiler_kit.names import KIND_PROGRAM
 from profiler_kit.recording.notes import Notes
 
 WHAT = "the program's own ranges (torch.cuda.nvtx, nvtx, record_function)"
-# Open mirrored ranges, per thread: (record_function handle or None, name, token).
+# Open mirrored ranges, per thread: (name, token).
 _open = threading.local()
 
 
 def _opened(name: str) -> None:
     token = nvtx_ranges.new_token()
     nvtx_ranges.notify(True, name, KIND_PROGRAM, token)
-    record = nvtx_ranges._rf_enter(name, None) if nvtx_ranges.recording() else None
-    _open.__dict__.setdefault("stack", []).append((record, name, token))
+    nvtx_ranges.open_record(token, name)
+    _open.__dict__.setdefault("stack", []).append((name, token))
 
 
 def _closed() -> None:
     stack = _open.__dict__.get("stack")
     if not stack:
         return
-    record, name, token = stack.pop()
+    name, token = stack.pop()
     nvtx_ranges.notify(False, name, KIND_PROGRAM, token)
-    if record is not None:
-        nvtx_ranges._rf_exit(record)
+    nvtx_ranges.close_record(token)
 
 
 def _mirror_torch_nvtx(opened: Callable[[str], None], closed: Callable[[], None]) -> None:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from profiler_kit import nvtx_ranges
 from profiler_kit.errors import literal
 from profiler_kit.names import KIND_PHASE
 from profiler_kit.nvtx_ranges import process_mark
@@ -122,7 +123,7 @@ class TorchRecorder(WindowRecorder):
 
     def _at_cuda_start(self) -> None:
         if self.profiler is not None and not self.done and self.window.kind == WHOLE_RUN:
-            self.profiler.stop()
+            self._stop_profiler()
             self._begin()
 
     def _begin(self) -> None:
@@ -131,6 +132,11 @@ class TorchRecorder(WindowRecorder):
             activities.append(torch.profiler.ProfilerActivity.CUDA)
         self.profiler = torch.profiler.profile(activities=activities)
         self.profiler.start()
+        nvtx_ranges.resume_records()
+
+    def _stop_profiler(self) -> None:
+        nvtx_ranges.end_records()  # the open ranges' record_functions end in the recording they began in
+        self.profiler.stop()
 
     def begin(self) -> None:
         """Record the whole run unless a window opens (see the class docstring)."""
@@ -145,7 +151,7 @@ class TorchRecorder(WindowRecorder):
             return
         synchronize()
         if self.profiler is not None:
-            self.profiler.stop()  # what ran before the window is dropped
+            self._stop_profiler()  # what ran before the window is dropped
         self.window.open(kind)
         self._begin()
 
@@ -155,7 +161,7 @@ class TorchRecorder(WindowRecorder):
         self._end_window(steps)
         synchronize()
         self.notes.guard("the trace's metadata (phase names, notes, rank)", self._add_metadata)()
-        self.profiler.stop()
+        self._stop_profiler()
         self._write(self.trace, lambda: self.profiler.export_chrome_trace(str(self.trace)))
         self.window.report()
 

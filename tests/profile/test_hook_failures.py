@@ -125,7 +125,8 @@ def test_a_failing_hook_leaves_the_program_as_it_is(tmp_path, plain, hook, launc
 
 
 # The memory recorder's storage captures, on a CPU: torch's memory history calls are replaced inside the program
-# by fakes, and the optimizer holds state whose storage cannot be read (as FSDP2's DTensor shards answer).
+# by fakes, and the optimizer holds state whose storage cannot be read (as FSDP2's DTensor shards may answer);
+# SABOTAGE, when given, makes the capture itself fail.
 MEMORY_PROGRAM = """
 import pickle, sys, torch
 from torch import nn
@@ -135,6 +136,7 @@ torch.cuda.memory._record_memory_history = lambda *a, **kw: None
 with open(sys.argv[1], "rb") as f:
     SNAPSHOT = pickle.load(f)  # a real H100 snapshot stands for the GPU's
 torch.cuda.memory._snapshot = lambda: dict(SNAPSHOT)
+SABOTAGE
 
 class Shard:
     def untyped_storage(self):
@@ -154,23 +156,34 @@ torch.cuda.profiler.stop()
 print("program done")
 sys.exit(3)
 """
+CAPTURE_FAILS = """
+import profiler_kit.recording.history as history
+def fail(*args, **kwargs):
+    raise RuntimeError("sabotaged")
+history.capture_storages = fail
+"""
 
 
-def test_storages_that_cannot_be_read_leave_the_program_as_it_is(tmp_path, monkeypatch):
+@pytest.mark.parametrize("capture_fails", [False, True], ids=["unreadable storage", "capture fails"])
+def test_storages_that_cannot_be_read_leave_the_program_as_it_is(tmp_path, monkeypatch, capture_fails):
     from profiler_kit.memory import load_snapshot
     from profiler_kit.recording import runner
 
     script = tmp_path / "prog.py"
-    script.write_text(MEMORY_PROGRAM)
+    script.write_text(MEMORY_PROGRAM.replace("SABOTAGE", CAPTURE_FAILS if capture_fails else ""))
     monkeypatch.setattr(runner, "cuda_device_present", lambda: True)  # the parent's check; the child fakes CUDA
     snapshot = REPO / "tests" / "fixtures" / "memory" / "h100_plain_phases.pickle"
     result = CliRunner().invoke(main, ["memory", "-o", str(tmp_path / "run"), "--", sys.executable, str(script),
                                        str(snapshot)])
     assert result.exit_code == 3 and "program done" in result.stderr, result.output
     assert not re.search(r'File ".*profiler_kit/', result.output)
-    said = " ".join(result.output.split())
-    for what in ("the storages at the window's start", "the storages after optimizer steps"):
-        assert (f"{what}: not recorded from here on, the recorder's hook failed (RuntimeError: Attempted to access "
-                "the data pointer on an invalid python storage.)") in said
     meta = load_snapshot(tmp_path / "run.pickle")["profiler_kit"]
-    assert meta["storages"] == [] and len(meta["notes"]) == 2
+    if capture_fails:  # the recorder's guard: the captures stop, the notes say so
+        said = " ".join(result.output.split())
+        for what in ("the storages at the window's start", "the storages after optimizer steps"):
+            assert (f"{what}: not recorded from here on, the recorder's hook failed (RuntimeError: sabotaged)"
+                    in said)
+        assert meta["storages"] == [] and len(meta["notes"]) == 2
+    else:  # the capture leaves out what it cannot read, and says so in the capture
+        assert [c["label"] for c in meta["storages"]] == ["window start", "optimizer step 1", "optimizer step 2"]
+        assert all("invalid python storage" in c["note"] for c in meta["storages"]) and meta["notes"] == []
