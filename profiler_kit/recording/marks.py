@@ -9,9 +9,10 @@ PyTorch's own global hooks, without a change to the program.
   return (the kernels the autograd threads launch meanwhile fall in it by the readers' cross-thread rule); one
   called inside another is part of it.
 - `optimizer_step`: each `Optimizer.step` of any optimizer class (global optimizer step pre- and post-hooks).
-- `step`: a step ends with an optimizer step, so several forward/backward pairs (gradient accumulation) are one
-  step; a program that has run no backward and no optimizer step (an inference loop) gets a step per outermost
-  forward. A step opens with the first mark after the previous step, and carries the program's own step number
+- `step`: in a program that has made an optimizer (any `torch.optim.Optimizer`, seen as it is made), a step ends
+  with an optimizer step, so several forward/backward pairs (gradient accumulation) are one step; a program
+  without one (an inference loop, gradients without an update) gets a step per outermost forward, from one to the
+  next. A step opens with the first mark after the previous step, and carries the program's own step number
   (0-based). When the program marks its steps with `profiler_kit.capture`, those are the steps instead
   (`capture_steps`).
 
@@ -51,7 +52,7 @@ class Marks:
         self.step: Mark | None = None
         self.number = 0  # the next step's
         self.own_steps = True
-        self.trained = False  # a backward or an optimizer step ran: steps end with optimizer steps
+        self.has_optimizer = False  # the program made an optimizer: steps end with optimizer steps
         self.step_has_forward = False
         self.handles: list = []
         self.patched: list[tuple[object, str, Callable]] = []
@@ -68,6 +69,15 @@ class Marks:
             original = getattr(torch.autograd, name)
             self.patched.append((torch.autograd, name, original))
             setattr(torch.autograd, name, self._wrap_backward(original))
+        made = torch.optim.Optimizer.__init__
+        self.patched.append((torch.optim.Optimizer, "__init__", made))
+
+        @functools.wraps(made)
+        def __init__(optimizer, *args, **kwargs):  # noqa: N807 (stands in for Optimizer.__init__)
+            self.has_optimizer = True
+            made(optimizer, *args, **kwargs)
+
+        torch.optim.Optimizer.__init__ = __init__
 
     def remove(self) -> None:
         """Take the hooks off again (the program's marks end where they are)."""
@@ -98,8 +108,8 @@ class Marks:
         """A mark opens: the step it belongs to opens first when none is."""
         if not self.own_steps:
             return
-        if self.step is not None and forward and self.step_has_forward and not self.trained:
-            self._close_step()  # an inference loop: one step per outermost forward
+        if self.step is not None and forward and self.step_has_forward and not self.has_optimizer:
+            self._close_step()  # no optimizer: one step per outermost forward
         if self.step is None:
             self._open_step()
         if forward:
@@ -145,7 +155,6 @@ class Marks:
     # Backward
 
     def _begin_backward(self) -> Mark:
-        self.trained = True
         self._enter(forward=False)
         return mark_start(BACKWARD)
 
@@ -182,7 +191,7 @@ class Marks:
             return
         self.optimizer_depth += 1
         if self.optimizer_depth == 1:
-            self.trained = True
+            self.has_optimizer = True
             self._enter(forward=False)
             self.optimizer = mark_start(OPTIMIZER_STEP)
 
