@@ -3,8 +3,8 @@
 The steps are the ranges that directly hold the phases (the recorder's step marks for its automatic marks, the
 program's `step`, `ProfilerStep#N` when nothing of the program's lies between), when they all have one name and
 repeat; else the recorder's step marks (kind `auto`, named `step`: the steps of `profiler_kit.capture`, else one
-per optimizer step of the program); else torch.profiler's `ProfilerStep#N` ranges. Only the outermost of these count: a range of the step's name
-nested inside a step is part of that step.
+per optimizer step of the program); else torch.profiler's `ProfilerStep#N` ranges. Only the outermost of these
+count: a range of the step's name nested inside a step is part of that step.
 
 Steps are numbered as the program counted them, from 0 (what `profiler_kit.capture(warmup=2, steps=2)` calls
 steps 2 and 3): the number the recorder gave each step range (the ranges' `number` column), else torch.profiler's
