@@ -98,6 +98,17 @@ def choose_phases(index: RangeIndex, asked: list[str] | tuple[str, ...] | None =
     return PhaseChoice(found, rule, [f"phases: {RULE_NOTES[rule]}", *notes])
 
 
+def phase_index(index: RangeIndex, choice: PhaseChoice) -> RangeIndex:
+    """The ranges the phases are counted in: of the ranges named like a phase, only those of the kind the rule
+    chose (the recorder's automatic `forward` does not add to a program's own `forward` phase, nor theirs to the
+    marks'); every range when the phases were asked for by name."""
+    kind = {"marked": KIND_PHASE, "program": KIND_PROGRAM, "auto": KIND_AUTO}.get(choice.rule)
+    if kind is None:
+        return index
+    other = index.names().isin(choice.names).to_numpy() & (_kinds(index) != kind)
+    return RangeIndex(index.ranges[~other]) if other.any() else index
+
+
 def _main_threads(index: RangeIndex, outer: np.ndarray) -> np.ndarray:
     """Which ranges lie on their process's main thread: the one whose `outer` ranges last longest."""
     ranges = index.ranges

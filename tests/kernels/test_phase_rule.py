@@ -306,3 +306,19 @@ def test_the_rule_is_one_text_in_the_help_the_readme_and_the_docs():
         assert flat in " ".join(page.read_text().split()), page.name
     shown = CliRunner().invoke(main, ["kernels", "summarize", "--help"]).stdout
     assert flat in " ".join(shown.split())
+
+
+def test_a_phase_counts_only_the_ranges_of_the_kind_its_rule_chose():
+    """A program's own `forward` and the recorder's automatic `forward` over other work: the phase `forward` of the
+    program rule holds the program's ranges only, and the marks' step holds it."""
+    from profiler_kit.kernels.phases import phase_index
+
+    names = ["step", "forward", "forward", "backward"]
+    index = RangeIndex(range_frame(names, [0, 1, 5, 10], [20, 4, 9, 15], [1] * 4, [1] * 4,
+                                   ["auto", "program", "auto", "auto"]))
+    choice = choose_phases(index)
+    assert choice.rule == "program" and choice.names == ["forward"]
+    counted = phase_index(index, choice).ranges
+    assert counted[counted["name"] == "forward"][["start_ns", "kind"]].values.tolist() == [[1, "program"]]
+    assert choose_phases(index, ["forward"]).rule == "asked"
+    assert len(phase_index(index, choose_phases(index, ["forward"])).ranges) == 4  # asked by name: every kind
