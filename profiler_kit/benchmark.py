@@ -35,6 +35,7 @@ import torch
 
 from profiler_kit.errors import ProfilerKitError, first_line
 from profiler_kit.flops import mfu_pct, step_flops
+from profiler_kit.names import STABLE_WINDOW
 from profiler_kit.presets import count_parameters
 from profiler_kit.workload import Workload, WorkloadConfig, release, resolve_device, synchronize
 
@@ -73,7 +74,6 @@ COLUMNS = (
     "message",
 )
 MIB = 2**20
-STABLE_WINDOW = 5
 # How PyTorch's CPU allocator reports a failed allocation ("DefaultCPUAllocator: can't allocate memory: you
 # tried to allocate N bytes").
 HOST_OOM = re.compile(r"can't allocate memory|not enough memory", re.IGNORECASE)

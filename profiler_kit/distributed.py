@@ -24,11 +24,11 @@ from torch import nn
 
 from profiler_kit.errors import ProfilerKitError
 from profiler_kit.flops import mfu_pct
+from profiler_kit.names import PARALLEL_MODES
 
 if TYPE_CHECKING:
     from profiler_kit.workload import WorkloadConfig
 
-PARALLEL_MODES = ("none", "ddp", "fsdp")
 # Columns a data-parallel row adds to a benchmark row; `rank` is "all" on the aggregate row.
 RANK_COLUMNS = ("parallel", "world_size", "rank")
 SCALING_COLUMNS = ("baseline_tokens_per_s", "scaling_efficiency_pct")

@@ -1,7 +1,7 @@
 """The one exception the library raises for problems a user can fix (bad input, missing tool, no GPU).
 
-The CLI turns it into a one-line message on stderr and exit 1; anything else is a bug, reported in one line
-with exit 3 (and its traceback under `profiler-kit --debug`).
+The CLI turns it into a one-line message on stderr and exit 1 (2 for a `UsageProblem`); anything else is a bug,
+reported in one line with exit 3 (and its traceback under `profiler-kit --debug`).
 """
 
 import re
@@ -14,7 +14,8 @@ class ProfilerKitError(Exception):
 
 
 class UsageProblem(ProfilerKitError):
-    """A user-facing error in how the command was asked for (an output that would overwrite an input): exit 2."""
+    """A command refused before any work for how it was asked for (an output that exists without --force, or
+    that is one of its inputs): exit 2, as a usage error."""
 
 
 def first_line(exc: BaseException) -> str:

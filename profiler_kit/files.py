@@ -265,9 +265,9 @@ def _holder(lock: Path) -> int | None:
 
 def reserve_output(path: str | os.PathLike, force: bool, others: tuple[Path, ...] = ()) -> Reservation:
     """Hold the recording output `path` (and `others`, files of the same recording) for this run from its
-    start: a concurrent run with the same output fails here at once, and so does an existing output unless
-    `force` (then it is replaced once the new recording is complete). A lock left by a run that died is
-    taken over."""
+    start: a concurrent run with the same output fails here at once, and an existing output is refused unless
+    `force` (UsageProblem; with `force` it is replaced once the new recording is complete). A lock left by a
+    run that died is taken over."""
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -296,8 +296,8 @@ def reserve_output(path: str | os.PathLike, force: bool, others: tuple[Path, ...
     try:
         existing = [p for p in (path, *others) if p.exists() or p.is_symlink()]
         if existing and not force:
-            raise ProfilerKitError(f"{', '.join(map(str, existing))} already exists; pass another --output, or "
-                                   "--force to replace it once the new recording is complete")
+            raise UsageProblem(f"{', '.join(map(str, existing))} already exists; pass another --output, or "
+                               "--force to replace it once the new recording is complete")
         check_output(path)  # only now: it may create and remove `path`, which no other run may then be making
     except ProfilerKitError:
         reservation.release()

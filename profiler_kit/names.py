@@ -1,8 +1,10 @@
-"""The names and defaults the command line offers, importable without torch: the workload's modes, phases and
-optimizers, the attention implementations, the memory recorder's defaults; and the vocabulary of ranges that
-recorders write and readers read (the phase names, the range kinds, the NVTX domain of profiler-kit's own
-ranges). `workload`, `attention.registry`, `nvtx_ranges`, the recorders, the kernel readers and the memory
-analysis build on them."""
+"""The names and defaults the command line offers, importable without torch, pandas or numpy (every `--help` reads
+them): the workload's modes, phases and optimizers, the attention implementations, the recorders and
+data-parallel modes, the memory recorder's defaults, the kernel and memory reports' defaults and the phase rule;
+and the vocabulary of ranges that recorders write and readers read (the phase names, the range kinds, the NVTX
+domain of profiler-kit's own ranges, the ranges PyTorch and libraries open). `workload`, `attention.registry`,
+`nvtx_ranges`, the recorders, `recording.runner`, `kernels`, the memory analysis and `benchmark` build on
+them."""
 
 from __future__ import annotations
 
@@ -51,6 +53,29 @@ ATTENTION_IMPLS = ("naive", "compiled", "sdpa", "sdpa-flash", "sdpa-cudnn", "sdp
 # One train step of xl at ctx 512 logs a few tens of thousands of events; this keeps a couple of steps.
 DEFAULT_MAX_ENTRIES = 100_000
 DEFAULT_OUTPUT_DIR = Path("memory_snapshots")
+# Rows of the largest allocations a memory report lists, and of the kernels a kernel summary lists.
+MEMORY_TOP = 10
+KERNELS_TOP = 10
+
+# The recorders of `profiler-kit nsys` and the data-parallel modes of the built-in workload.
+RECORDING_BACKENDS = ("nsys", "torch")
+PARALLEL_MODES = ("none", "ddp", "fsdp")
+# Warm-up settles when the median of this many steps is within --stable-pct of the median of as many before.
+STABLE_WINDOW = 5
+
+# What `kernels compare --fail-above` checks; a check fails only when B is also this share of A's total above A.
+GATES = ("total", "phases", "categories", "kernels")
+DEFAULT_GATES = ("total", "phases")
+DEFAULT_MIN_DELTA_SHARE = 0.01
+
+PHASE_RULE = (
+    "Phases: the --phase ranges when given (asked); else the ranges opened with profiler_kit.phase (marked); "
+    "else the program's own ranges (torch.cuda.nvtx, nvtx, record_function) on each process's main thread: the "
+    "outermost ones, or, when those all have one name (a `step`), the ranges directly inside them (program); "
+    "else the recorder's automatic marks forward, backward, optimizer_step (auto). PyTorch's and libraries' "
+    "ranges (Optimizer.*, ProfilerStep#…, aten::…, autograd::…, nccl…, c10d::…, DDP's, FSDP's) are never "
+    "phases; `warmup` is never a phase."
+)
 
 
 def phases_for(mode: str) -> tuple[str, ...]:

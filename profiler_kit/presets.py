@@ -4,10 +4,12 @@ the presets."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from profiler_kit.errors import ProfilerKitError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 DEFAULT_VOCAB_SIZE = 10_000
 DEFAULT_BATCH_SIZE = 4
@@ -80,6 +82,8 @@ def count_parameters(cfg: ModelConfig) -> int:
 
 def preset_table() -> pd.DataFrame:
     """One row per preset: its shape, exact parameter count, and the count without the embedding and LM head."""
+    import pandas as pd  # here, not above: option callbacks look presets up while `--help` starts
+
     rows = []
     for cfg in PRESETS.values():
         params = count_parameters(cfg)

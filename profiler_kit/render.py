@@ -2,11 +2,13 @@
 
 Analyses return DataFrames; this module is the only place that turns them into text. Machine formats go to
 stdout alone, so `--format json | jq` works; everything meant for a person's eyes (progress, logs) goes to
-stderr through `console_err`.
+stderr through `console_err`. pandas and rich are imported when something is rendered, not with this module,
+so that every `--help` starts without them.
 """
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import math
@@ -14,29 +16,56 @@ import os
 import re
 import shutil
 import sys
+import textwrap
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
-
-import pandas as pd
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
+from typing import TYPE_CHECKING, Any, Protocol
 
 from profiler_kit.errors import literal
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from rich.console import Console
+    from rich.table import Table
 
 FORMATS = ("table", "json", "csv", "markdown", "md")
 # Width of a table when stdout is no terminal and COLUMNS is unset.
 DEFAULT_WIDTH = 120
 # A text column squeezed to fit keeps at least this many characters (or its header's length).
 MIN_TEXT_WIDTH = 24
+# Optional columns give way before a text column is squeezed below this many characters.
+COMFORTABLE_TEXT_WIDTH = 40
+# Continuation lines of a wrapped note start with this.
+NOTE_INDENT = "  "
 _MARKDOWN_SPECIAL = re.compile(r"([\\`|<>])")
+# A word of a title that is a number (`Top 8 kernels`, `largest 5 allocations`): left out of the table's name.
+_NUMBER_WORD = re.compile(r"^[0-9]+$")
+
+
+@functools.cache
+def _console(stderr: bool) -> Console:
+    """The console for stdout or stderr, made on first use. Neither reads rich markup: what they print may hold
+    names and paths from data."""
+    from rich.console import Console
+
+    if stderr:
+        return Console(stderr=True, markup=False, highlight=False)
+    return Console(soft_wrap=False, markup=False, highlight=False)
+
+
+def __getattr__(name: str) -> Any:
+    """`console_out` and `console_err`, rich consoles made when first asked for."""
+    if name in ("console_out", "console_err"):
+        return _console(name == "console_err")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def say(message: str) -> None:
     """One line for a person on stderr, printed literally (no rich markup, control characters escaped)."""
-    console_err.print(Text(literal(message)), soft_wrap=True)
+    from rich.text import Text
+
+    _console(True).print(Text(literal(message)), soft_wrap=True)
 
 
 def output_width() -> int:
@@ -51,7 +80,8 @@ def output_width() -> int:
 
 class OutputFormat(str):
     """A `--format` value (compares equal to its name) with the options that shape it: `columns` and `wide` for
-    people's formats, `table` (which table CSV prints) and `csv_dir` (where every table goes as a CSV)."""
+    people's formats, `table` (which table CSV prints) and `csv_dir` (where every table goes as a CSV, whatever
+    the format)."""
 
     columns: tuple[str, ...] = ()
     wide: bool = False
@@ -65,17 +95,26 @@ class OutputFormat(str):
         return self
 
 
+class Title(str):
+    """A table's title (compares equal to its text) with the table's stable `name` (`--table`, the file names of
+    `--csv-dir`, the keys of a JSON made of tables), the same whatever the options and the source, and its `key`
+    columns: a table narrowed to the output width drops its other columns first."""
+
+    name: str | None = None
+    key: tuple[str, ...] = ()
+
+    def __new__(cls, text: str, name: str | None = None, key: Sequence[str] = ()) -> Title:
+        self = super().__new__(cls, text)
+        self.name, self.key = name, tuple(key)
+        return self
+
+
 @dataclass
 class Shown:
     """A table with the columns it shows by default; --wide shows all, --columns picks, JSON and CSV keep all."""
 
     frame: pd.DataFrame
     default: Sequence[str]
-
-
-# Neither console reads rich markup: what they print may hold names and paths from data.
-console_out = Console(soft_wrap=False, markup=False, highlight=False)
-console_err = Console(stderr=True, markup=False, highlight=False)
 
 
 def json_safe(value: Any) -> Any:
@@ -102,9 +141,16 @@ def records(df: pd.DataFrame) -> list[dict[str, Any]]:
 
 
 def to_json(obj: Any) -> str:
+    import pandas as pd
+
     if isinstance(obj, pd.DataFrame):
         obj = records(obj)
     return json.dumps(json_safe(obj), indent=2)
+
+
+def format_count(value: int) -> str:
+    """A count as every table and note writes it: thousands separated (`134,912`)."""
+    return f"{value:,}"
 
 
 def format_cell(value: Any, column: str = "") -> str:
@@ -124,15 +170,16 @@ def format_cell(value: Any, column: str = "") -> str:
             return f"{value:.2f}"
         return f"{value:#.3g}"  # '#' keeps trailing zeros: 0.800, not 0.8, beside 1.00
     if isinstance(value, int):
-        return f"{value:,}"
+        return format_count(value)
     return literal(value)
 
 
 def shorten_middle(text: str, width: int) -> str:
-    """`text` cut to `width` characters in its middle, where long kernel names differ least."""
+    """`text` cut to `width` characters once, with `…` where the cut is: two thirds of what is kept from its start
+    (where a kernel's name says what it computes), one third from its end."""
     if len(text) <= width:
         return text
-    head = (width - 1) // 2
+    head = -(-2 * (width - 1) // 3)
     return text[:head] + "…" + text[len(text) - (width - 1 - head):]
 
 
@@ -142,6 +189,8 @@ def _markdown_cell(text: str) -> str:
 
 def to_markdown(df: pd.DataFrame, title: str | None = None) -> str:
     """A GitHub Markdown table; text from data is escaped (`|`, `<`, `>`, backticks, newlines) so it shows as is."""
+    import pandas as pd
+
     cols = [str(c) for c in df.columns]
     lines = []
     if title:
@@ -163,56 +212,87 @@ def to_csv(df: pd.DataFrame) -> str:
 
 
 def _numeric(column: pd.Series) -> bool:
+    import pandas as pd
+
     return pd.api.types.is_numeric_dtype(column) and not pd.api.types.is_bool_dtype(column)
 
 
-def fit_columns(df: pd.DataFrame, width: int) -> tuple[pd.DataFrame, list[str]]:
-    """`df` as text cells that fit `width` columns of a boxed table: the longest text columns shortened in the
-    middle (to MIN_TEXT_WIDTH at least), then columns dropped from the right; returns the dropped names."""
-    cells = pd.DataFrame({str(c): [format_cell(v, str(c)) for v in df[c]] for c in df.columns}, index=df.index)
-    text = [str(c) for c in df.columns if not _numeric(df[c])]
+def _cells(df: pd.DataFrame) -> pd.DataFrame:
+    import pandas as pd
 
-    def widths() -> dict[str, int]:
-        return {c: max([len(c), *map(len, cells[c])]) for c in cells.columns}
+    return pd.DataFrame({str(c): [format_cell(v, str(c)) for v in df[c]] for c in df.columns}, index=df.index)
 
-    def excess() -> int:
-        return sum(widths().values()) + 3 * len(cells.columns) + 1 - width
 
-    for column in sorted(text, key=lambda c: -widths()[c]):
-        over = excess()
+def fit_columns(df: pd.DataFrame, width: int, key: Sequence[str] = ()) -> tuple[pd.DataFrame, list[str]]:
+    """`df` as text cells that fit `width` columns of a boxed table, and the names of the columns left out.
+
+    Columns other than the first and the `key` ones go first, rightmost first, while the table would not fit
+    with its text columns at COMFORTABLE_TEXT_WIDTH; key columns (never the first) go only when it would not fit
+    with them at MIN_TEXT_WIDTH. Then text columns are shortened once, in their middle, the widest first, to
+    what the width leaves (MIN_TEXT_WIDTH at least, or their header's length)."""
+    cells = _cells(df)
+    text = {str(c) for c in df.columns if not _numeric(df[c])}
+    natural = {c: max([len(c), *map(len, cells[c])]) for c in cells.columns}
+    columns = list(cells.columns)
+    keep = {columns[0], *key} if columns else set(key)
+
+    def total(widths: dict[str, int]) -> int:
+        return sum(widths[c] for c in columns) + 3 * len(columns) + 1
+
+    def narrowed(limit: int) -> dict[str, int]:
+        return {c: max(min(natural[c], limit), len(c)) if c in text else natural[c] for c in columns}
+
+    for limit, may_go in ((COMFORTABLE_TEXT_WIDTH, lambda c: c not in keep), (MIN_TEXT_WIDTH, lambda c: True)):
+        while total(narrowed(limit)) > width:
+            candidates = [c for c in columns[1:] if may_go(c)]
+            if not candidates:
+                break
+            columns.remove(candidates[-1])
+    widths = {c: natural[c] for c in columns}
+    for column in sorted((c for c in columns if c in text), key=lambda c: -natural[c]):
+        over = total(widths) - width
         if over <= 0:
             break
-        target = max(widths()[column] - over, MIN_TEXT_WIDTH, len(column))
-        cells[column] = [shorten_middle(v, target) for v in cells[column]]
-    dropped = []
-    while excess() > 0 and len(cells.columns) > 1:
-        dropped.insert(0, cells.columns[-1])
-        cells = cells.drop(columns=cells.columns[-1])
-    return cells, dropped
+        widths[column] = max(natural[column] - over, min(natural[column], MIN_TEXT_WIDTH), len(column))
+        cells[column] = [shorten_middle(v, widths[column]) for v in cells[column]]
+    dropped = [c for c in cells.columns if c not in columns]
+    return cells[columns], dropped
 
 
-def rich_table(df: pd.DataFrame, title: str | None = None, caption: str | None = None,
-               width: int | None = None) -> Table:
-    """A boxed table of `df` that fits `width` (None: any width); every cell, title and caption is printed
-    literally, never as rich markup."""
-    cells, dropped = fit_columns(df, width) if width else (
-        pd.DataFrame({str(c): [format_cell(v, str(c)) for v in df[c]] for c in df.columns}), [])
-    if dropped:
-        note = f"not shown: {', '.join(dropped)} (--wide or --columns shows them)"
-        caption = f"{caption}\n{note}" if caption else note
-    table = Table(title=Text(literal(title)) if title else None, header_style="bold",
-                  caption=Text("\n".join(map(literal, caption.split("\n")))) if caption else None)
+def rich_table(df: pd.DataFrame, title: str | None = None, width: int | None = None,
+               key: Sequence[str] = ()) -> tuple[Table, list[str]]:
+    """A boxed table of `df` that fits `width` (None: any width), and the columns left out to fit; every cell and
+    the title are printed literally, never as rich markup."""
+    from rich.table import Table
+    from rich.text import Text
+
+    cells, dropped = fit_columns(df, width, key) if width else (_cells(df), [])
+    table = Table(title=Text(literal(title)) if title else None, title_justify="left", header_style="bold")
     for col in cells.columns:
         table.add_column(Text(col), justify="right" if _numeric(df[col]) else "left", no_wrap=True)
     for row in cells.itertuples(index=False):
         table.add_row(*(Text(v) for v in row))
-    return table
+    return table, dropped
+
+
+def wrap_note(line: str, width: int | None) -> str:
+    """A note line, left-aligned and wrapped at word boundaries to `width` (None: one line), continuation lines
+    indented; a word longer than a line is broken."""
+    line = literal(line)
+    if width is None:
+        return line
+    return textwrap.fill(line, width, subsequent_indent=NOTE_INDENT, break_on_hyphens=False) or line
 
 
 def table_name(title: str) -> str:
-    """A short name for a titled table (`--table`, CSV file names): the title's words before any `(` or `:`."""
+    """A table's name (`--table`, CSV file names): the Title's own name, else the title's words before any `(` or
+    `:`, less those that are numbers (so that `--top` leaves it as it is)."""
+    name = getattr(title, "name", None)
+    if name:
+        return name
     head = re.split(r"[(:]", title, maxsplit=1)[0]
-    return "_".join(re.findall(r"[a-z0-9]+", head.lower())) or "table"
+    words = [w for w in re.findall(r"[a-z0-9]+", head.lower()) if not _NUMBER_WORD.match(w)]
+    return "_".join(words) or "table"
 
 
 def _pick(tables: list[tuple[str, pd.DataFrame]], wanted: str | None) -> pd.DataFrame:
@@ -279,10 +359,14 @@ def emit_tables(
     """Print titled tables in `fmt` (a name or an OutputFormat).
 
     json: `json_obj` when given (an object gains `schema_version` and `environment`), else an object with each
-    table's rows under its `table_name`. csv: exactly one table (the first, or the OutputFormat's `table`); with its
-    `csv_dir`, every table also goes to its own file there. table: each fits the output width."""
+    table's rows under its `table_name`. csv: exactly one table (the first, or the OutputFormat's `table`).
+    table: each fits the output width, the columns left out and the caption's lines written below as notes,
+    wrapped at word boundaries. In every format, the OutputFormat's `csv_dir` also gets each table, every column,
+    as `<table_name>.csv`."""
     tables = list(tables)
     _check_columns([frame for _, frame in tables], fmt)
+    if getattr(fmt, "csv_dir", None) is not None:
+        _write_csv_dir([(title, _shown(frame, "csv")) for title, frame in tables], fmt.csv_dir)
     tables = [(title, _shown(frame, fmt)) for title, frame in tables]
     if fmt == "json":
         from profiler_kit.environment import envelope
@@ -291,8 +375,6 @@ def emit_tables(
             json_obj = {table_name(title): records(df) for title, df in tables}
         sys.stdout.write(to_json(envelope(json_obj) if isinstance(json_obj, dict) else json_obj) + "\n")
     elif fmt == "csv":
-        if getattr(fmt, "csv_dir", None) is not None:
-            _write_csv_dir(tables, fmt.csv_dir)
         if tables:
             sys.stdout.write(to_csv(_pick(tables, getattr(fmt, "table", None))))
     elif fmt in ("markdown", "md"):
@@ -302,17 +384,35 @@ def emit_tables(
         if caption:
             sys.stdout.write("\n" + "\n".join(f"_{_markdown_cell(line)}_" for line in caption.split("\n")) + "\n")
     elif fmt == "table":
-        width = None if getattr(fmt, "wide", False) else output_width()
-        console_out.width = width or 10_000  # --wide: each line as long as its table
-        for i, (title, df) in enumerate(tables):
-            last = i == len(tables) - 1
-            console_out.print(rich_table(df, title=title, caption=caption if last else None, width=width))
+        _print_tables(tables, None if getattr(fmt, "wide", False) else output_width(), caption)
     else:
         raise ValueError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
 
 
+def _print_tables(tables: list[tuple[str, pd.DataFrame]], width: int | None, caption: str | None) -> None:
+    """Boxed tables fitted to `width` (None: any width), each followed by the columns it leaves out, then the
+    caption's lines."""
+    from rich.text import Text
+
+    console = _console(False)
+    console.width = width or 10_000  # --wide: each line as long as its table
+
+    def note(line: str) -> None:
+        console.print(Text(wrap_note(line, width)), soft_wrap=True)
+
+    for title, df in tables:
+        table, dropped = rich_table(df, title=title, width=width, key=getattr(title, "key", ()))
+        console.print(table)
+        if dropped:
+            note(f"not shown: {', '.join(dropped)} (--wide or --columns shows them)")
+    for line in (caption or "").split("\n"):
+        if line:
+            note(line)
+
+
 class Report(Protocol):
-    """An analysis result that `emit_report` prints: titled tables, a caption, the JSON contract and notes."""
+    """An analysis result that `emit_report` prints: titled tables (their titles may be `Title`s), a caption, the
+    JSON contract and notes."""
 
     notes: list[str]
 

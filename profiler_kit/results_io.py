@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from profiler_kit.errors import ProfilerKitError
+from profiler_kit.errors import ProfilerKitError, UsageProblem
 from profiler_kit.files import check_input, check_output, read_bytes
 
 SUFFIXES = (".jsonl", ".csv", ".md")
@@ -26,7 +26,7 @@ SUFFIXES = (".jsonl", ".csv", ".md")
 def _check_suffix(path: Path) -> str:
     suffix = path.suffix.lower()
     if suffix not in SUFFIXES:
-        raise ProfilerKitError(f"--output {path}: unsupported extension; use one of {', '.join(SUFFIXES)}")
+        raise UsageProblem(f"--output {path}: unsupported extension; use one of {', '.join(SUFFIXES)}")
     return suffix
 
 
@@ -123,8 +123,8 @@ class RowWriter:
 
     Checked when made, before any work: the file can be written, and an existing one is a result file with
     these columns, a .csv/.md header holding every one of `key_columns` (a foreign file is refused, not appended
-    to). Each row is appended under an exclusive lock, which also decides whether the header is due, so
-    concurrent sweeps never interleave headers or half rows.
+    to: UsageProblem, as an unsupported extension). Each row is appended under an exclusive lock, which also
+    decides whether the header is due, so concurrent sweeps never interleave headers or half rows.
     A row that cannot be written (a full disk) is kept in `unwritten`, and the file cut back to its last whole
     row; `check_all_written` then hands those rows to the caller and fails.
     """
@@ -141,7 +141,7 @@ class RowWriter:
                 found = _file_columns(self.path, self.suffix)
                 extra = [c for c in found if c not in self.columns]
                 if extra or not found:
-                    raise ProfilerKitError(
+                    raise UsageProblem(
                         f"{self.path}: not a results file of this command (its columns: "
                         f"{', '.join(found[:8]) or 'none'}{', ...' if len(found) > 8 else ''}); refused rather than "
                         "appended to: give a new --output"
@@ -150,7 +150,7 @@ class RowWriter:
                 if self.suffix != ".jsonl":
                     missing = [c for c in key_columns if c not in found]
                     if missing:
-                        raise ProfilerKitError(
+                        raise UsageProblem(
                             f"{self.path}: its header lacks the key column(s) {', '.join(missing)}, which rows "
                             "appended to it would lose; refused rather than appended to: give a new --output"
                         )

@@ -1,6 +1,7 @@
 """The `profiler-kit` command line. Each area registers its commands from its own module; this file only
 assembles them and is the one error boundary: every failure reaches the user as one line on stderr and an exit
-status (0 done, 1 failed, 2 usage error, 3 internal error, 130 interrupted); `--debug` shows the traceback."""
+status (0 done, 1 failed while working or missing a tool, a GPU or an input, 2 refused before any work, 3 internal
+error, 130 interrupted; README "Exit codes and errors"); `--debug` shows the traceback."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from profiler_kit import __version__
 from profiler_kit.errors import ProfilerKitError, UsageProblem, first_line, literal
 from profiler_kit.files import DEFAULT_MAX_INPUT_MB, MIB, InputLimits, set_limits
 
-# Exit status of an unexpected exception (a bug); ProfilerKitError and OS errors exit 1, usage errors 2.
+# Exit status of an unexpected exception (a bug); ProfilerKitError and OS errors exit 1, usage errors and
+# UsageProblem 2.
 EXIT_INTERNAL = 3
 EXIT_INTERRUPTED = 130
 

@@ -1,7 +1,8 @@
 """`profiler-kit attention bench` and `profiler-kit attention leaderboard`.
 
-The benchmark library (and through it the attention kernels and Triton) is imported only when one of these
-commands runs, so the rest of the command line neither waits for nor depends on the kernels.
+The benchmark library (and through it the attention kernels and Triton), torch and pandas are imported only when
+one of these commands runs, so that the rest of the command line and `--help` neither wait for nor depend on
+them.
 """
 
 from __future__ import annotations
@@ -9,16 +10,15 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
-import pandas as pd
 
 from profiler_kit.cli.common import comma_list, format_option, non_negative_int, one_of, positive_int, single
-from profiler_kit.cli.sweep import run_with_progress
 from profiler_kit.errors import ProfilerKitError
-from profiler_kit.render import emit_tables, records, say
-from profiler_kit.results_io import RowWriter
-from profiler_kit.workload import resolve_device
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 KEY_VIEW = ["impl", "dtype", "seq", "d", "status"]
 TIMING_VIEW = [*KEY_VIEW, "fwd_ms", "bwd_ms", "fwd_bwd_ms", "fwd_bwd_p20_ms", "fwd_bwd_p80_ms",
@@ -73,7 +73,12 @@ def _measure(configs: list, warmup: int, rep: int, rounds: int, backward_on_call
              resume: bool, fmt: str) -> pd.DataFrame:
     """Run the configs not yet in --output (all of them without --resume), appending each row as it comes; with
     several rounds, a shape's implementations run together and their rows come together."""
+    import pandas as pd
+
     from profiler_kit.attention import bench
+    from profiler_kit.cli.sweep import run_with_progress
+    from profiler_kit.results_io import RowWriter
+    from profiler_kit.workload import resolve_device
 
     writer = RowWriter(output, bench.COLUMNS, (*bench.KEY_COLUMNS, *bench.SETTING_COLUMNS)) if output else None
 
@@ -95,6 +100,8 @@ def _measure(configs: list, warmup: int, rep: int, rounds: int, backward_on_call
 
 
 def _caption(results: pd.DataFrame, warmup: int, rep: int, rounds: int, backward_on_caller: bool) -> str:
+    import pandas as pd
+
     first = results.iloc[0]
     heads = "no heads" if pd.isna(first["heads"]) else f"{int(first['heads'])} heads"
     interleaved = f", {rounds} interleaved rounds per shape" if rounds > 1 else ""
@@ -108,6 +115,8 @@ def _caption(results: pd.DataFrame, warmup: int, rep: int, rounds: int, backward
 def _exit_if_nothing_ran(results: pd.DataFrame) -> None:
     """Configs an implementation cannot run are expected (an SDPA backend and fp32); none running is not."""
     if not (results["status"] == "ok").any():
+        from profiler_kit.render import say
+
         say("no config ran: every row is an error or an OOM (see the message column)")
         sys.exit(1)
 
@@ -137,6 +146,7 @@ def bench_cmd(impls, batch, heads, ds, seqs, dtypes, causal, device, warmup, rep
     """Forward, backward and forward+backward of each implementation over dtype × d × seq."""
     from profiler_kit.attention import bench
     from profiler_kit.attention.bench_tables import pivot_tables
+    from profiler_kit.render import emit_tables, records
 
     configs = bench.sweep_configs(impls or bench.DEFAULT_IMPLS, dtypes, ds, seqs, batch, heads, causal, device)
     results = _measure(configs, warmup, rep, rounds, backward_on_caller, output, resume, fmt)
@@ -167,6 +177,8 @@ def leaderboard_cmd(impls, batch, heads, seq, d, dtype, causal, device, warmup, 
     """Forward+backward of flash-triton against the SDPA backends on one config, fastest first."""
     from profiler_kit.attention import bench
     from profiler_kit.attention.bench_tables import leaderboard_table
+    from profiler_kit.render import emit_tables, records
+    from profiler_kit.workload import resolve_device
 
     if device == "auto" and resolve_device(device).type != "cuda":
         raise ProfilerKitError("attention leaderboard races the SDPA CUDA backends and needs a CUDA GPU, which this "

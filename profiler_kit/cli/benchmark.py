@@ -6,19 +6,19 @@ import sys
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
-import pandas as pd
 
-from profiler_kit import benchmark as bench
-from profiler_kit import distributed
 from profiler_kit.cli.common import format_option, non_negative_int, positive_float, positive_int, workload_options
-from profiler_kit.cli.parallel import baseline_option, emit_rank_rows, parallel_option, run_ranks
-from profiler_kit.cli.sweep import run_with_progress
-from profiler_kit.names import OPTIMIZERS
-from profiler_kit.render import Shown, emit_tables, records, say
-from profiler_kit.results_io import RowWriter
-from profiler_kit.workload import WorkloadConfig
+from profiler_kit.cli.parallel import baseline_option, parallel_option
+from profiler_kit.names import OPTIMIZERS, STABLE_WINDOW
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from profiler_kit import benchmark as bench
+    from profiler_kit.render import Shown
 
 DISPLAY_COLUMNS = ["config", "status", "fwd_ms", "bwd_ms", "opt_ms", "step_ms", "spread_pct", "noisy", "mfu_pct",
                    "peak_MiB"]
@@ -28,6 +28,8 @@ STEADY_SPREAD_PCT = 10.0
 
 def _config_label(row: pd.Series) -> str:
     """One config in a few words: model, ctx, mode, then what differs from the defaults."""
+    import pandas as pd
+
     flags = [name for name, on in (("bf16", row["mixed_precision"]), ("compile", row["compile"]),
                                    ("graphs", row["cuda_graphs"]), (row["attention"], row["attention"] != "naive"),
                                    (row["optimizer"], row["optimizer"] != OPTIMIZERS[0]),
@@ -41,6 +43,10 @@ def display_rows(df: pd.DataFrame) -> Shown:
     """The benchmark rows for people: the config in one column, median phase and step times, the step time's
     spread (std / mean) and whether it is over STEADY_SPREAD_PCT (noisy), MFU and peak memory; --wide shows every
     column."""
+    import pandas as pd
+
+    from profiler_kit.render import Shown
+
     shown = df.assign(
         config=df.apply(_config_label, axis=1) if len(df) else pd.Series(dtype=str),
         fwd_ms=df["forward_ms_median"], bwd_ms=df["backward_ms_median"], opt_ms=df["optimizer_ms_median"],
@@ -53,6 +59,8 @@ def display_rows(df: pd.DataFrame) -> Shown:
 
 def _people_tables(df: pd.DataFrame, repeat: int) -> list[tuple[str, pd.DataFrame | Shown]]:
     """The benchmark table for people, and with --repeat the spread of each config across the passes."""
+    from profiler_kit import benchmark as bench
+
     tables: list[tuple[str, pd.DataFrame | Shown]] = [("benchmark", display_rows(df))]
     if repeat > 1:
         tables.append((f"across {repeat} passes (median step times)", bench.across_repeats(df)))
@@ -80,7 +88,7 @@ def unsteady_note(df: pd.DataFrame) -> str | None:
     default=50,
     show_default=True,
     help="Untimed steps per config, at most: past --warmup, warm-up goes on until the step time settles (the median "
-    f"of the last {bench.STABLE_WINDOW} steps within --stable-pct of the {bench.STABLE_WINDOW} before). At most "
+    f"of the last {STABLE_WINDOW} steps within --stable-pct of the {STABLE_WINDOW} before). At most "
     "--warmup: a fixed count.",
 )
 @click.option(
@@ -157,6 +165,14 @@ def benchmark_cmd(
     fmt,
 ) -> None:
     """Time forward, backward and optimizer phases over a sweep of model × ctx × mode × attention × optimizer."""
+    import pandas as pd
+
+    from profiler_kit import benchmark as bench
+    from profiler_kit.cli.sweep import run_with_progress
+    from profiler_kit.render import emit_tables, records, say
+    from profiler_kit.results_io import RowWriter
+    from profiler_kit.workload import WorkloadConfig
+
     base = WorkloadConfig(
         model[0], ctx[0], mode[0], batch_size, mixed_precision, compile_, attention[0], device, seed, nvtx,
         optimizer[0], parallel=parallel, cuda_graphs=cuda_graphs, optimizer_overlap=optimizer_overlap,
@@ -218,6 +234,10 @@ def _benchmark_ranks(items: list[bench.SweepItem], timing: bench.TimingOptions, 
                      output: Path | None, resume: bool, fmt: str) -> None:
     """The sweep under torchrun, each config on every rank, with a fixed warm-up (every rank must run as many
     steps); rank 0 renders the rows."""
+    from profiler_kit import benchmark as bench
+    from profiler_kit import distributed
+    from profiler_kit.cli.parallel import emit_rank_rows, run_ranks
+
     if resume:
         raise click.UsageError("--resume does not go with --parallel")
     columns = distributed.columns(bench.COLUMNS)

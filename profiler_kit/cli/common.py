@@ -37,6 +37,9 @@ class CommandGroup(ProgramGroup):
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         if "--" in args:
             at = args.index("--")
+            if at == len(args) - 1 and not ctx.resilient_parsing:
+                raise click.UsageError(f"nothing after `--`: give the program to run, as in "
+                                       f"`{ctx.command_path} -- python train.py`", ctx)
             ctx.meta[COMMAND_KEY] = args[at + 1:]
             args = args[:at]
         return super().parse_args(ctx, args)
@@ -93,6 +96,13 @@ def one_of(names: Sequence[str] | Callable[[], Sequence[str]]) -> Callable[[str]
     return check
 
 
+def _check_table_option(fmt: OutputFormat) -> None:
+    """`--table` picks the one table CSV prints; the other formats print every table."""
+    if fmt.table is not None and fmt != "csv":
+        raise click.UsageError(f"--table {fmt.table}: picks the table of --format csv (the {fmt} format prints "
+                               "every table; --csv-dir DIR writes each to its own file with any format)")
+
+
 def _output_option(key: str) -> Callable:
     """A callback that puts an option shaping the output on the command's OutputFormat (made by `--format`,
     before or after this option)."""
@@ -102,6 +112,7 @@ def _output_option(key: str) -> Callable:
         options[key] = value
         if ("format", id(ctx)) in ctx.meta:
             setattr(ctx.meta[("format", id(ctx))], key, value)
+            _check_table_option(ctx.meta[("format", id(ctx))])
 
     return remember
 
@@ -109,6 +120,7 @@ def _output_option(key: str) -> Callable:
 def _output_format(ctx: click.Context, _param: click.Parameter, value: str) -> OutputFormat:
     fmt = OutputFormat(value, **ctx.meta.get(("output", id(ctx)), {}))
     ctx.meta[("format", id(ctx))] = fmt
+    _check_table_option(fmt)
     return fmt
 
 
@@ -127,10 +139,11 @@ def format_option(default: str = "table") -> Callable:
         click.option("--wide", is_flag=True, expose_value=False, callback=_output_option("wide"),
                      help="Show every column, however wide."),
         click.option("--table", metavar="NAME", default=None, expose_value=False, callback=_output_option("table"),
-                     help="With --format csv: the table to print, by name or number (default: the first)."),
+                     help="With --format csv: the table to print, by name (categories, top_kernels, phases, "
+                          "steps, idle, ...) or number [default: the first]."),
         click.option("--csv-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
                      expose_value=False, callback=_output_option("csv_dir"),
-                     help="With --format csv: also write every table to DIR/<name>.csv."),
+                     help="Also write every table, every column, to DIR/<name>.csv (with any --format)."),
     ]
 
     def decorate(fn: Callable) -> Callable:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -15,16 +16,10 @@ from profiler_kit.cli.common import (
     positive_float,
     positive_int,
 )
-from profiler_kit.errors import ProfilerKitError
-from profiler_kit.files import check_output_paths, parse_json, read_bytes
-from profiler_kit.kernels import DEFAULT_TOP, compare, load, summarize, summarize_trace
-from profiler_kit.kernels.compare import DEFAULT_GATES, DEFAULT_MIN_DELTA_SHARE, GATES, Side, saved_side
-from profiler_kit.kernels.phases import RULE as PHASE_RULE
-from profiler_kit.kernels.ranks import rank_of, rank_traces, summarize_ranks
-from profiler_kit.kernels.summary import NS_PER_MS
-from profiler_kit.kernels.timeline import timeline, write_trace
-from profiler_kit.kernels.whatif import Speedup, what_if
-from profiler_kit.render import Report, emit_report, say
+from profiler_kit.names import DEFAULT_GATES, DEFAULT_MIN_DELTA_SHARE, GATES, KERNELS_TOP, PHASE_RULE
+
+if TYPE_CHECKING:
+    from profiler_kit.render import Report
 
 SOURCES_HELP = (
     "A report is an nsys .nsys-rep or its .sqlite export, `nsys stats` cuda_gpu_kern_sum output (CSV or "
@@ -35,7 +30,7 @@ SOURCES_HELP = (
 # The options summarize and compare share, in the order --help lists them.
 _ANALYSIS_OPTIONS = (
     click.option(
-        "--top", type=positive_int, default=DEFAULT_TOP, show_default=True, help="How many kernels to list."
+        "--top", type=positive_int, default=KERNELS_TOP, show_default=True, help="How many kernels to list."
     ),
     click.option(
         "--nvtx",
@@ -65,6 +60,7 @@ def _write_pictures(report: Report, plot_path: Path | None, html_path: Path | No
     if plot_path is None and html_path is None:
         return
     from profiler_kit.kernels.charts import report_charts
+    from profiler_kit.render import say
 
     title, charts = report_charts(report)
     if plot_path is not None:
@@ -111,6 +107,11 @@ def summarize_command(paths: tuple[Path, ...], top: int, nvtx: str | None, phase
 
     --plot and --html draw each phase's time stacked by category and each step's wall time, kernel time and
     GPU idle share; for several ranks, a bar group per rank."""
+    from profiler_kit.files import check_output_paths
+    from profiler_kit.kernels import summarize_trace
+    from profiler_kit.kernels.ranks import rank_traces, summarize_ranks
+    from profiler_kit.render import emit_report
+
     check_output_paths([plot_path, html_path], paths, force)
     ranks = rank_traces(list(paths))
     if len(ranks) > 1:
@@ -174,6 +175,12 @@ def compare_command(ctx: click.Context, reports: tuple[Path, ...], against: tupl
     With several runs a side, each check gets a verdict: regressed or improved when the change passes both
     sides' range over their runs and the floor, else within noise. --plot and --html draw A beside B per
     category and per phase."""
+    from profiler_kit.files import check_output_paths, parse_json, read_bytes
+    from profiler_kit.kernels import compare, summarize
+    from profiler_kit.kernels.compare import Side, saved_side
+    from profiler_kit.kernels.summary import NS_PER_MS
+    from profiler_kit.render import emit_report, say
+
     check_output_paths([plot_path, html_path], [*reports, *against, baseline], force)
     if baseline is not None:
         side_a, side_b = None, list(reports) + list(against)
@@ -230,6 +237,11 @@ def whatif_command(path: Path, speedups: tuple[str, ...], no_launch_gaps: bool, 
     (as measured) plus the launch latency, the end of the previous kernel on its stream plus the queue gap, and
     the end of what it waited for on another stream; latency and gap are measured in the report. With no
     change the replay gives the measured times back. JSON: `measured_ms` and `predicted_ms` per phase and step."""
+    from profiler_kit.errors import ProfilerKitError
+    from profiler_kit.kernels import load, summarize_trace
+    from profiler_kit.kernels.whatif import Speedup, what_if
+    from profiler_kit.render import emit_report
+
     try:
         changes = [Speedup.parse(text) for text in speedups]
     except ProfilerKitError as err:
@@ -249,6 +261,12 @@ def timeline_command(reports: tuple[Path, ...], output: Path, phases: tuple[str,
     """Write the attributed timeline for ui.perfetto.dev: one track per CUDA stream, one of phases (each
     kernel under the phase that launched it, autograd's thread included) and the NVTX ranges; one process
     track per report (e.g. per rank)."""
+    from profiler_kit.files import check_output_paths
+    from profiler_kit.kernels import load
+    from profiler_kit.kernels.ranks import rank_of
+    from profiler_kit.kernels.timeline import timeline, write_trace
+    from profiler_kit.render import say
+
     check_output_paths([output], reports, force)
     labels = [f"rank {rank_of(path, i)}" if len(reports) > 1 else path.name for i, path in enumerate(reports)]
     traces = [(label, load(path)) for label, path in zip(labels, reports, strict=True)]

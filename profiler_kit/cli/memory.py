@@ -5,6 +5,7 @@ COMMAND` (record any program's window), `profiler-kit memory summarize FILE.pick
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from click.core import ParameterSource
@@ -19,22 +20,21 @@ from profiler_kit.cli.common import (
     workload_options,
 )
 from profiler_kit.errors import ProfilerKitError
-from profiler_kit.files import check_output_paths
-from profiler_kit.memory import DEFAULT_TOP, MemoryReport, analyze_file, compare, plot_timeline, write_html
-from profiler_kit.memory.html import MEMORY_VIZ_URL
-from profiler_kit.memory.ranks import merge, rank_peak, snapshot_paths, summarize_ranks
-from profiler_kit.memory.snapshot import sidecar_path
-from profiler_kit.names import DEFAULT_MAX_ENTRIES, DEFAULT_OUTPUT_DIR
-from profiler_kit.render import console_err, emit_report, say
+from profiler_kit.names import DEFAULT_MAX_ENTRIES, DEFAULT_OUTPUT_DIR, MEMORY_TOP
+
+if TYPE_CHECKING:
+    from profiler_kit.memory import MemoryReport
 
 
 def _report_options(fn):
     fn = format_option()(fn)
-    return click.option("--top", type=positive_int, default=DEFAULT_TOP, show_default=True,
+    return click.option("--top", type=positive_int, default=MEMORY_TOP, show_default=True,
                         help="How many of the largest allocations alive at the peak to list.")(fn)
 
 
 def _plot(report: MemoryReport, path: Path) -> Path:
+    from profiler_kit.memory import plot_timeline
+
     return plot_timeline(report.recon, report.roles, report.spans, path, report.title())
 
 
@@ -94,7 +94,10 @@ def memory_cmd(click_ctx: click.Context, model, ctx, mode, batch_size, mixed_pre
     misplaced = [p.opts[0] for p in given if p.name in ("output", "force")]
     if misplaced:
         raise click.UsageError(f"{', '.join(misplaced)}: options of -- COMMAND")
+    from profiler_kit.memory import analyze_file, write_html
+    from profiler_kit.memory.html import MEMORY_VIZ_URL
     from profiler_kit.recording.builtin import record_memory, require_cuda
+    from profiler_kit.render import console_err, emit_report, say
     from profiler_kit.workload import WorkloadConfig
 
     cfg = WorkloadConfig(model, ctx, mode, batch_size, mixed_precision, compile_, attention, device, seed,
@@ -121,7 +124,11 @@ def _record_program(command: list[str], output: Path | None, max_entries: int, f
                     fmt: str) -> int:
     """Record `command`'s memory history (`recording.runner`), print each snapshot's report; the program's exit
     status."""
+    from profiler_kit.memory import analyze_file
+    from profiler_kit.memory.html import MEMORY_VIZ_URL
+    from profiler_kit.memory.ranks import merge, rank_peak
     from profiler_kit.recording.runner import MEMORY, default_output, run_program
+    from profiler_kit.render import emit_report, say
 
     output = output if output is not None else default_output(command, DEFAULT_OUTPUT_DIR)
     run = run_program(command, MEMORY, output, force=force, max_entries=max_entries)
@@ -170,6 +177,12 @@ def summarize_cmd(snapshots: tuple[str, ...], device_index: int | None, use_side
     \b
     Several snapshots of one job's ranks (files, their stem OUT for OUT.rank<R>.pickle, or a quoted glob) give the
     merged view: each rank's peak and roles, which rank peaks highest and by what."""
+    from profiler_kit.files import check_output_paths
+    from profiler_kit.memory import analyze_file, write_html
+    from profiler_kit.memory.ranks import snapshot_paths, summarize_ranks
+    from profiler_kit.memory.snapshot import sidecar_path
+    from profiler_kit.render import emit_report, say
+
     paths = snapshot_paths(snapshots)
     if len(paths) > 1:
         if plot_path or html_path:
@@ -196,6 +209,9 @@ def compare_cmd(snapshot_a: Path, snapshot_b: Path, device_index: int | None, us
                 fmt: str) -> None:
     """Two snapshots side by side: peak allocated and reserved, the peak of each phase (by name) and bytes per
     role at each one's peak, with B − A in MiB and in % of A."""
+    from profiler_kit.memory import analyze_file, compare
+    from profiler_kit.render import emit_report
+
     emit_report(compare(analyze_file(snapshot_a, device=device_index, use_sidecar=use_sidecar),
                         analyze_file(snapshot_b, device=device_index, use_sidecar=use_sidecar)), fmt)
 

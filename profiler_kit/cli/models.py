@@ -5,14 +5,15 @@ from __future__ import annotations
 import click
 
 from profiler_kit.cli.common import format_option
-from profiler_kit.presets import preset_table
-from profiler_kit.render import emit_tables, records
 
 
 @click.command("models")
 @format_option()
 def models_cmd(fmt: str) -> None:
     """The model presets with exact parameter counts."""
+    from profiler_kit.presets import preset_table
+    from profiler_kit.render import emit_tables
+
     emit_tables([("model presets", preset_table())], fmt)
 
 
@@ -22,6 +23,7 @@ def models_cmd(fmt: str) -> None:
 def precision_cmd(device: str, fmt: str) -> None:
     """Float16 accumulation experiment, and the dtypes seen under bf16 autocast."""
     from profiler_kit import precision
+    from profiler_kit.render import emit_tables, records
     from profiler_kit.workload import resolve_device
 
     dev = resolve_device(device)

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING
 import click
 from click.core import ParameterSource
 
-from profiler_kit import distributed
 from profiler_kit.cli.attention import dtype_names, impl_names
 from profiler_kit.cli.common import (
     COMMAND_KEY,
@@ -28,19 +27,12 @@ from profiler_kit.cli.common import (
 )
 from profiler_kit.cli.parallel import parallel_option
 from profiler_kit.errors import ProfilerKitError
-from profiler_kit.recording.builtin import (
-    AttentionProfileConfig,
-    ProfileResult,
-    profile,
-    profile_attention,
-    workload_flops,
-)
-from profiler_kit.recording.runner import BACKENDS, ProgramRun, Window, nothing_recorded, run_program
-from profiler_kit.render import emit_report, say
-from profiler_kit.workload import WorkloadConfig
+from profiler_kit.names import RECORDING_BACKENDS
 
 if TYPE_CHECKING:
     from profiler_kit.kernels.summary import KernelSummary
+    from profiler_kit.recording.builtin import ProfileResult
+    from profiler_kit.recording.runner import ProgramRun, Window
 
 def _recording_options(fn: Callable) -> Callable:
     """Options of both commands: steps, recorder, where the files go, how the summary is shown."""
@@ -48,7 +40,7 @@ def _recording_options(fn: Callable) -> Callable:
         click.option("--warmup", type=non_negative_int, default=2, show_default=True,
                      help="Steps run before recording (outside the capture range)."),
         click.option("--steps", type=positive_int, default=1, show_default=True, help="Steps recorded."),
-        click.option("--backend", type=click.Choice(BACKENDS), default="nsys", show_default=True,
+        click.option("--backend", type=click.Choice(RECORDING_BACKENDS), default="nsys", show_default=True,
                      help="nsys: Nsight Systems report + SQLite; torch: torch.profiler trace (.json.gz)."),
         click.option("--nsys", "nsys_path", type=click.Path(path_type=Path),
                      help="The nsys executable (default: $NSYS, PATH, CUDA and Nsight install folders)."),
@@ -137,6 +129,8 @@ def nsys(click_ctx: click.Context, model: str, ctx: int, mode: str, batch_size: 
         builtin = [p.opts[0] for p in given if p.name not in shared]
         if builtin:
             raise click.UsageError(f"{', '.join(builtin)}: options of the built-in workload, not of -- COMMAND")
+        from profiler_kit.recording.runner import run_program
+
         try:
             extra = tuple(shlex.split(nsys_args))
         except ValueError as exc:  # an unbalanced quote
@@ -146,6 +140,11 @@ def nsys(click_ctx: click.Context, model: str, ctx: int, mode: str, batch_size: 
     misplaced = [p.opts[0] for p in given if p.name in PROGRAM_ONLY]
     if misplaced:
         raise click.UsageError(f"{', '.join(misplaced)}: options of -- COMMAND")
+    from profiler_kit import distributed
+    from profiler_kit.recording.builtin import profile, workload_flops
+    from profiler_kit.render import say
+    from profiler_kit.workload import WorkloadConfig
+
     cfg = WorkloadConfig(model, ctx, mode, batch_size, mixed_precision, compile_, attention, device, seed,
                          nvtx, optimizer, parallel=parallel, cuda_graphs=cuda_graphs)
     try:
@@ -184,6 +183,7 @@ def attention_cmd(impls: list[str] | None, batch: int, heads: int | None, seq: i
     here are skipped with a note. Writes <output-dir>/attention_<dtype>_b<batch>[_h<heads>]_s<seq>_d<d>
     [_causal].nsys-rep and .sqlite (or .json.gz)."""
     from profiler_kit.attention.registry import BENCH_IMPLS
+    from profiler_kit.recording.builtin import AttentionProfileConfig, profile_attention
 
     cfg = AttentionProfileConfig(tuple(impls or BENCH_IMPLS), dtype, causal, batch, heads, seq, d, device)
     result = profile_attention(cfg, warmup, steps, backend, output_dir, nsys_path, force)
@@ -191,6 +191,8 @@ def attention_cmd(impls: list[str] | None, batch: int, heads: int | None, seq: i
 
 
 def _report(result: ProfileResult, fmt: str, top: int, with_flops: Callable | None = None) -> None:
+    from profiler_kit.render import emit_report, say
+
     say(f"{result.window.describe()} on {result.device}: " + ", ".join(map(str, result.paths)))
     from profiler_kit.kernels import summarize
 
@@ -204,6 +206,8 @@ def _report(result: ProfileResult, fmt: str, top: int, with_flops: Callable | No
 
 def _refuse_empty(summary: KernelSummary, backend: str, window: Window) -> None:
     """A recording without kernels and without operators is an error that says why."""
+    from profiler_kit.recording.runner import nothing_recorded
+
     if not len(summary.kernels):
         raise ProfilerKitError(f"{summary.path}: {nothing_recorded(backend, window)}")
 
@@ -211,6 +215,8 @@ def _refuse_empty(summary: KernelSummary, backend: str, window: Window) -> None:
 def _report_program(run: ProgramRun, fmt: str, top: int, phases: list[str] | None, flops_per_step: float | None,
                     peak_tflops: float | None) -> int:
     """Summarize what a program's run recorded; the exit status to leave with: the program's."""
+    from profiler_kit.render import emit_report, say
+
     if run.files:
         say(f"{run.window.describe()}: " + ", ".join(str(p) for p in run.files))
     if run.exit_code != 0:

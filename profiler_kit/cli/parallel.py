@@ -7,22 +7,24 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-import pandas as pd
 
-from profiler_kit import distributed
-from profiler_kit.render import Shown, emit_tables, records, say
-from profiler_kit.results_io import RowWriter, read_rows
-from profiler_kit.workload import WorkloadConfig, resolve_device
+from profiler_kit.names import PARALLEL_MODES
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from profiler_kit.render import Shown
+    from profiler_kit.workload import WorkloadConfig
 
 RANK_DISPLAY_COLUMNS = ["parallel", "world_size", "rank"]
 
 
 def parallel_option(fn: Callable) -> Callable:
     return click.option(
-        "--parallel", type=click.Choice(distributed.PARALLEL_MODES), default="none", show_default=True,
+        "--parallel", type=click.Choice(PARALLEL_MODES), default="none", show_default=True,
         help="Data-parallel under torchrun, one rank per GPU: ddp (DistributedDataParallel) or fsdp (FSDP2 "
              "fully_shard); start it with `torchrun --nproc-per-node N -m profiler_kit ...`.",
     )(fn)
@@ -43,6 +45,11 @@ def run_ranks(jobs: Sequence[tuple[WorkloadConfig, Callable[[], dict[str, Any]]]
     rows (each job's per-rank rows and its aggregate row) and appends them to `output` as they come, failing at
     the end if some could not be written; the other ranks get None. `key_columns` match a config to its rows in
     the `baseline` file."""
+    from profiler_kit import distributed
+    from profiler_kit.render import say
+    from profiler_kit.results_io import RowWriter, read_rows
+    from profiler_kit.workload import resolve_device
+
     _, place = distributed.join(resolve_device(jobs[0][0].device))
     try:
         lead = place.rank == 0
@@ -74,6 +81,10 @@ def emit_rank_rows(rows: list[dict[str, Any]], columns: Sequence[str], display: 
                    fmt: str, caption: str) -> None:
     """Rank 0's table (`display`'s default columns and the rank columns) or document (every column); exit 1 on
     errors."""
+    import pandas as pd
+
+    from profiler_kit.render import Shown, emit_tables, records, say
+
     df = pd.DataFrame(rows, columns=list(columns))
     view = display(df)
     shown = list(view.default)

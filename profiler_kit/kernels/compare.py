@@ -30,14 +30,11 @@ from profiler_kit.kernels.categories import CATEGORIES
 from profiler_kit.kernels.names import match, normalized, top_movers
 from profiler_kit.kernels.noise import REGRESSED, run_frame, runs_from_json, runs_to_json, verdicts
 from profiler_kit.kernels.steps import find_steps
-from profiler_kit.kernels.summary import DEFAULT_TOP, NS_PER_MS, KernelSummary, display_name
-from profiler_kit.render import records
+from profiler_kit.kernels.summary import DEFAULT_TOP, DISPLAY_NAME_CHARS, NS_PER_MS, KernelSummary, display_name
+from profiler_kit.names import DEFAULT_GATES, DEFAULT_MIN_DELTA_SHARE, GATES
+from profiler_kit.render import Title, records
 
 TOTAL = "total"
-GATES = ("total", "phases", "categories", "kernels")
-DEFAULT_GATES = ("total", "phases")
-# The default floor: a check fails only when B is also this share of A's total above A.
-DEFAULT_MIN_DELTA_SHARE = 0.01
 # How many of the kernels that moved most a failure names.
 MOVERS = 3
 # The kernel table explains at least this share of the total change.
@@ -209,7 +206,7 @@ class Comparison:
                 scope = moved.iloc[0:0]
             top = scope.nlargest(MOVERS, "delta_ns")
             top = top[top["delta_ns"] > 0]
-            movers = ", ".join(f"{display_name(k.kernel)} {k.delta_ns / NS_PER_MS:+.3f} ms"
+            movers = ", ".join(f"{display_name(k.kernel, DISPLAY_NAME_CHARS)} {k.delta_ns / NS_PER_MS:+.3f} ms"
                                for k in top.itertuples(index=False))
             spread = (f" (runs: A ±{row.a_range_ns / 2 / NS_PER_MS:.3f}, B ±{row.b_range_ns / 2 / NS_PER_MS:.3f})"
                       if max(self.a.run_count, self.b.run_count) > 1 else "")
@@ -282,18 +279,20 @@ class Comparison:
     def tables(self, display: bool = False) -> list[tuple[str, pd.DataFrame]]:
         per = f" (median per {self.a.unit}: A {self.a.run_count}, B {self.b.run_count} runs)" \
             if max(self.a.run_count, self.b.run_count) > 1 else ""
-        tables = [(f"Time by category: A vs B{per}", self.category_table())]
+        deltas = ("a_ms", "b_ms", "delta_ms", "speedup")
+        tables = [(Title(f"Time by category: A vs B{per}", "categories", deltas), self.category_table())]
         phases = self.phases()
         if len(phases):
-            tables.append(("Per phase: A vs B", self.phase_table()))
-        tables.append((f"Kernels that moved most (explain {self.explained_pct():.0f}% of the change; matched by "
-                       "what they compute)", self.kernel_table(display)))
+            tables.append((Title("Per phase: A vs B", "phases", deltas), self.phase_table()))
+        tables.append((Title(f"Kernels that moved most (explain {self.explained_pct():.0f}% of the change; matched "
+                             "by what they compute)", "top_kernels", deltas), self.kernel_table(display)))
         once = self.kernels().query("status != 'both'")
         if len(once):
             shown = _deltas(once.drop(columns=["a_names", "b_names"]).head(max(self.top, 1)))
             if display:
                 shown["kernel"] = shown["kernel"].map(display_name)
-            tables.append(("Kernels only one side has (new in B, vanished from B)", shown))
+            tables.append((Title("Kernels only one side has (new in B, vanished from B)", "one_side_only",
+                                 ("status", *deltas)), shown))
         if self.fail_above_pct is not None or max(self.a.run_count, self.b.run_count) > 1:
             gate = self.gate()
             shown = pd.DataFrame({"check": gate["check"], "a_ms": gate["a_ns"] / NS_PER_MS,
@@ -307,7 +306,7 @@ class Comparison:
                 shown["regressed"] = gate["regressed"]
                 title = (f"Regression gate: a change outside the runs' range, above {self.floor_ns / NS_PER_MS:.3f}"
                          f" ms and more than {self.fail_above_pct:g}% fails: {'FAIL' if self.failed else 'pass'}")
-            tables.append((title, shown))
+            tables.append((Title(title, "gate", ("delta_ms", "change_pct", "verdict", "regressed")), shown))
         return tables
 
     def to_json(self) -> dict[str, Any]:
@@ -346,7 +345,8 @@ def _variants(a: list[str], b: list[str]) -> str:
         return ""
 
     def one(names: list[str]) -> str:
-        return "–" if not names else display_name(names[0]) + (f" (+{len(names) - 1})" if len(names) > 1 else "")
+        more = f" (+{len(names) - 1})" if len(names) > 1 else ""
+        return "–" if not names else display_name(names[0], DISPLAY_NAME_CHARS) + more
 
     return f"A: {one(a)} | B: {one(b)}"
 

@@ -1,4 +1,4 @@
-"""Which NVTX ranges are a report's phases: one rule for every report, whatever recorded it (`RULE`).
+"""Which NVTX ranges are a report's phases: one rule for every report, whatever recorded it (`names.PHASE_RULE`).
 
 1. `asked`: the ranges asked for by name (`--phase`).
 2. `marked`: else the ranges opened with `profiler_kit.phase` (the readers give them the kind `phase`: the
@@ -31,15 +31,7 @@ BUILTIN_PHASES = PHASES
 MAX_FOUND_PHASES = 64
 # A range outside the phases holding more than this share of the time is named in a note.
 LEFT_OUT_PCT = 5.0
-RULE = (
-    "Phases: the --phase ranges when given (asked); else the ranges opened with profiler_kit.phase (marked); "
-    "else the program's own ranges (torch.cuda.nvtx, nvtx, record_function) on each process's main thread: the "
-    "outermost ones, or, when those all have one name (a `step`), the ranges directly inside them (program); "
-    "else the recorder's automatic marks forward, backward, optimizer_step (auto). PyTorch's and libraries' "
-    "ranges (Optimizer.*, ProfilerStep#…, aten::…, autograd::…, nccl…, c10d::…, DDP's, FSDP's) are never "
-    "phases; `warmup` is never a phase."
-)
-# What each rule's note says chose the phases.
+# What each rule's note says chose the phases (the rule itself: `names.PHASE_RULE`).
 RULE_NOTES = {
     "asked": "the --phase ranges",
     "marked": "the ranges opened with profiler_kit.phase",

@@ -38,7 +38,7 @@ from profiler_kit.kernels.sources import load
 from profiler_kit.kernels.steps import STEADY, WARMUP, WARMUP_FACTOR, find_steps, inside_steps, warm_rows
 from profiler_kit.kernels.summary import CPU_OPS, NS_PER_MS, KernelSummary, summarize_trace
 from profiler_kit.kernels.trace import NO_LAUNCH, KernelTrace
-from profiler_kit.render import records
+from profiler_kit.render import Title, records
 
 _RANK = re.compile(r"\.rank(\d+)\.")
 
@@ -161,14 +161,17 @@ class RankedSummary:
         for column in ("comm", "overlapped", "exposed"):
             comm[f"{column}_ms"] = comm.pop(f"{column}_ns") / NS_PER_MS
         tables = [
-            (f"Per rank ({len(self.ranks)} ranks, over {self.scope()}; {first.timed})", self.rank_table()),
-            ("All ranks merged: time by category", merged[merged["total_ms"] > 0]),
-            ("Communication per phase, all ranks: overlapped by compute elsewhere, and exposed", comm),
-            ("Stragglers: each phase's wall time across ranks", self.stragglers()),
+            (Title(f"Per rank ({len(self.ranks)} ranks, over {self.scope()}; {first.timed})", "ranks",
+                   ("total_ms", "exposed_comm_ms")), self.rank_table()),
+            (Title("All ranks merged: time by category", "categories"), merged[merged["total_ms"] > 0]),
+            (Title("Communication per phase, all ranks: overlapped by compute elsewhere, and exposed",
+                   "communication", ("exposed_ms", "overlap_pct")), comm),
+            (Title("Stragglers: each phase's wall time across ranks", "stragglers", ("spread_pct", "slowest_rank")),
+             self.stragglers()),
         ]
         if self.compared and len(self.arrivals.table):
-            tables.append(("Collective arrivals per step: the rank that entered last, and how long the first "
-                           "waited for it", self.arrival_table()))
+            tables.append((Title("Collective arrivals per step: the rank that entered last, and how long the first "
+                                 "waited for it", "arrivals"), self.arrival_table()))
         return tables
 
     def to_json(self) -> dict[str, Any]:

@@ -7,7 +7,8 @@
      "categories": {category: ns}, "memory_ops_ns", "phases": {phase: {"total_ns", "categories"}},
      "phase_rule", "steps": [{"step", "state", "wall_ms", "kernel_ms", "idle_pct", "<phase>_ms"}],
      "idle": {phase: {"ranges", "wall_ns", "gpu_span_ns", "busy_ns", "idle_ns", "idle_pct", "largest_gaps_ns",
-     "verdict", "dominant_gap"}}, "top_kernels": [{"name", "category", "instances", "total_ns"}]}
+     "verdict", "dominant_gap"}}, "top_kernels": [{"name", "category", "instances", "total_ns"}],
+     "profiler_overhead": {"total_ns", "share_pct", "cpu_ops_ns", "operators": {name: ns}} | null}
 
 All times are integer nanoseconds (the per-step table's are milliseconds, as its names say), `categories`
 lists every category and sums exactly to `total_ns` (kernel time only; memory operations are apart), and
@@ -16,7 +17,9 @@ the phases; `steps` is empty without a repeating outer range (`kernels.steps`: `
 number of the step, from 0, and `state` is there only when a warm-up step was seen).
 `time_basis` is `gpu_kernels`, or `cpu_ops` for a trace without kernels (a CPU run), whose tables then hold
 CPU operator self time. `idle` (GPU span, busy and idle time of each phase's kernels) is empty without kernel
-timestamps; `mfu` is null unless FLOPs per step were given. With
+timestamps; `mfu` is null unless FLOPs per step were given. `profiler_overhead` is the CPU operator self time
+of the profiler's own module hooks (`kernels.cpu_ops.profiler_overhead`), left out of every table, against all of
+the trace's CPU operator self time; null for a source without CPU operators. With
 `nvtx=RANGE`, everything covers only the kernels launched inside that range, and the object gains an `nvtx`
 entry with the split by the range's direct sub-ranges.
 """
@@ -34,6 +37,7 @@ import pandas as pd
 from profiler_kit.errors import ProfilerKitError
 from profiler_kit.kernels.attribution import RangeIndex, launched, membership
 from profiler_kit.kernels.categories import CATEGORIES, categorize, optimizer_work
+from profiler_kit.kernels.cpu_ops import profiler_overhead
 from profiler_kit.kernels.idle import phase_idle
 from profiler_kit.kernels.phases import PhaseChoice, choose_phases, left_out, phase_index
 from profiler_kit.kernels.sources import load
@@ -48,19 +52,50 @@ from profiler_kit.kernels.steps import (
     warm_rows,
 )
 from profiler_kit.kernels.trace import KernelTrace
+from profiler_kit.names import KERNELS_TOP
+from profiler_kit.render import Title, format_count, shorten_middle
 
 # What the times are: GPU kernel durations, or (a trace without kernels) CPU operator self times.
 GPU_KERNELS, CPU_OPS = "gpu_kernels", "cpu_ops"
-DEFAULT_TOP = 10
+DEFAULT_TOP = KERNELS_TOP
 NS_PER_MS = 1_000_000
 NS_PER_US = 1_000
 OUTSIDE_PHASES = "(outside phases)"
-# Kernel names are C++ signatures hundreds of characters long; the people-facing table shows their start.
+# Kernel names are C++ signatures hundreds of characters long; a note names one in at most this many characters.
 DISPLAY_NAME_CHARS = 96
 # Spelled out in every ATen kernel name, telling nothing apart: namespaces and nsys's `(int)4` casts.
 _NAME_NOISE = re.compile(r"at::native::|<unnamed>::|\(anonymous namespace\)::|\((?:int|unsigned long|bool)\)")
+# The parameter list a template kernel's name ends with: `(T1, T2, T3...)`, `(int, T3)`, the same for most kernels.
+_PARAMETERS = re.compile(r"(?<=>)\([^()]*\)$")
 # How many range names an error message lists before it stops.
 LISTED_RANGES = 20
+
+
+@dataclass
+class Overhead:
+    """The profiler's own CPU operator calls (`kernels.cpu_ops.profiler_overhead`): by name (name, instances,
+    total_ns of self time), and all CPU operator self time of the trace, theirs included."""
+
+    operators: pd.DataFrame
+    cpu_ops_ns: int
+
+    @property
+    def total_ns(self) -> int:
+        return int(self.operators["total_ns"].sum())
+
+    @property
+    def share_pct(self) -> float:
+        return self.total_ns * 100.0 / self.cpu_ops_ns if self.cpu_ops_ns else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"total_ns": self.total_ns, "share_pct": self.share_pct, "cpu_ops_ns": self.cpu_ops_ns,
+                "operators": {str(r.name): int(r.total_ns) for r in self.operators.itertuples(index=False)}}
+
+    def line(self) -> str:
+        calls = format_count(int(self.operators["instances"].sum()))
+        return (f"profiler overhead, left out of the tables: {self.total_ns / NS_PER_MS:.3f} ms of CPU operator self "
+                f"time ({self.share_pct:.1f}% of {self.cpu_ops_ns / NS_PER_MS:.3f} ms), {calls} operator calls in the "
+                "module hooks profiler_kit.instrument placed (BackwardHookFunction and what it calls)")
 
 
 @dataclass
@@ -85,6 +120,7 @@ class KernelSummary:
     index: RangeIndex | None = None  # the report's NVTX ranges, nested
     phase_rule: str = "none"  # which rule chose the phases (kernels.phases.choose_phases)
     steps: pd.DataFrame | None = None  # one row per step (kernels.steps.step_table); None without steps
+    overhead: Overhead | None = None  # the profiler's own CPU operators, left out (None without CPU operators)
 
     def add_flops(self, per_phase: dict[str, float] | None = None, per_step: float | None = None,
                   peak_tflops: float | None = None) -> None:
@@ -151,6 +187,7 @@ class KernelSummary:
             "phase_rule": self.phase_rule,
             "steps": [] if self.steps is None else self.steps.to_dict("records"),
             "mfu": self.step_mfu,
+            "profiler_overhead": self.overhead.to_json() if self.overhead is not None else None,
             "idle": {} if self.idle is None else {
                 r["phase"]: {k: v for k, v in r.items() if k != "phase"} for r in self.idle.to_dict("records")
             },
@@ -218,9 +255,14 @@ class KernelSummary:
         return _split_table(self.sub_ranges, "sub_range", self.total_ns, order, self.counted)
 
     def tables(self, display: bool = False) -> list[tuple[str, pd.DataFrame]]:
+        """The titled tables; each title is a `Title` with the table's name, the same for GPU and CPU traces and
+        whatever `top` (`categories`, `top_kernels`, `phases`, `steps`, `idle`, `sub_ranges`, `memory_ops`;
+        `nvtx_ranges` for a report without kernels), and the key columns a narrow table keeps."""
         where = f" inside `{self.nvtx}`" if self.nvtx else ""
+        shares = ("total_ms", "share_pct")
         by_category = (
-            f"{self.timed[0].upper()}{self.timed[1:]} by category{where} ({self.source}: {self.path.name})",
+            Title(f"{self.timed[0].upper()}{self.timed[1:]} by category{where} ({self.source}: {self.path.name})",
+                  "categories", shares),
             self.category_table(),
         )
         if self.kernel_count == 0:
@@ -228,22 +270,27 @@ class KernelSummary:
             if self.ranges is None:
                 return [by_category]
             ranges = self.ranges.assign(total_ms=self.ranges["total_ns"] / NS_PER_MS).drop(columns="total_ns")
-            return [("NVTX ranges (no kernels in this report)", ranges)]
+            return [(Title("NVTX ranges (no kernels in this report)", "nvtx_ranges", ("total_ms",)), ranges)]
         items = "kernels" if self.basis == GPU_KERNELS else "CPU operators"
-        tables = [by_category, (f"Top {self.top} {items}{where}", self.top_table(display))]
+        tables = [by_category, (Title(f"Top {self.top} {items}{where}", "top_kernels", ("category", *shares)),
+                                self.top_table(display))]
         if self.phase_names:
-            tables.append((f"Per phase{where}: share of each phase's {self.timed}", self.phase_table()))
+            tables.append((Title(f"Per phase{where}: share of each phase's {self.timed}", "phases", shares),
+                           self.phase_table()))
         if self.steps is not None:
-            tables.append((f"Per step{where}: {step_title(self.steps)}", self.steps))
+            tables.append((Title(f"Per step{where}: {step_title(self.steps)}", "steps",
+                                 ("state", "wall_ms", "kernel_ms", "operator_ms", "idle_pct")), self.steps))
         if self.idle is not None:
-            tables.append((f"Where the GPU idles, per phase{where} (launch-bound: idle above half the GPU span)",
-                           self.idle_table()))
+            tables.append((Title(f"Where the GPU idles, per phase{where} (launch-bound: idle above half the GPU "
+                                 "span)", "idle", ("idle_pct", "verdict", "mfu_pct")), self.idle_table()))
         if self.sub_ranges is not None:
-            tables.append((f"`{self.nvtx}` split by its sub-ranges: {self.timed}", self.sub_range_table()))
+            tables.append((Title(f"`{self.nvtx}` split by its sub-ranges: {self.timed}", "sub_ranges", shares),
+                           self.sub_range_table()))
         if self.memory_ops is not None and len(self.memory_ops):
             memory = self.memory_ops.assign(total_ms=self.memory_ops["total_ns"] / NS_PER_MS)
             scope = "whole report, " if self.nvtx else ""
-            tables.append((f"Memory operations ({scope}not in kernel time)", memory.drop(columns="total_ns")))
+            tables.append((Title(f"Memory operations ({scope}not in kernel time)", "memory_ops", ("total_ms",)),
+                           memory.drop(columns="total_ns")))
         return tables
 
     def caption(self) -> str:
@@ -255,16 +302,20 @@ class KernelSummary:
         else:
             lines_mfu = []
         lines = [
-            f"{self.kernel_count} {'kernels' if self.basis == GPU_KERNELS else 'CPU operator calls'}, "
+            f"{format_count(self.kernel_count)} {'kernels' if self.basis == GPU_KERNELS else 'CPU operator calls'}, "
             f"{self.total_ns / NS_PER_MS:.3f} ms of {self.timed}; memory operations: {memory}"
         ]
+        if self.overhead is not None and self.overhead.total_ns:
+            lines.append(self.overhead.line())
         return "\n".join(lines + lines_mfu + [f"note: {n}" for n in self.notes])
 
 
-def display_name(name: str) -> str:
-    """A kernel name shortened for a table: no return type, ATen namespaces or integer casts, then cut."""
-    short = _NAME_NOISE.sub("", name.removeprefix("void "))
-    return short if len(short) <= DISPLAY_NAME_CHARS else short[: DISPLAY_NAME_CHARS - 1] + "…"
+def display_name(name: str, width: int | None = None) -> str:
+    """A kernel name for people: no return type, ATen namespaces, integer casts or a template kernel's parameter
+    list; cut once (`render.shorten_middle`) to `width` characters when given (in a note; a table cuts its names
+    once, to what its width leaves)."""
+    short = _PARAMETERS.sub("", _NAME_NOISE.sub("", name.removeprefix("void ")))
+    return short if width is None else shorten_middle(short, width)
 
 
 def summarize(
@@ -287,9 +338,15 @@ def summarize_trace(
         raise ProfilerKitError(f"--top must be at least 1, got {top}")
     notes = list(trace.notes)
     timed, kind, basis = trace.kernels, "kernel", GPU_KERNELS
-    if not len(trace.kernels) and trace.cpu_ops is not None and len(trace.cpu_ops):
-        timed, kind, basis = trace.cpu_ops, "cpu_op", CPU_OPS
-        notes.append("no GPU kernels in this trace: the tables show CPU operator self time instead")
+    overhead = None
+    if trace.cpu_ops is not None:
+        own = profiler_overhead(trace.cpu_ops, trace.ranges)
+        theirs = by_name(trace.cpu_ops[own].assign(category="other"))
+        overhead = Overhead(theirs, int(trace.cpu_ops["total_ns"].sum()))
+        cpu_ops = trace.cpu_ops[~own]
+        if not len(trace.kernels) and len(cpu_ops):
+            timed, kind, basis = cpu_ops, "cpu_op", CPU_OPS
+            notes.append("no GPU kernels in this trace: the tables show CPU operator self time instead")
     kernels = timed.assign(category=categorize(timed["name"], kind))
     has_ranges = trace.ranges is not None and len(trace.ranges) > 0
     index = RangeIndex(trace.ranges) if has_ranges and "launch_ns" in kernels.columns else None
@@ -308,7 +365,7 @@ def summarize_trace(
         source=trace.source, path=trace.path, kernels=by_name(kernels), phases=None, phase_names=choice.names,
         memory_ops=trace.memory_ops, ranges=_range_list(trace.ranges) if trace.ranges is not None else None,
         top=top, nvtx=nvtx, sub_ranges=sub_ranges, notes=notes, basis=basis, attributed=kernels, index=index,
-        phase_rule=choice.rule,
+        phase_rule=choice.rule, overhead=overhead,
     )
     if index is not None:
         _add_phases(summary, asked=phases is not None)
@@ -359,8 +416,8 @@ def _gap_note(phase: str, gap: dict[str, Any]) -> str:
     return (
         f"{phase}: one idle gap of {gap['gap_ns'] / NS_PER_MS:.1f} ms holds {gap['share_of_idle_pct']:.0f}% of "
         f"its idle time (range {gap['range']} of {gap['ranges']}, {gap['offset_ns'] / NS_PER_MS:.1f} ms into "
-        f"its GPU span, before {display_name(gap['next_kernel'])}): start-up, compilation or autotuning, not "
-        f"launch overhead; without it the GPU idles {gap['rest_idle_pct']:.0f}% of the span"
+        f"its GPU span, before {display_name(gap['next_kernel'], DISPLAY_NAME_CHARS)}): start-up, compilation or "
+        f"autotuning, not launch overhead; without it the GPU idles {gap['rest_idle_pct']:.0f}% of the span"
     )
 
 

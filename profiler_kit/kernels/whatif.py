@@ -37,6 +37,7 @@ from profiler_kit.kernels.idle import LAUNCH_BOUND_PCT, spans_by_owner
 from profiler_kit.kernels.steps import find_steps
 from profiler_kit.kernels.summary import KernelSummary
 from profiler_kit.kernels.trace import NO_LAUNCH
+from profiler_kit.render import Title
 
 COLUMNS = ("phase", "ranges", "measured_ms", "predicted_ms", "saved_ms", "saved_pct", "verdict_measured",
            "verdict_predicted")
@@ -208,9 +209,10 @@ class WhatIf:
     notes: list[str] = field(default_factory=list)
 
     def tables(self, display: bool = False) -> list[tuple[str, pd.DataFrame]]:
-        out = [("what if: per phase", self.phases)]
+        key = ("measured_ms", "predicted_ms", "saved_pct")
+        out = [(Title("what if: per phase", "phases", key), self.phases)]
         if len(self.steps):
-            out.append(("what if: per step", self.steps))
+            out.append((Title("what if: per step", "steps", key), self.steps))
         return out
 
     def to_json(self) -> dict[str, Any]:

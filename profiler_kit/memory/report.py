@@ -33,9 +33,10 @@ from profiler_kit.memory.roles import (
 )
 from profiler_kit.memory.snapshot import load_metadata, load_snapshot
 from profiler_kit.memory.tables import expected_vs_measured, frame_with_optional_ints, top_allocations
+from profiler_kit.names import MEMORY_TOP
 from profiler_kit.render import records
 
-DEFAULT_TOP = 10
+DEFAULT_TOP = MEMORY_TOP
 
 
 @dataclass

@@ -22,6 +22,7 @@ import json
 import os
 import re
 import sys
+import warnings
 from pathlib import Path
 
 import torch
@@ -36,6 +37,8 @@ from profiler_kit.recording.marks import Marks
 from profiler_kit.recording.notes import RECORDING_WINDOW, Notes
 from profiler_kit.recording.window import Window
 
+# The start of the warning torch.profiler gives at every start in torch 2.10-2.11 (a regular expression).
+PROFILER_CYCLE_WARNING = r"Warning: Profiler clears events at the end of each cycle"
 # A main script that calls these opens its own cudaProfilerApi window (torch.profiler.profile does not).
 _OPENS_WINDOW = re.compile(r"\bcuda\.profiler\.(start|profile)\s*\(|\bcudaProfilerStart\b")
 
@@ -131,7 +134,11 @@ class TorchRecorder(WindowRecorder):
         if torch.cuda.is_available():
             activities.append(torch.profiler.ProfilerActivity.CUDA)
         self.profiler = torch.profiler.profile(activities=activities)
-        self.profiler.start()
+        with warnings.catch_warnings():
+            # torch 2.10-2.11 warn at every start that events are cleared between cycles: the recorder's own
+            # start has no cycles, and the program's warnings are not touched.
+            warnings.filterwarnings("ignore", message=PROFILER_CYCLE_WARNING, category=UserWarning)
+            self.profiler.start()
         nvtx_ranges.resume_records()
 
     def _stop_profiler(self) -> None:

@@ -7,7 +7,7 @@ so the program needs no change. nsys backend: `nsys profile --trace=cuda,nvtx CO
 `cudaProfilerApi` capture range on a machine with CUDA (the program's window, see `recorders`), one report
 for the whole job, then the SQLite export. torch backend: torch.profiler in each process, one trace per rank.
 memory backend: the CUDA memory history instead (`history`), one snapshot per rank. Each recorded process
-says what it recorded on its window line (`channel`), which becomes the run's `Window`. This side of the
+says what it recorded in its window file (`channel`), which becomes the run's `Window`. This side of the
 recording never imports torch.
 
 The program runs in a process group of its own: a signal this process gets (Ctrl-C, SIGTERM, SIGHUP) goes to
@@ -26,6 +26,7 @@ import ctypes
 import functools
 import glob
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -40,8 +41,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from profiler_kit.environment import note
-from profiler_kit.errors import ProfilerKitError, UsageProblem
+from profiler_kit.errors import ProfilerKitError
 from profiler_kit.files import publish, reserve_output
+from profiler_kit.names import RECORDING_BACKENDS
 from profiler_kit.recording.channel import (
     CUDA,
     JOB_DIR,
@@ -59,7 +61,7 @@ from profiler_kit.recording.channel import (
 from profiler_kit.recording.nsys import NsysError, NsysInstall, export_sqlite, find_nsys, kill_group, output_tail
 from profiler_kit.render import say
 
-BACKENDS = ("nsys", "torch")
+BACKENDS = RECORDING_BACKENDS
 MEMORY = "memory"
 NO_CUDA_HISTORY = "CUDA memory history needs a CUDA device"
 INJECT_DIR = Path(__file__).resolve().parent / "_inject"
@@ -71,6 +73,8 @@ NSYS_PROFILE_ARGS = ("--trace=cuda,nvtx", "--sample=none", "--cpuctxsw=none", "-
 CAPTURE_ARGS = ("--capture-range=cudaProfilerApi", "--capture-range-end=stop")
 LAUNCHERS = ("torchrun",)
 REPORT_SUFFIX = ".nsys-rep"
+# The extensions each backend's recording adds to the output path; an output given with one means the same.
+RECORDING_SUFFIXES = {"nsys": (REPORT_SUFFIX, ".sqlite"), "torch": (TRACE_SUFFIX,), MEMORY: (SNAPSHOT_SUFFIX,)}
 # How long what the program left running may hold its output open once it ended, before it is stopped.
 LEFTOVER_S = 5.0
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -189,9 +193,14 @@ def exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
+# What kineto prints when the recorder starts and stops torch.profiler (in every process, every rank): not the
+# program's, so not relayed.
+KINETO_NOISE = re.compile(r"^USDT:\S+ \S+ \S+ \S+\] profiler_(?:start|stop)\s*$")
+
+
 class _Output:
-    """The program's output, copied line by line to our stderr, its `error: ` lines kept; and what its
-    recorded processes said of their windows (`channel`)."""
+    """The program's output, copied line by line to our stderr, its `error: ` lines kept and kineto's start and
+    stop lines (KINETO_NOISE) dropped; and what its recorded processes said of their windows (`channel`)."""
 
     def __init__(self) -> None:
         self.windows: list[dict] = []
@@ -201,6 +210,8 @@ class _Output:
     def pump(self, stream) -> None:
         for raw in iter(stream.readline, b""):
             line = raw.decode(errors="replace")
+            if KINETO_NOISE.match(line):
+                continue
             if line.startswith(ERROR_PREFIX):
                 self.errors.append(line[len(ERROR_PREFIX):].strip())
             self.tail.append(line)
@@ -274,17 +285,17 @@ def run_program(command: list[str], backend: str, output: Path | None = None,
     """Run `command` under `backend` (nsys, torch or memory), writing `<output>.nsys-rep` and `.sqlite`, or
     `<output>.json.gz`, or `<output>.pickle` (`<output>.rank<R>.json.gz`/`.pickle` per torchrun worker).
     `capture` False records the whole run under nsys even when the program opens a window; `force` replaces
-    existing outputs; `max_entries` is the memory history's ring size. The memory backend needs CUDA: without
-    it nothing starts (UsageProblem)."""
+    existing outputs; `max_entries` is the memory history's ring size. `output` may end with the extension the
+    backend adds (`out.json.gz` is `out`). The memory backend needs CUDA: without it nothing starts."""
     if backend not in (*BACKENDS, MEMORY):
         raise ProfilerKitError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
     if backend == MEMORY:
         if not cuda_device_present():
-            raise UsageProblem(NO_CUDA_HISTORY)
+            raise ProfilerKitError(NO_CUDA_HISTORY)
         if max_entries is None or max_entries < 1:
             raise ProfilerKitError(f"max_entries must be at least 1, got {max_entries}")
     cmd = resolve_command(command)
-    output = Path(output) if output is not None else default_output(command)
+    output = recording_stem(Path(output), backend) if output is not None else default_output(command)
     if backend == "torch":
         return _run_in_process(cmd, output, force, "torch", TRACE_SUFFIX, {})
     if backend == MEMORY:
@@ -293,6 +304,14 @@ def run_program(command: list[str], backend: str, output: Path | None = None,
     nsys = find_nsys(nsys_path)
     note("nsys", nsys.version_str)
     return _run_nsys(cmd, output, nsys, nsys_args, capture, force)
+
+
+def recording_stem(output: Path, backend: str) -> Path:
+    """`output` less the extension `backend`'s recording adds, when it ends with one (`-o out/p1.json.gz`)."""
+    for suffix in RECORDING_SUFFIXES[backend]:
+        if output.name.endswith(suffix) and len(output.name) > len(suffix):
+            return output.with_name(output.name.removesuffix(suffix))
+    return output
 
 
 def _partial(output: Path) -> Path:

@@ -26,7 +26,7 @@ BF16 = FIXTURES / "h100_tiny_train_bf16.sqlite"
 FP32 = FIXTURES / "h100_tiny_train_fp32.sqlite"
 CPU_REPORT = FIXTURES / "cpu_tiny_train_nsys2022.nsys-rep"
 CONTRACT = {"schema_version", "environment", "source", "time_basis", "kernel_count", "total_ns", "categories",
-            "memory_ops_ns", "phases", "phase_rule", "steps", "mfu", "idle", "top_kernels", "runs"}
+            "memory_ops_ns", "phases", "phase_rule", "steps", "mfu", "idle", "top_kernels", "runs", "profiler_overhead"}
 
 
 def run(*args: str):
@@ -105,15 +105,15 @@ def test_csv_is_one_table_and_table_picks_another(tmp_path):
     table = pd.read_csv(io.StringIO(first.stdout))
     assert list(table.columns) == ["category", "kernels", "total_ms", "share_pct"]
     assert table["share_pct"].sum() == pytest.approx(100.0)
-    split = run("summarize", BF16, "--nvtx", "attention", "--format", "csv", "--table", "attention_split")
+    split = run("summarize", BF16, "--nvtx", "attention", "--format", "csv", "--table", "sub_ranges")
     assert "attn_scores" in set(pd.read_csv(io.StringIO(split.stdout))["sub_range"])
     every = run("summarize", BF16, "--format", "csv", "--csv-dir", tmp_path / "tables")
     assert every.stdout == run("summarize", BF16, "--format", "csv").stdout
     written = sorted(p.name for p in (tmp_path / "tables").iterdir())
-    assert "kernel_time_by_category.csv" in written and "per_phase.csv" in written
+    assert "categories.csv" in written and "phases.csv" in written
     assert all(len(pd.read_csv(tmp_path / "tables" / name)) for name in written)
     unknown = run("summarize", BF16, "--format", "csv", "--table", "nope")
-    assert unknown.exit_code == 2 and "per_phase" in unknown.stderr
+    assert unknown.exit_code == 2 and "phases" in unknown.stderr
 
 
 def test_notes_go_to_stderr_in_machine_formats():

@@ -1,9 +1,11 @@
 """Outputs: an existing one is replaced only with -f/--force, one that is an input (symlinks followed), its
-sidecar or another output of the run is refused before any work (exit 2); a program named without `--`."""
+sidecar or another output of the run is refused before any work (exit 2); a program named without `--`; a
+recording's output given with or without the extension its recorder adds."""
 
 from __future__ import annotations
 
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,7 @@ from click.testing import CliRunner
 from profiler_kit.cli import main
 from profiler_kit.errors import UsageProblem
 from profiler_kit.files import check_output_paths
+from profiler_kit.recording.runner import recording_stem
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 BF16 = FIXTURES / "kernels" / "h100_tiny_train_bf16.sqlite"
@@ -84,3 +87,26 @@ def test_a_program_without_double_dash_gets_a_hint(group):
                  "python", "x.py")
     assert result.exit_code == 2
     assert "put the program after `--`" in result.stderr and "-- python x.py" in result.stderr
+
+
+@pytest.mark.parametrize(("backend", "given", "stem"), [
+    ("torch", "out/p1.json.gz", "out/p1"),
+    ("torch", "out/p1", "out/p1"),
+    ("torch", "out/p1.json", "out/p1.json"),
+    ("nsys", "out/p1.nsys-rep", "out/p1"),
+    ("nsys", "out/p1.sqlite", "out/p1"),
+    ("nsys", "out/p1.json.gz", "out/p1.json.gz"),
+    ("memory", "out/p1.pickle", "out/p1"),
+    ("memory", "out/.pickle", "out/.pickle"),
+])
+def test_an_output_given_with_the_recorders_extension_means_the_same_recording(backend, given, stem):
+    assert recording_stem(Path(given), backend) == Path(stem)
+
+
+def test_the_torch_backend_writes_the_output_given_with_its_extension(tmp_path):
+    program = tmp_path / "prog.py"
+    program.write_text("import torch\ntorch.ones(4, 4) @ torch.ones(4, 4)\n")
+    result = cli("nsys", "--backend", "torch", "-o", tmp_path / "p1.json.gz", "--format", "json", "--",
+                 sys.executable, program)
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p1.json.gz", "prog.py"]

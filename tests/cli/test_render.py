@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from profiler_kit.cli import main
 from profiler_kit.cli.benchmark import DISPLAY_COLUMNS, display_rows
-from profiler_kit.render import emit_tables, to_markdown
+from profiler_kit.render import emit_tables, shorten_middle, to_markdown
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 BF16 = FIXTURES / "kernels" / "h100_tiny_train_bf16.sqlite"
@@ -145,3 +145,147 @@ def test_csv_round_trips_through_pandas_and_json_has_the_envelope(args):
     document = json.loads(_cli(*args, "--format", "json").stdout)
     assert document["schema_version"] >= 1 and document["environment"]["profiler_kit"]
     assert _cli(*args, "--format", "md").exit_code == 0
+
+
+SMALL = Path(__file__).resolve().parents[2] / "profiles" / "examples" / "small_ctx128_train_bf16.sqlite"
+CPU_TRACE = FIXTURES / "kernels" / "cpu_example_mlp_torch.json.gz"
+DDP_TORCH = FIXTURES / "kernels" / "h100_ddp1_torch.rank0.json.gz"
+PYTORCH_PHASES = ("Optimizer.step#AdamW.step", "Optimizer.zero_grad#AdamW.zero_grad", "fwd")
+
+
+def _boxed(text: str) -> list[tuple[list[str], list[list[str]]]]:
+    """The header cells and the row cells of every boxed table in `text`, in order."""
+    tables = []
+    for line in text.splitlines():
+        if line.startswith(BOX_HEADER):
+            tables.append(([c.strip() for c in line.split(BOX_HEADER)[1:-1]], []))
+        elif line.startswith("│") and tables:
+            tables[-1][1].append([c.strip() for c in line.split("│")[1:-1]])
+    return tables
+
+
+def _reports() -> dict:
+    """Each report kind on real recordings: a GPU report with long kernel names, a CPU trace with PyTorch's range
+    names as phases, a GPU trace with steps and idle, a comparison and a what-if."""
+    from profiler_kit.kernels import compare, load, summarize, summarize_trace
+    from profiler_kit.kernels.whatif import what_if
+
+    return {
+        "gpu": lambda: summarize(SMALL),
+        "cpu": lambda: summarize(CPU_TRACE, phases=list(PYTORCH_PHASES)),
+        "steps": lambda: summarize(DDP_TORCH),
+        "compare": lambda: compare([summarize(FP32)], [summarize(BF16)]),
+        "whatif": lambda: what_if(summarize_trace(load(MLP)), []),
+    }
+
+
+@pytest.mark.parametrize("width", [80, 120, 200])
+@pytest.mark.parametrize("kind", ["gpu", "cpu", "steps", "compare", "whatif"])
+def test_narrow_tables_keep_their_key_columns_and_cut_a_name_once(kind, width, capsys, monkeypatch):
+    from profiler_kit.render import OutputFormat, emit_report, format_cell
+
+    monkeypatch.setenv("COLUMNS", str(width))
+    report = _reports()[kind]()
+    emit_report(report, OutputFormat("table"))
+    out = capsys.readouterr().out
+    assert max(map(len, out.splitlines())) <= width
+    tables = report.tables(display=True)
+    shown = _boxed(out)
+    assert len(shown) == len(tables)
+    for (title, df), (headers, rows) in zip(tables, shown, strict=True):
+        key = [str(df.columns[0]), *(c for c in title.key if c in df.columns)]
+        assert set(key) <= set(headers), (title, headers)
+        for column in headers:
+            if pd.api.types.is_numeric_dtype(df[column]):
+                continue
+            at = headers.index(column)
+            for cell, full in zip((row[at] for row in rows), (format_cell(v, column) for v in df[column]),
+                                  strict=True):
+                if cell != full:  # cut once, in one place: its start and its end are the name's
+                    head, tail = cell.split("…")
+                    assert full.startswith(head) and full.endswith(tail), (column, cell, full)
+                    assert cell == shorten_middle(full, len(cell))
+                elif column == "phase" and width >= 120:
+                    assert cell == full
+
+
+def test_a_display_name_drops_noise_and_is_never_cut():
+    """Tables cut a name to their width themselves: the display name is the whole name less namespaces, casts
+    and the parameter list, however long."""
+    from profiler_kit.kernels import summarize
+    from profiler_kit.kernels.summary import display_name
+
+    names = summarize(SMALL).kernels["name"]
+    shown = names.map(display_name)
+    assert not shown.str.contains("…").any() and shown.str.len().max() > 200
+    adam = next(n for n in names if "LerpFunctor" in n)
+    assert display_name(adam) == ("multi_tensor_apply_kernel<TensorListMetadata<2>, TernaryOpScalarFunctor<float, 2, "
+                                  "2, 0>, LerpFunctor<float>, float>")
+    assert display_name(adam, 40) == shorten_middle(display_name(adam), 40) and len(display_name(adam, 40)) == 40
+
+
+def test_a_kernel_name_is_as_wide_as_the_table_allows(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    result = _cli("kernels", "summarize", SMALL, width=80)
+    headers, rows = _boxed(result.stdout)[1]
+    assert headers[:2] == ["name", "category"] and "share_pct" in headers
+    border = next(line for line in result.stdout.splitlines() if line.startswith("┃ name"))
+    assert len(border) == 80  # the name column takes what the key columns leave
+    assert all(len(row[0]) > 30 for row in rows)
+
+
+def test_notes_are_left_aligned_and_wrapped_between_words():
+    from profiler_kit.kernels import summarize
+
+    result = _cli("kernels", "summarize", CPU_TRACE, *(f"--phase={p}" for p in PYTORCH_PHASES), width=80)
+    lines = result.stdout.splitlines()
+    after = lines[max(i for i, line in enumerate(lines) if line.startswith("└")) + 1:]
+    assert after and all(len(line) <= 80 and not line.startswith("   ") for line in after)
+    notes, skip = [], False
+    for line in after:  # the caption's lines, less the columns the last table leaves out
+        skip = line.startswith("not shown") or (skip and line.startswith("  "))
+        if not skip:
+            notes.append(line.strip())
+    joined = " ".join(notes)
+    caption = summarize(CPU_TRACE, phases=list(PYTORCH_PHASES)).caption()
+    assert joined == " ".join(caption.split("\n"))  # every break was between two words
+    assert any(line.startswith("  ") for line in after)  # a wrapped note goes on indented
+
+
+def test_counts_are_written_one_way_in_tables_and_notes():
+    from profiler_kit.kernels import summarize
+
+    summary = summarize(CPU_TRACE)
+    result = _cli("kernels", "summarize", CPU_TRACE, width=120)
+    assert f"{summary.kernel_count:,} CPU operator calls" in result.stdout and summary.kernel_count >= 1000
+    categories = _boxed(result.stdout)[0]
+    assert any("," in row[1] for row in categories[1]) or summary.category_table()["operators"].max() < 1000
+
+
+@pytest.mark.parametrize("source", [BF16, SMALL, CPU_TRACE, DDP_TORCH, MLP])
+def test_table_names_are_the_same_whatever_top_and_source(source, tmp_path):
+    names = {}
+    for top in ("3", "12"):
+        folder = tmp_path / top
+        result = _cli("kernels", "summarize", source, "--top", top, "--format", "csv", "--csv-dir", folder)
+        assert result.exit_code == 0, result.output
+        names[top] = sorted(p.stem for p in folder.iterdir())
+    assert names["3"] == names["12"]
+    assert {"categories", "top_kernels"} <= set(names["3"]) <= {"categories", "top_kernels", "phases", "steps",
+                                                                 "idle", "memory_ops"}
+    picked = _cli("kernels", "summarize", source, "--top", "3", "--format", "csv", "--table", "top_kernels")
+    assert len(pd.read_csv(io.StringIO(picked.stdout))) == 3
+
+
+@pytest.mark.parametrize("fmt", ["table", "json", "markdown", "csv"])
+def test_csv_dir_writes_every_table_with_every_format(fmt, tmp_path):
+    result = _cli("kernels", "summarize", BF16, "--format", fmt, "--csv-dir", tmp_path / "t")
+    assert result.exit_code == 0 and result.stdout, result.output
+    written = {p.stem: pd.read_csv(p) for p in (tmp_path / "t").iterdir()}
+    assert set(written) == {"categories", "top_kernels", "phases", "idle", "memory_ops"}
+    assert "largest_gaps_us" in written["idle"].columns  # every column, whatever a table shows
+
+
+def test_table_goes_with_the_csv_format_only():
+    result = _cli("kernels", "summarize", BF16, "--table", "phases", "--format", "json")
+    assert result.exit_code == 2 and "--format csv" in result.stderr and result.stdout == ""

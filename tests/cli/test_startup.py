@@ -1,7 +1,7 @@
 """The command line starts without torch: `--help`, `--version` and the commands that read reports
 (`kernels summarize|compare|timeline`, `memory summarize|compare`, HTML pages included) never import torch,
-triton or matplotlib (drawn only for a PNG), and the top-level help lists each command with the first sentence
-of its own help."""
+triton or matplotlib (drawn only for a PNG), every command's `--help` imports neither pandas nor numpy either, and
+the top-level help lists each command with the first sentence of its own help."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import click
 import pytest
 
 from profiler_kit.cli import COMMANDS, main
@@ -28,7 +29,7 @@ try:
     main(sys.argv[1:])
 except SystemExit as exc:
     code = exc.code
-heavy = sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'triton', 'matplotlib'})
+heavy = sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'triton', 'matplotlib', 'pandas', 'numpy'})
 print(json.dumps({'code': code, 'heavy': heavy}), file=sys.stderr)
 """
 
@@ -55,7 +56,29 @@ def _probe(*args: str, cwd: Path) -> dict:
 ], ids=lambda args: " ".join(str(a) if not isinstance(a, Path) else a.name for a in args))
 def test_no_torch_on_start_and_report_commands(args: list, tmp_path: Path) -> None:
     result = _probe(*args, cwd=tmp_path)
-    assert result == {"code": 0, "heavy": []}
+    assert result["code"] == 0 and not {"torch", "triton", "matplotlib"} & set(result["heavy"])
+
+
+def _command_paths(group: click.Group, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every command and subcommand under `group`, as the words that name it."""
+    ctx = click.Context(group)
+    paths = []
+    for name in group.list_commands(ctx):
+        command = group.get_command(ctx, name)
+        paths.append((*path, name))
+        if isinstance(command, click.Group):
+            paths += _command_paths(command, (*path, name))
+    return paths
+
+
+def test_every_command_is_listed_for_the_help_check() -> None:
+    assert {"attention bench", "kernels whatif", "memory compare", "nsys attention", "precision"} <= {
+        " ".join(p) for p in _command_paths(main)}
+
+
+@pytest.mark.parametrize("path", _command_paths(main), ids=" ".join)
+def test_every_help_starts_without_heavy_imports(path: tuple[str, ...], tmp_path: Path) -> None:
+    assert _probe(*path, "--help", cwd=tmp_path) == {"code": 0, "heavy": []}
 
 
 def test_commands_listed_without_loading_them() -> None:

@@ -298,7 +298,7 @@ def test_the_rule_is_one_text_in_the_help_the_readme_and_the_docs():
     from click.testing import CliRunner
 
     from profiler_kit.cli import main
-    from profiler_kit.kernels.phases import RULE
+    from profiler_kit.names import PHASE_RULE as RULE
 
     repo = Path(__file__).resolve().parents[2]
     flat = " ".join(RULE.split())

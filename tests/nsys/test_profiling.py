@@ -66,7 +66,7 @@ def test_torch_backend_end_to_end_on_cpu(tmp_path):
     # The same again: the recording is kept unless --force, which replaces it.
     kept = invoke("--model", "tiny", "--ctx", "32", "--mode", "train", "--batch-size", "2", "--warmup", "0",
                   "--device", "cpu", "--backend", "torch", "--output-dir", str(tmp_path))
-    assert kept.exit_code == 1 and "already exists" in kept.stderr and "--force" in kept.stderr
+    assert kept.exit_code == 2 and "already exists" in kept.stderr and "--force" in kept.stderr
     assert step_numbers(trace) == [1, 2]
     forced = invoke("--model", "tiny", "--ctx", "32", "--mode", "train", "--batch-size", "2", "--warmup", "0",
                     "--device", "cpu", "--backend", "torch", "--output-dir", str(tmp_path), "--force")

@@ -11,7 +11,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from profiler_kit.cli import kernels as kernels_cli
+import profiler_kit.kernels as kernels_lib
 from profiler_kit.cli import main
 
 FIXTURE = "tests/fixtures/kernels/h100_tiny_train_bf16.sqlite"
@@ -31,7 +31,7 @@ def broken(exc: BaseException):
     (KeyboardInterrupt(), 130, "interrupted"),
 ])
 def test_every_failure_is_one_line_with_its_exit_code(monkeypatch, exc, code, phrase):
-    monkeypatch.setattr(kernels_cli, "summarize_trace", broken(exc))
+    monkeypatch.setattr(kernels_lib, "summarize_trace", broken(exc))
     result = CliRunner().invoke(main, ["kernels", "summarize", FIXTURE])
     lines = result.stderr.strip().splitlines()
     assert result.exit_code == code and result.stdout == ""
@@ -44,7 +44,7 @@ def test_a_usage_error_exits_2():
 
 @pytest.mark.parametrize("how", [["--debug"], "PROFILER_KIT_DEBUG"])
 def test_debug_shows_the_exception(monkeypatch, how):
-    monkeypatch.setattr(kernels_cli, "summarize_trace", broken(KeyError("frames")))
+    monkeypatch.setattr(kernels_lib, "summarize_trace", broken(KeyError("frames")))
     args, env = (how, {}) if isinstance(how, list) else ([], {how: "1"})
     result = CliRunner().invoke(main, [*args, "kernels", "summarize", FIXTURE], env=env)
     assert isinstance(result.exception, KeyError)  # raised through the boundary: Python prints its traceback

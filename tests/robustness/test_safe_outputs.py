@@ -52,7 +52,7 @@ def test_a_foreign_file_is_refused_not_appended_to(tmp_path, no_runs):
     foreign = tmp_path / "people.csv"
     foreign.write_text("name,email\nada,ada@example.org\n")
     result = CliRunner().invoke(main, ["benchmark", *FAST, "--output", str(foreign)])
-    assert result.exit_code == 1 and no_runs == []
+    assert result.exit_code == 2 and no_runs == []
     assert "not a results file of this command" in result.stderr
     assert foreign.read_text() == "name,email\nada,ada@example.org\n"
 
@@ -171,7 +171,7 @@ def test_a_results_file_without_a_setting_column_is_refused(tmp_path, no_runs):
     columns = [c for c in bench.COLUMNS if c not in ("max_warmup", "stable_pct")]
     old.write_text(",".join(columns) + "\n")
     result = CliRunner().invoke(main, ["benchmark", *FAST, "--output", str(old), "--resume"])
-    assert result.exit_code == 1 and no_runs == []
+    assert result.exit_code == 2 and no_runs == []
     assert "lacks the key column(s) max_warmup, stable_pct" in result.stderr
     assert old.read_text() == ",".join(columns) + "\n"
 
@@ -216,8 +216,8 @@ def test_a_results_file_without_the_key_columns_is_refused(tmp_path, no_runs):
     old = tmp_path / "r.csv"
     old.write_text("model,ctx,mode,status,total_ms\ntiny,8,train,ok,1.5\n")
     result = CliRunner().invoke(main, ["benchmark", *FAST, "--output", str(old)])
-    assert result.exit_code == 1 and no_runs == []
-    assert "lacks the key column(s)" in result.stderr and "optimizer, repeat" in result.stderr
+    assert result.exit_code == 2 and no_runs == []
+    assert "lacks the key column(s)" in result.stderr and "optimizer, optimizer_overlap, clip_grad_norm, repeat" in result.stderr
     assert old.read_text() == "model,ctx,mode,status,total_ms\ntiny,8,train,ok,1.5\n"
 
 
