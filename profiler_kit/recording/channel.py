@@ -36,7 +36,7 @@ TRACE_SUFFIX = ".json.gz"
 SNAPSHOT_SUFFIX = ".pickle"
 # What a recording holds.
 WHOLE_RUN, CAPTURE, PROGRAM_WINDOW = "whole run", "profiler_kit.capture", "torch.cuda.profiler"
-# Steps kept in the window line: a longer run keeps its first ones.
+# Steps kept in the window file: a longer run keeps its first ones.
 MAX_STEP_TIMES = 10_000
 
 

@@ -3,7 +3,7 @@
 Every hook the recorder installs (module, optimizer and backward hooks, the mirrors of the program's ranges, the
 step clock, the storage captures) runs its own part under `Notes.guard`: an exception there is caught, the
 instrument is switched off for the rest of the run, and one note says what was lost and why; the program runs
-on with its own output and exit status. The notes travel to the parent on the window line (`channel`) and into
+on with its own output and exit status. The notes travel to the parent in the window file (`channel`) and into
 the recording's metadata, and the summary shows them.
 """
 

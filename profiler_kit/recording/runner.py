@@ -239,7 +239,7 @@ class _Output:
 
 
 def _triples(value: object) -> list[list]:
-    """The `[number, ms, recorded]` entries of a window line's `step_ms` that have that shape."""
+    """The `[number, ms, recorded]` entries of a window file's `step_ms` that have that shape."""
     if not isinstance(value, list):
         return []
     return [item for item in value if isinstance(item, list) and len(item) == 3
