@@ -23,7 +23,7 @@ from profiler_kit.errors import ProfilerKitError
 from profiler_kit.files import replaced_when_complete
 from profiler_kit.kernels.attribution import RangeIndex, launches_in
 from profiler_kit.kernels.categories import categorize, optimizer_work
-from profiler_kit.kernels.phases import choose_phases
+from profiler_kit.kernels.phases import choose_phases, phase_index
 from profiler_kit.kernels.trace import KernelTrace
 
 NS_PER_US = 1_000
@@ -75,8 +75,9 @@ def _one(trace: KernelTrace, label: str, first_pid: int, phases: list[str] | Non
     if index is not None and len(kernels):
         kernels = kernels.assign(category=category)
         category = optimizer_work(kernels, index)["category"]
+        choice = choose_phases(index, phases)
+        index, chosen = phase_index(index, choice), choice.names
         names = index.names().to_numpy()
-        chosen = choose_phases(index, phases).names
         members, owners = launches_in(kernels, index, np.flatnonzero(np.isin(names, chosen)))
         phase_of[members] = names[owners]
         # One event per phase range: the span of the work launched inside it.

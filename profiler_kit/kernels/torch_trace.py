@@ -4,8 +4,11 @@ Complete events (`"ph": "X"`) carry microsecond `ts`/`dur` with nanosecond decim
 `gpu_memcpy` and `gpu_memset`; the CPU calls that launched it are `cuda_runtime` (cudaLaunchKernel) and
 `cuda_driver` (cuLaunchKernel, used by Triton) events, linked to the GPU events by `args.correlation`.
 `record_function` ranges (our NVTX ranges under the torch backend) are `user_annotation` events on the CPU
-thread that opened them; those named in the trace's metadata `"profiler_kit": {"phases": [...]}` were opened
-with `profiler_kit.phase` (column `marked`).
+thread that opened them. Their kind (`trace.range_frame`): the recorder's automatic marks are named
+`profiler_kit::<name>` (`profiler_kit::step#<number>`, the program's step number); those named in the trace's
+metadata `"profiler_kit": {"phases": [...]}` were opened with `profiler_kit.phase`; the rest are the program's.
+The same metadata gives the recording's notes (what the recorder could not record) and the RANK and node
+(GROUP_RANK) of the process, which every process id of the trace's CPU events had.
 
 Fields are checked once as they are read: events without a name or usable times are skipped with a note
 (`_usable`); ids that are not what torch.profiler writes (`_check_ids`) make the trace an error naming the event
@@ -25,10 +28,13 @@ from profiler_kit.kernels.trace import (
     MAX_TOTAL_NS,
     NO_LAUNCH,
     KernelTrace,
+    auto_names,
     kernel_frame,
     match_launches,
     memory_frame,
+    range_frame,
 )
+from profiler_kit.names import KIND_AUTO, KIND_PHASE, KIND_PROGRAM
 
 LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
 MEMORY_CATEGORIES = ("gpu_memcpy", "gpu_memset")
@@ -52,7 +58,7 @@ def load_torch_trace(obj: object, path: Path) -> KernelTrace:
         columns=["cat", "name", "pid", "tid", "ts", "dur", "args"],
     )
     try:
-        trace = _load(events, path, *_phase_names(obj))
+        trace = _load(events, path, *_phase_names(obj), _recording(obj))
     except (KeyError, TypeError, ValueError) as exc:
         raise ProfilerKitError(f"{path}: a Chrome trace with malformed events ({exc!r})") from None
     trace.clock, trace.clock_offset_ns = _clock(obj)
@@ -99,6 +105,24 @@ def _phase_names(obj: dict) -> tuple[list[str], list[str]]:
                    "are taken only where it names them"]
 
 
+def _recording(obj: dict) -> dict:
+    """The recorder's notes and the process's rank and node, those of the right types."""
+    meta = obj.get("profiler_kit")
+    meta = meta if isinstance(meta, dict) else {}
+    said = {key: meta[key] for key in ("rank", "node") if type(meta.get(key)) is int}
+    notes = meta.get("notes")
+    said["notes"] = [line for line in notes if isinstance(line, str)] if isinstance(notes, list) else []
+    return said
+
+
+def _ranges(annotations: pd.DataFrame, phase_names: list[str]) -> pd.DataFrame:
+    """The `ranges` frame of the `user_annotation` events, each with its kind (see the module docstring)."""
+    calls = event_ranges(annotations)
+    names, auto, numbers = auto_names(calls["name"])
+    kinds = np.where(auto, KIND_AUTO, np.where(calls["name"].isin(phase_names), KIND_PHASE, KIND_PROGRAM))
+    return range_frame(names, calls["start_ns"], calls["end_ns"], calls["process"], calls["thread"], kinds, numbers)
+
+
 def _missing(value: object) -> bool:
     return value is None or (isinstance(value, float) and np.isnan(value))
 
@@ -135,7 +159,7 @@ def _arg(events: pd.DataFrame, field: str, missing: int) -> np.ndarray:
     return _ids(events["args"].map(lambda a: a.get(field) if isinstance(a, dict) else None), missing)
 
 
-def _load(events: pd.DataFrame, path: Path, phase_names: list[str], notes: list[str]) -> KernelTrace:
+def _load(events: pd.DataFrame, path: Path, phase_names: list[str], notes: list[str], said: dict) -> KernelTrace:
     kernels = _usable(events[events["cat"] == "kernel"], "kernel", ("ts", "dur"), notes)
     launches = _usable(events[events["cat"].isin(LAUNCH_CATEGORIES)], "launch", ("ts",), notes)
     # GPU events carry the device as their pid: the launch's pid is the process.
@@ -150,8 +174,7 @@ def _load(events: pd.DataFrame, path: Path, phase_names: list[str], notes: list[
         start_ns=us_to_ns(kernels["ts"]), stream=_arg(kernels, "stream", 0),
     )
     annotations = _usable(events[events["cat"] == RANGE_CATEGORY], "range", ("ts", "dur"), notes)
-    ranges = event_ranges(annotations)
-    ranges["marked"] = ranges["name"].isin(phase_names)
+    ranges = _ranges(annotations, phase_names)
     memory = _usable(events[events["cat"].isin(MEMORY_CATEGORIES)], "memory", ("dur",), notes)
     # A trace with no CUDA activity at all (a CPU run) cannot say whether memory was copied.
     cuda_traced = len(kernels) or len(launches) or len(memory)
@@ -160,4 +183,8 @@ def _load(events: pd.DataFrame, path: Path, phase_names: list[str], notes: list[
     )
     operators = _usable(events[events["cat"] == CPU_OP_CATEGORY], "CPU operator", ("ts", "dur"), notes)
     cpu_ops = cpu_operators(pd.concat([operators, annotations]))
-    return KernelTrace(SOURCE, path, kernel_rows, ranges, memory_ops, notes, cpu_ops)
+    notes += [f"the recorder: {line}" for line in said["notes"]]
+    processes = set(ranges["process"]) | set(_ids(launches["pid"], 0)) | set(_ids(operators["pid"], 0))
+    ranks = {int(p): said["rank"] for p in processes} if "rank" in said else {}
+    nodes = {int(p): said["node"] for p in processes} if "node" in said else {}
+    return KernelTrace(SOURCE, path, kernel_rows, ranges, memory_ops, notes, cpu_ops, ranks, nodes)

@@ -15,6 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from profiler_kit.cli import main
+from profiler_kit.kernels import load
 from profiler_kit.recording.nsys import REPORT_RENAMES, NsysError, export_sqlite, find_nsys, run_stats
 
 WARMUP, STEPS = 1, 2
@@ -154,4 +155,9 @@ def test_gpu_capture_range_holds_only_the_profiled_steps(tmp_path):
     assert kernels > 0
     counts = nvtx_counts(export)
     assert "warmup" not in counts
-    assert counts.get("forward") == 1 and counts.get("optimizer_step") == 1
+    ranges = load(export).ranges
+    by_kind = ranges.groupby(["name", "kind"]).size()
+    # The marked phase and the recorder's mark of each: one of each in the one recorded step, the program's 3rd.
+    assert by_kind["forward", "phase"] == by_kind["forward", "auto"] == 1
+    assert by_kind["optimizer_step", "phase"] == by_kind["optimizer_step", "auto"] == 1
+    assert ranges.loc[(ranges["kind"] == "auto") & (ranges["name"] == "step"), "number"].tolist() == [2]
