@@ -217,7 +217,8 @@ def test_a_results_file_without_the_key_columns_is_refused(tmp_path, no_runs):
     old.write_text("model,ctx,mode,status,total_ms\ntiny,8,train,ok,1.5\n")
     result = CliRunner().invoke(main, ["benchmark", *FAST, "--output", str(old)])
     assert result.exit_code == 2 and no_runs == []
-    assert "lacks the key column(s)" in result.stderr and "optimizer, optimizer_overlap, clip_grad_norm, repeat" in result.stderr
+    assert "lacks the key column(s)" in result.stderr
+    assert "optimizer, optimizer_overlap, clip_grad_norm, repeat" in result.stderr
     assert old.read_text() == "model,ctx,mode,status,total_ms\ntiny,8,train,ok,1.5\n"
 
 
