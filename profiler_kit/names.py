@@ -34,10 +34,11 @@ PROCESS_CATEGORY = "process"
 AUTO_PREFIX = "profiler_kit::"
 # Ranges PyTorch and libraries open by themselves, never a program's phases: the optimizer's methods, the
 # profiler's steps, DDP/FSDP wrappers, operators, autograd nodes, collectives (NCCL's own NVTX ranges, c10d,
-# gloo), compiled regions, and the recorder's own marks where they carry their prefix.
+# gloo), CUB's and Thrust's algorithms (CCCL's NVTX ranges, e.g. around an embedding's backward sort), compiled
+# regions, and the recorder's own marks where they carry their prefix.
 LIBRARY_RANGES = re.compile(
     r"^(?:Optimizer\.|ProfilerStep#|aten::|c10d::|gloo:|nccl|autograd::|DistributedDataParallel\.|"
-    r"FullyShardedDataParallel|FSDP::|Torch-Compiled Region|CompiledFunction|## |"
+    r"FullyShardedDataParallel|FSDP::|Torch-Compiled Region|CompiledFunction|## |cub::|thrust::|"
     + re.escape(AUTO_PREFIX) + ")"
 )
 # Top-level ranges that hold no step of the program, never phases.
