@@ -96,10 +96,23 @@ def warm_rows(table: pd.DataFrame) -> np.ndarray:
 
 
 def inside_steps(index: RangeIndex, steps: np.ndarray) -> np.ndarray:
-    """Which ranges lie inside one of the step ranges `steps` (the steps themselves not included)."""
-    is_step = np.zeros(len(index.ranges), dtype=bool)
-    is_step[steps] = True
-    return index.nearest_in(is_step) >= 0
+    """Which ranges lie, in time, inside one of the step ranges `steps` of their process (the steps themselves not
+    included): by time, not nesting, since the recorder's step marks are a lane apart from the program's thread."""
+    ranges = index.ranges
+    starts, ends = ranges["start_ns"].to_numpy(), ranges["end_ns"].to_numpy()
+    processes = ranges["process"].to_numpy()
+    inside = np.zeros(len(ranges), dtype=bool)
+    for process in np.unique(processes[steps]):
+        mine = steps[processes[steps] == process]
+        mine = mine[np.argsort(starts[mine], kind="stable")]
+        candidates = np.flatnonzero(processes == process)
+        # The last step to start at or before each range; steps of one process do not overlap.
+        at = np.searchsorted(starts[mine], starts[candidates], side="right") - 1
+        ok = at >= 0
+        ok[ok] = ends[candidates[ok]] <= ends[mine[at[ok]]]
+        inside[candidates[ok]] = True
+    inside[steps] = False
+    return inside
 
 
 def step_title(table: pd.DataFrame) -> str:
