@@ -14,7 +14,6 @@ from profiler_kit.kernels.ranks import rank_traces, summarize_ranks
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "kernels"
 EXAMPLE = FIXTURES / "h100_example_mlp.sqlite"
-DDP_NSYS = FIXTURES / "h100_ddp1_nsys.sqlite"
 DDP_TORCH = FIXTURES / "h100_ddp1_torch.rank0.json.gz"
 
 
