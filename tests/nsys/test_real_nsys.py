@@ -12,6 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 from click.testing import CliRunner
 
 from profiler_kit.cli import main
@@ -59,12 +60,17 @@ def test_cli_records_report_and_sqlite_on_a_cpu(cpu_run):
     assert report.stat().st_size > 0
     assert sqlite.stat().st_mtime_ns >= report.stat().st_mtime_ns
     assert {"NVTX_EVENTS", "PROCESSES", "StringIds"} <= tables(sqlite)
-    # No capture range without CUDA, and the user is told; a CPU run launches no CUDA kernels, and nsys records
-    # no CPU operators: an error that says why, the files kept.
-    assert f"recorded the whole run, {WARMUP + STEPS} steps" in result.stderr
+    # A CPU run launches no CUDA kernels and nsys records no CPU operators: an error that says why, the files kept.
+    # Without CUDA there is no capture range (the whole run is recorded, and the user is told); with a GPU beside
+    # it, the workload's capture window is recorded and holds no CUDA work.
     assert result.exit_code == 1 and result.stdout == ""
     last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith(f"Error: {sqlite}: nothing recorded: no CUDA kernels: there is no CUDA device here")
+    if torch.cuda.is_available():
+        assert last.startswith(f"Error: {sqlite}: nothing recorded: no CUDA kernels in the steps"), last
+        assert last.endswith("the program did no CUDA work there"), last
+    else:
+        assert f"recorded the whole run, {WARMUP + STEPS} steps" in result.stderr
+        assert last.startswith(f"Error: {sqlite}: nothing recorded: no CUDA kernels: there is no CUDA device here")
 
 
 def test_cpu_run_has_the_workload_and_its_nvtx_ranges_or_says_why_not(cpu_run):
