@@ -13,8 +13,8 @@ from torch import nn
 
 from profiler_kit.attention.registry import NAMES, AttentionFn, make_impl
 from profiler_kit.errors import ProfilerKitError
+from profiler_kit.nvtx_ranges import nvtx_range
 from profiler_kit.presets import ModelConfig
-from profiler_kit.recording.ranges import nvtx_range
 
 # Every implementation of the attention registry; the model runs each with the causal mask.
 ATTENTION_IMPLS = NAMES

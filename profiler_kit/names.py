@@ -1,19 +1,48 @@
 """The names and defaults the command line offers, importable without torch, pandas or numpy (every `--help` reads
 them): the workload's modes, phases and optimizers, the attention implementations, the recorders and
-data-parallel modes, the memory recorder's defaults, the kernel and memory reports' defaults and the phase rule.
-`workload`, `attention.registry`, `memory.recorder`, `recording.runner`, `kernels` and `benchmark` build on
+data-parallel modes, the memory recorder's defaults, the kernel and memory reports' defaults and the phase rule;
+and the vocabulary of ranges that recorders write and readers read (the phase names, the range kinds, the NVTX
+domain of profiler-kit's own ranges, the ranges PyTorch and libraries open). `workload`, `attention.registry`,
+`nvtx_ranges`, the recorders, `recording.runner`, `kernels`, the memory analysis and `benchmark` build on
 them."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from profiler_kit.errors import ProfilerKitError
 
 MODES = ("forward", "forward-backward", "train")
-PHASES = ("forward", "backward", "optimizer_step")
-# The name of a step range: what the recorder's automatic marks and `profiler_kit.capture` open around each step.
-STEP = "step"
+# The phases of a training step: the built-in workload's `profiler_kit.phase` ranges and the recorder's
+# automatic marks of any program share these names; `step` names one step of the program.
+FORWARD, BACKWARD, OPTIMIZER_STEP, STEP = "forward", "backward", "optimizer_step", "step"
+PHASES = (FORWARD, BACKWARD, OPTIMIZER_STEP)
+# The kind of a range (the `kind` column of a report's ranges): opened with `profiler_kit.phase`; placed by the
+# recorder itself (the automatic marks, and the steps of `profiler_kit.capture`); any other (the program's own,
+# its libraries', PyTorch's).
+KIND_PHASE, KIND_AUTO, KIND_PROGRAM = "phase", "auto", "program"
+RANGE_KINDS = (KIND_PHASE, KIND_AUTO, KIND_PROGRAM)
+# profiler-kit's NVTX domain: phases are pushed in it, automatic marks are start/end ranges of its category
+# AUTO_CATEGORY (a step's number as the int64 payload), and each recorded process marks its place in the job
+# (PROCESS_CATEGORY: a mark `rank=R world_size=W local_rank=L node=N`).
+MARK_DOMAIN = "profiler_kit"
+AUTO_CATEGORY = "auto"
+PROCESS_CATEGORY = "process"
+# Where no domain can carry them (torch.profiler traces, memory snapshots, torch.cuda.nvtx), automatic marks are
+# named with this prefix, a step's number after `#`: `profiler_kit::forward`, `profiler_kit::step#3`.
+AUTO_PREFIX = "profiler_kit::"
+# Ranges PyTorch and libraries open by themselves, never a program's phases: the optimizer's methods, the
+# profiler's steps, DDP/FSDP wrappers, operators, autograd nodes, collectives (NCCL's own NVTX ranges, c10d,
+# gloo), CUB's and Thrust's algorithms (CCCL's NVTX ranges, e.g. around an embedding's backward sort), compiled
+# regions, and the recorder's own marks where they carry their prefix.
+LIBRARY_RANGES = re.compile(
+    r"^(?:Optimizer\.|ProfilerStep#|aten::|c10d::|gloo:|nccl|autograd::|DistributedDataParallel\.|"
+    r"FullyShardedDataParallel|FSDP::|Torch-Compiled Region|CompiledFunction|## |cub::|thrust::|"
+    + re.escape(AUTO_PREFIX) + ")"
+)
+# Top-level ranges that hold no step of the program, never phases.
+NOT_PHASES = ("warmup",)
 # torch's AdamW implementations: one fused kernel chain, multi-tensor (foreach) kernels, or a loop over the
 # parameters; then AdamW on fp32 master weights of a model held in bf16 (`master_weights`).
 OPTIMIZER_KWARGS = {"adamw-fused": {"fused": True}, "adamw-foreach": {"foreach": True}, "adamw": {"foreach": False}}
@@ -41,12 +70,12 @@ DEFAULT_GATES = ("total", "phases")
 DEFAULT_MIN_DELTA_SHARE = 0.01
 
 PHASE_RULE = (
-    "Phases: the --phase ranges when given; else the ranges opened with profiler_kit.phase; else forward, "
-    "backward, optimizer_step (the built-in workload) with the ranges beside them; else the program's own "
-    "ranges on each process's main thread: the outermost ones, or, when those all have one name (a `step`), "
-    "the ranges directly inside them. PyTorch's own ranges (Optimizer.step#…, Optimizer.zero_grad#…, "
-    "ProfilerStep#…, aten::…) are never phases while the program has ranges of its own; Optimizer.step#… "
-    "stands in for the optimizer phase when no phase holds it; `warmup` is never a phase."
+    "Phases: the --phase ranges when given (asked); else the ranges opened with profiler_kit.phase (marked); "
+    "else the program's own ranges (torch.cuda.nvtx, nvtx, record_function) on each process's main thread: the "
+    "outermost ones, or, when those all have one name (a `step`), the ranges directly inside them (program); "
+    "else the recorder's automatic marks forward, backward, optimizer_step (auto). PyTorch's and libraries' "
+    "ranges (Optimizer.*, ProfilerStep#…, aten::…, autograd::…, nccl…, c10d::…, DDP's, FSDP's) are never "
+    "phases; `warmup` is never a phase."
 )
 
 

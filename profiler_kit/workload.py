@@ -30,9 +30,9 @@ from profiler_kit.model import ATTENTION_IMPLS, TransformerLM
 from profiler_kit.names import MASTER_WEIGHTS, OPTIMIZER_KWARGS, OPTIMIZERS, phases_for
 from profiler_kit.names import MODES as MODES  # re-exported: the workload's names, also read from here
 from profiler_kit.names import PHASES as PHASES
+from profiler_kit.nvtx_ranges import nvtx_range, set_enabled
 from profiler_kit.overlap import BlockOptimizers, block_groups
 from profiler_kit.presets import DEFAULT_BATCH_SIZE, from_name
-from profiler_kit.recording.ranges import nvtx_range, set_enabled
 from profiler_kit.step_graph import StepGraph, on_stream
 
 # AdamW settings of a typical LM run; they do not change the step's cost.

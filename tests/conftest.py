@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -42,6 +43,35 @@ def nsys() -> NsysInstall:
             why = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit status {proc.returncode}"
             pytest.skip(f"no nsys found, and {NSYS_INSTALLER.relative_to(REPO)} could not install one: {why}")
     return find_nsys(NSYS_PREFIX / NSYS_IN_PREFIX)
+
+
+@pytest.fixture(scope="session")
+def nvtx_shim(nsys, tmp_path_factory) -> tuple[Path, Path]:
+    """(shim library, wrapper script): `python WRAPPER LIB PROGRAM ARGS` runs PROGRAM with profiler_kit's NVTX
+    ranges and marks going through tests/fixtures/nsys/nvtx_shim.c, which Debian's nsys 2022.4 records (it drops
+    the `nvtx` package's). Skips without gcc or the nvtx3 headers of the nsys package."""
+    gcc = shutil.which("gcc")
+    include = nsys.path.resolve().parent / "nvtx" / "include"  # target-linux-x64/nvtx/include/nvtx3
+    if gcc is None or not (include / "nvtx3").is_dir():
+        pytest.skip("needs gcc and the nvtx3 headers of the Debian nsys package")
+    folder = tmp_path_factory.mktemp("nvtx_shim")
+    lib = folder / "libshim.so"
+    subprocess.run([gcc, "-shared", "-fPIC", "-I", str(include), "-o", str(lib),
+                    str(REPO / "tests" / "fixtures" / "nsys" / "nvtx_shim.c"), "-ldl"], check=True)
+    wrapper = folder / "with_shim.py"
+    wrapper.write_text(
+        "import ctypes, runpy, sys\nfrom profiler_kit import nvtx_ranges\n"
+        "shim = ctypes.CDLL(sys.argv[1])\n"
+        "shim.pk_start.restype = ctypes.c_ulonglong\n"
+        "shim.pk_start.argtypes = [ctypes.c_char_p, ctypes.c_longlong, ctypes.c_int]\n"
+        "shim.pk_end.argtypes = [ctypes.c_ulonglong]\n"
+        "nvtx_ranges._push = lambda name, marked=False: shim.pk_push(name.encode(), int(marked))\n"
+        "nvtx_ranges._pop = lambda marked=False: shim.pk_pop(int(marked))\n"
+        "nvtx_ranges._start = lambda name, number: shim.pk_start(name.encode(), number or 0, number is not None)\n"
+        "nvtx_ranges._end = lambda handle: shim.pk_end(handle)\n"
+        "nvtx_ranges._mark = lambda message, category: shim.pk_mark(message.encode(), category.encode())\n"
+        "sys.argv = sys.argv[2:]\nrunpy.run_path(sys.argv[0], run_name='__main__')\n")
+    return lib, wrapper
 
 
 @pytest.fixture(scope="session")

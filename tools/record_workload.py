@@ -13,8 +13,8 @@ import pickle
 
 import torch
 
+from profiler_kit.nvtx_ranges import set_record_function
 from profiler_kit.presets import PRESETS
-from profiler_kit.recording.ranges import set_record_function
 from profiler_kit.workload import MODES, Workload, WorkloadConfig, synchronize
 
 MEMORY_HISTORY_ENTRIES = 100_000

@@ -32,7 +32,7 @@ import math
 import torch
 
 from profiler_kit.errors import ProfilerKitError
-from profiler_kit.recording.ranges import nvtx_range
+from profiler_kit.nvtx_ranges import nvtx_range
 
 MIN_HEAD_DIM = 16
 MAX_HEAD_DIM = 128

@@ -96,7 +96,7 @@ def memory_cmd(click_ctx: click.Context, model, ctx, mode, batch_size, mixed_pre
         raise click.UsageError(f"{', '.join(misplaced)}: options of -- COMMAND")
     from profiler_kit.memory import analyze_file, write_html
     from profiler_kit.memory.html import MEMORY_VIZ_URL
-    from profiler_kit.memory.recorder import record, require_cuda
+    from profiler_kit.recording.builtin import record_memory, require_cuda
     from profiler_kit.render import console_err, emit_report, say
     from profiler_kit.workload import WorkloadConfig
 
@@ -104,7 +104,7 @@ def memory_cmd(click_ctx: click.Context, model, ctx, mode, batch_size, mixed_pre
                          nvtx, optimizer, cuda_graphs=cuda_graphs)
     require_cuda(cfg)
     with console_err.status("recording") as status:
-        result = record(cfg, steps, warmup, max_entries, output_dir, on_progress=status.update)
+        result = record_memory(cfg, steps, warmup, max_entries, output_dir, on_progress=status.update)
     report = analyze_file(result.snapshot_path, top)
     written = [result.snapshot_path, result.sidecar_path]
     if plot:
@@ -115,8 +115,9 @@ def memory_cmd(click_ctx: click.Context, model, ctx, mode, batch_size, mixed_pre
     say(f"wrote {', '.join(map(str, written))} (the pickle also opens at {MEMORY_VIZ_URL})")
     if result.oom:
         oom = result.oom
-        raise ProfilerKitError(f"out of memory in {oom['phase']} of recorded step {oom['step'] + 1} "
-                               f"({oom['summary']}); the snapshot was saved anyway: {result.snapshot_path}")
+        where = f"recorded step {oom['step'] + 1}" if oom["step"] >= 0 else "a warm-up step"
+        raise ProfilerKitError(f"out of memory in {oom['phase']} of {where} ({oom['summary']}); the snapshot "
+                               f"was saved anyway: {result.snapshot_path}")
 
 
 def _record_program(command: list[str], output: Path | None, max_entries: int, force: bool, top: int,
@@ -141,7 +142,7 @@ def _record_program(command: list[str], output: Path | None, max_entries: int, f
     peaks = []
     for position, path in enumerate(run.files):
         report = analyze_file(path, top)
-        report.notes.append(run.window.describe())
+        report.notes.extend(run.window.summary_notes())
         emit_report(report, fmt)
         peaks.append(rank_peak(report, position))
     if len(peaks) > 1:

@@ -198,7 +198,7 @@ def _report(result: ProfileResult, fmt: str, top: int, with_flops: Callable | No
 
     summary = summarize(result.summary_source, top=top, phases=list(result.phases))
     _refuse_empty(summary, result.backend, result.window)
-    summary.notes.append(result.window.describe())
+    summary.notes.extend(result.window.summary_notes())
     if with_flops is not None:
         with_flops(summary)
     emit_report(summary, fmt)
@@ -223,8 +223,11 @@ def _report_program(run: ProgramRun, fmt: str, top: int, phases: list[str] | Non
         kept = "the summary covers what was recorded" if run.sources else "nothing was recorded"
         say(f"the program exited with status {run.exit_code}; {kept}")
     if not run.sources:
+        for line in run.window.notes:  # what the recorder could not record, and why
+            say(f"note: {line}")
         if run.exit_code == 0:
-            raise ProfilerKitError("the command wrote no trace: it started no Python program that imports torch")
+            why = "the recorder failed" if run.window.notes else "it started no Python program that imports torch"
+            raise ProfilerKitError(f"the command wrote no trace: {why}")
         return run.exit_code
     from profiler_kit.kernels import summarize_trace
     from profiler_kit.kernels.ranks import rank_traces, summarize_ranks
@@ -233,13 +236,13 @@ def _report_program(run: ProgramRun, fmt: str, top: int, phases: list[str] | Non
     if len(ranks) > 1 or ".rank" in run.sources[0].name:
         ranked = summarize_ranks(ranks, top=top, phases=phases)
         for summary in ranked.summaries:
-            summary.notes.append(run.window.describe())
+            summary.notes.extend(run.window.summary_notes())
         emit_report(ranked, fmt)
         return run.exit_code
     summary = summarize_trace(ranks[0][1], top=top, phases=phases)
     if run.exit_code == 0:
         _refuse_empty(summary, run.backend, run.window)
-    summary.notes.append(run.window.describe())
+    summary.notes.extend(run.window.summary_notes())
     if flops_per_step is not None:
         summary.add_flops(per_step=flops_per_step, peak_tflops=peak_tflops)
     emit_report(summary, fmt)

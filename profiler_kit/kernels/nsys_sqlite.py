@@ -25,10 +25,20 @@ from profiler_kit.kernels.trace import (
     NO_LAUNCH,
     KernelTrace,
     LaunchMatcher,
+    auto_names,
     blocks,
     kernel_frame,
     memory_frame,
     range_frame,
+)
+from profiler_kit.names import (
+    AUTO_CATEGORY,
+    AUTO_PREFIX,
+    KIND_AUTO,
+    KIND_PHASE,
+    KIND_PROGRAM,
+    MARK_DOMAIN,
+    PROCESS_CATEGORY,
 )
 
 KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
@@ -41,12 +51,15 @@ NAME_COLUMNS = ("demangledName", "shortName", "name")
 PROCESS_MASK = ~0xFFFFFF
 # Names of the API calls that launch kernels contain this (SQL LIKE pattern).
 LAUNCH_CALLS = "%Launch%"
-# ENUM_NSYS_EVENT_TYPE's ids for NvtxPushPopRange and NvtxDomainCreate, stable across schema versions; read
-# from the enum when the export has it.
+# ENUM_NSYS_EVENT_TYPE's ids of the NVTX events read, stable across schema versions; read from the enum when
+# the export has it.
 PUSH_POP_EVENT = 59
+START_END_EVENT = 60
 DOMAIN_CREATE_EVENT = 75
-# The NVTX domain of the ranges `profiler_kit.phase` opens.
-PHASE_DOMAIN = "profiler_kit"
+CATEGORY_EVENT = 33
+MARK_EVENT = 34
+# The NVTX domain of the ranges `profiler_kit.phase` opens and of the recorder's marks.
+PHASE_DOMAIN = MARK_DOMAIN
 SOURCE = "nsys-sqlite"
 # Columns an export must have for its tables to be read at all.
 REQUIRED_COLUMNS = {KERNEL_TABLE: {"start", "end"}, NVTX_TABLE: {"start", "end", "eventType"},
@@ -58,7 +71,8 @@ FIELD_TYPES = {
     KERNEL_TABLE: {"correlationId": ANY_ID, "globalPid": ANY_ID, "streamId": ANY_ID,
                    **{name: ("integer", "text") for name in NAME_COLUMNS}},
     RUNTIME_TABLE: {"correlationId": ANY_ID, "globalTid": ANY_ID, "nameId": ("integer",)},
-    NVTX_TABLE: {"eventType": ("integer",), "text": ("text", "null"), "textId": ANY_ID, "globalTid": ANY_ID},
+    NVTX_TABLE: {"eventType": ("integer",), "text": ("text", "null"), "textId": ANY_ID, "globalTid": ANY_ID,
+                 "domainId": ANY_ID, "category": ANY_ID},
     "StringIds": {"id": ("integer",), "value": ("text",)},
     MEMORY_TABLES["memcpy"]: {"copyKind": ANY_ID},
 }
@@ -137,13 +151,17 @@ def _load(con: sqlite3.Connection, path: Path) -> KernelTrace:
     check_fields(con, schema)
     cuda_traced = KERNEL_TABLE in schema or RUNTIME_TABLE in schema
     notes: list[str] = []
+    ranges, ranks, nodes = (_ranges(con, schema, notes) if NVTX_TABLE in schema
+                            else (range_frame([], [], [], [], []), {}, {}))
     return KernelTrace(
         source=SOURCE,
         path=path,
         kernels=_kernels(con, schema, notes) if KERNEL_TABLE in schema else kernel_frame([], [], [], []),
-        ranges=_ranges(con, schema, notes) if NVTX_TABLE in schema else range_frame([], [], [], [], []),
+        ranges=ranges,
         memory_ops=_memory_ops(con, schema, notes) if cuda_traced else None,
         notes=notes,
+        process_ranks=ranks,
+        process_nodes=nodes,
     )
 
 
@@ -275,9 +293,13 @@ def _event_type(con: sqlite3.Connection, schema: dict[str, set[str]], name: str,
     return default
 
 
-def _ranges(con: sqlite3.Connection, schema: dict[str, set[str]], notes: list[str]) -> pd.DataFrame:
-    """NVTX push/pop ranges; a range never popped (no end) lasts to the end of the report. `marked`: pushed in
-    the PHASE_DOMAIN domain, whose id the domain's create event gives per process."""
+def _ranges(con: sqlite3.Connection, schema: dict[str, set[str]],
+            notes: list[str]) -> tuple[pd.DataFrame, dict[int, int], dict[int, int]]:
+    """NVTX ranges, and the rank and node each process marked itself with. Push/pop ranges are the program's,
+    or phases when pushed in the MARK_DOMAIN domain (whose id the domain's create event gives per process);
+    start/end ranges of that domain's `auto` category (or, without the domain, named with AUTO_PREFIX) are the
+    recorder's automatic marks, a step's number as their int64 payload; other start/end ranges are left out. A
+    range never closed (no end) lasts to the end of the report."""
     cols = schema[NVTX_TABLE]
     text = "n.text" if "text" in cols else "NULL"
     if "textId" in cols and "StringIds" in schema:
@@ -286,34 +308,82 @@ def _ranges(con: sqlite3.Connection, schema: dict[str, set[str]], notes: list[st
         name, join = text, ""
     tid = "coalesce(n.globalTid, 0)" if "globalTid" in cols else "0"
     usable = f"{_time('n.start')} AND (n.end IS NULL OR ({_time('n.end')} AND n.end >= n.start))"
-    event = _event_type(con, schema, "NvtxPushPopRange", PUSH_POP_EVENT)
     domain = "n.domainId" if "domainId" in cols else "NULL"
+    category = "n.category" if "category" in cols else "NULL"
+    payload = "coalesce(" + ", ".join(
+        [f"n.{c}" for c in ("int64Value", "uint64Value", "int32Value", "uint32Value") if c in cols] + ["NULL"]) + ")"
+    push_pop, start_end = (_event_type(con, schema, "NvtxPushPopRange", PUSH_POP_EVENT),
+                           _event_type(con, schema, "NvtxStartEndRange", START_END_EVENT))
     rows = con.execute(
-        f"SELECT n.start, n.end, {name}, {tid}, {usable}, {domain} FROM {NVTX_TABLE} AS n {join} "
-        f"WHERE n.eventType = ? AND {name} IS NOT NULL",
-        (event,),
+        f"SELECT n.start, n.end, {name}, {tid}, {usable}, {domain}, {category}, {payload}, n.eventType "
+        f"FROM {NVTX_TABLE} AS n {join} WHERE n.eventType IN (?, ?) AND {name} IS NOT NULL",
+        (push_pop, start_end),
     ).fetchall()
-    phase_domains = set(con.execute(
+    ours = set(con.execute(
         f"SELECT {domain}, {tid} & {PROCESS_MASK} FROM {NVTX_TABLE} AS n {join} WHERE n.eventType = ? AND {name} = ?",
         (_event_type(con, schema, "NvtxDomainCreate", DOMAIN_CREATE_EVENT), PHASE_DOMAIN),
     ).fetchall())
+    categories = {(d, pid, c): n for d, pid, c, n in con.execute(
+        f"SELECT {domain}, {tid} & {PROCESS_MASK}, {category}, {name} FROM {NVTX_TABLE} AS n {join} "
+        "WHERE n.eventType = ?", (_event_type(con, schema, "NvtxCategory", CATEGORY_EVENT),)) if (d, pid) in ours}
     bad = sum(1 for row in rows if not row[4])
     if bad:
         notes.append(f"skipped {bad:,} of {len(rows):,} NVTX ranges without a usable start and end time")
-    rows = [row for row in rows if row[4]]
-    unclosed = sum(1 for row in rows if row[1] is None)
+    kept, kinds, numbers = [], [], []
+    for row in rows:
+        if not row[4]:
+            continue
+        process = row[3] & PROCESS_MASK
+        if row[8] == push_pop:
+            kind = KIND_PHASE if (row[5], process) in ours else KIND_PROGRAM
+        elif categories.get((row[5], process, row[6])) == AUTO_CATEGORY or str(row[2]).startswith(AUTO_PREFIX):
+            kind = KIND_AUTO
+        else:
+            continue
+        kept.append(row)
+        kinds.append(kind)
+        numbers.append(row[7] if kind == KIND_AUTO and isinstance(row[7], int) else None)
+    unclosed = sum(1 for row in kept if row[1] is None)
     if unclosed:
-        notes.append(f"{unclosed:,} of {len(rows):,} NVTX ranges were never closed: each is taken to last to the "
+        notes.append(f"{unclosed:,} of {len(kept):,} NVTX ranges were never closed: each is taken to last to the "
                      "end of the report, so phase times that include them may exceed the total")
-    starts = np.array([row[0] for row in rows], dtype=np.int64)
-    known_ends = [row[1] for row in rows if row[1] is not None]
+    starts = np.array([row[0] for row in kept], dtype=np.int64)
+    known_ends = [row[1] for row in kept if row[1] is not None]
     last = max(int(starts.max(initial=0)), max(known_ends, default=0))
-    ends = np.array([last if row[1] is None else row[1] for row in rows], dtype=np.int64)
-    tids = np.array([row[3] for row in rows], dtype=np.int64)
-    ranges = range_frame([row[2] for row in rows], starts, ends, tids & PROCESS_MASK, tids)
-    ranges["marked"] = [(row[5], tid & PROCESS_MASK) in phase_domains for row, tid in zip(rows, tids.tolist(),
-                                                                                        strict=True)]
-    return ranges
+    ends = np.array([last if row[1] is None else row[1] for row in kept], dtype=np.int64)
+    tids = np.array([row[3] for row in kept], dtype=np.int64)
+    names, prefixed, prefixed_numbers = auto_names(pd.Series([row[2] for row in kept], dtype=object))
+    numbers = [p if prefix else n for n, p, prefix in zip(numbers, prefixed_numbers, prefixed, strict=True)]
+    ranges = range_frame(names, starts, ends, tids & PROCESS_MASK, tids, kinds, numbers)
+    ranks, nodes = _places(con, schema, name, join, tid, domain, category, ours, categories)
+    return ranges, ranks, nodes
+
+
+def _places(con: sqlite3.Connection, schema: dict[str, set[str]], name: str, join: str, tid: str, domain: str,
+            category: str, ours: set, categories: dict) -> tuple[dict[int, int], dict[int, int]]:
+    """Process id → RANK and → node, from the marks each recorded process left (`rank=R world_size=W ...` in
+    the MARK_DOMAIN domain's `process` category, or prefixed `profiler_kit::process ` without the domain)."""
+    ranks: dict[int, int] = {}
+    nodes: dict[int, int] = {}
+    marks = con.execute(
+        f"SELECT {tid} & {PROCESS_MASK}, {domain}, {category}, {name} FROM {NVTX_TABLE} AS n {join} "
+        "WHERE n.eventType = ?", (_event_type(con, schema, "NvtxMark", MARK_EVENT),)).fetchall()
+    prefix = f"{AUTO_PREFIX}{PROCESS_CATEGORY} "
+    for process, mark_domain, mark_category, text in marks:
+        if not isinstance(text, str):
+            continue
+        if categories.get((mark_domain, process, mark_category)) == PROCESS_CATEGORY:
+            fields = text
+        elif text.startswith(prefix):
+            fields = text[len(prefix):]
+        else:
+            continue
+        said = dict(part.split("=", 1) for part in fields.split() if "=" in part)
+        if said.get("rank", "").isdigit():
+            ranks[process] = int(said["rank"])
+        if said.get("node", "").isdigit():
+            nodes[process] = int(said["node"])
+    return ranks, nodes
 
 
 def _memory_ops(con: sqlite3.Connection, schema: dict[str, set[str]], notes: list[str]) -> pd.DataFrame:

@@ -1,21 +1,22 @@
-"""Which NVTX ranges are a report's phases: one rule for every report, whatever recorded it.
+"""Which NVTX ranges are a report's phases: one rule for every report, whatever recorded it (`names.PHASE_RULE`).
 
-1. The ranges asked for by name (`--phase`).
-2. Else the ranges opened with `profiler_kit.phase` (the readers mark them: the `profiler_kit` NVTX domain in
-   an nsys export, the phase list in a torch.profiler trace's metadata).
-3. Else the built-in workload's names, `forward`, `backward`, `optimizer_step`, with the ranges beside them
-   (a program's `forward`, `backward`, `optimizer` are three phases).
-4. Else the program's own ranges on each process's main thread: the outermost ones, or, while those all
-   have one name (a `step` holding `fwd`, `bwd`, `opt`), the ranges directly inside them.
+1. `asked`: the ranges asked for by name (`--phase`).
+2. `marked`: else the ranges opened with `profiler_kit.phase` (the readers give them the kind `phase`: the
+   `profiler_kit` NVTX domain in an nsys export, the phase list in a torch.profiler trace's metadata).
+3. `program`: else the program's own ranges (`torch.cuda.nvtx`, the `nvtx` package, `record_function`) on each
+   process's main thread: the outermost ones, or, while those all have one name (a `step` holding `fwd`, `bwd`,
+   `opt`), the ranges directly inside them; where some are named `forward`, `backward` or `optimizer_step`,
+   those and the ranges beside them.
+4. `auto`: else the recorder's automatic marks (kind `auto`): `forward`, `backward`, `optimizer_step`.
+5. `none`: else no phases.
 
-PyTorch's own ranges (`Optimizer.step#…`, `Optimizer.zero_grad#…`, `ProfilerStep#…`, DDP's, `aten::…`) are
-never phases while the program has ranges of its own; `Optimizer.step#…` stands in for the optimizer phase
-when no phase holds it. `warmup` is never a phase.
+PyTorch's and libraries' ranges (`names.LIBRARY_RANGES`: `Optimizer.*`, `ProfilerStep#…`, `aten::…`,
+`autograd::…`, NCCL's `nccl…`, `c10d::…`, DDP's, FSDP's, compiled regions) are never phases and never proposed
+in the note about a range left out; `warmup` is never a phase.
 """
 
 from __future__ import annotations
 
-import re
 import shlex
 from dataclasses import dataclass, field
 
@@ -23,36 +24,42 @@ import numpy as np
 import pandas as pd
 
 from profiler_kit.kernels.attribution import RangeIndex, launches_in
-from profiler_kit.kernels.categories import OPTIMIZER_STEP
+from profiler_kit.names import KIND_AUTO, KIND_PHASE, KIND_PROGRAM, LIBRARY_RANGES, NOT_PHASES, PHASES
 
-BUILTIN_PHASES = ("forward", "backward", "optimizer_step")
-# Top-level ranges that hold no step of the program.
-NOT_PHASES = ("warmup",)
-# Ranges PyTorch opens by itself: the optimizer's methods, the profiler's steps, DDP/FSDP wrappers, operators,
-# collectives and compiled regions.
-PYTORCH_RANGES = re.compile(
-    r"^(?:Optimizer\.|ProfilerStep#|aten::|c10d::|gloo:|nccl:|autograd::|DistributedDataParallel\.|"
-    r"FullyShardedDataParallel|FSDP::|Torch-Compiled Region|CompiledFunction|## )"
-)
+BUILTIN_PHASES = PHASES
 # More distinct names than this at the phase level are not phases (e.g. one range per item); none are chosen.
 MAX_FOUND_PHASES = 64
 # A range outside the phases holding more than this share of the time is named in a note.
 LEFT_OUT_PCT = 5.0
+# What each rule's note says chose the phases (the rule itself: `names.PHASE_RULE`).
+RULE_NOTES = {
+    "asked": "the --phase ranges",
+    "marked": "the ranges opened with profiler_kit.phase",
+    "program": "the program's own ranges (no profiler_kit.phase ranges)",
+    "auto": "the recorder's automatic marks (the program has no ranges of its own)",
+}
 
 
 @dataclass
 class PhaseChoice:
-    """The phases of a report, in order, and which rule chose them (`asked`, `marked`, `built-in`,
-    `program`, `pytorch` or `none`)."""
+    """The phases of a report, in order, and which rule chose them (`asked`, `marked`, `program`, `auto` or
+    `none`)."""
 
     names: list[str]
     rule: str
     notes: list[str] = field(default_factory=list)
 
 
-def _pytorch_own(names: pd.Series) -> np.ndarray:
-    """Which range names PyTorch opened by itself."""
-    return names.str.contains(PYTORCH_RANGES, na=False).to_numpy(dtype=bool)
+def _kinds(index: RangeIndex) -> np.ndarray:
+    ranges = index.ranges
+    if "kind" in ranges.columns:
+        return ranges["kind"].to_numpy(dtype=object)
+    return np.where(index.marked(), KIND_PHASE, KIND_PROGRAM)
+
+
+def library(names: pd.Series) -> np.ndarray:
+    """Which range names PyTorch or a library opened by themselves."""
+    return names.str.match(LIBRARY_RANGES, na=False).to_numpy(dtype=bool)
 
 
 def choose_phases(index: RangeIndex, asked: list[str] | tuple[str, ...] | None = None) -> PhaseChoice:
@@ -60,27 +67,38 @@ def choose_phases(index: RangeIndex, asked: list[str] | tuple[str, ...] | None =
     if asked is not None:
         return PhaseChoice(list(dict.fromkeys(asked)), "asked")
     names = index.names()
-    own = ~_pytorch_own(names)
-    marked = index.marked()
+    kinds = _kinds(index)
+    marked = kinds == KIND_PHASE
+    own = (kinds == KIND_PROGRAM) & ~library(names) & ~names.isin(NOT_PHASES).to_numpy()
+    auto = (kinds == KIND_AUTO) & names.isin(PHASES).to_numpy()
     if marked.any():
         chosen, rule = _level(index, marked), "marked"
-    elif (own & names.isin(BUILTIN_PHASES).to_numpy()).any():
-        chosen, rule = _beside_builtin(index, own), "built-in"
+    elif (own & names.isin(PHASES).to_numpy()).any():
+        chosen, rule = _beside_builtin(index, own), "program"
     elif own.any():
         chosen, rule = _level(index, own), "program"
     else:
-        chosen, rule = np.zeros(len(names), dtype=bool), "none"
+        chosen, rule = auto, "auto"
     found = list(dict.fromkeys(index.ranges.loc[chosen].sort_values("start_ns", kind="stable")["name"]))
     notes = []
     if len(found) > MAX_FOUND_PHASES:
         notes.append(f"the ranges at the phase level have {len(found):,} names, too many to be phases: none are "
                      "shown per phase; name the phases with --phase")
         found = []
-    stand_in = _optimizer_stand_in(index, found)
-    if stand_in:
-        rule = "pytorch" if not found else rule
-        found += stand_in
-    return PhaseChoice(found, rule if found else "none", notes)
+    if not found:
+        return PhaseChoice([], "none", notes)
+    return PhaseChoice(found, rule, [f"phases: {RULE_NOTES[rule]}", *notes])
+
+
+def phase_index(index: RangeIndex, choice: PhaseChoice) -> RangeIndex:
+    """The ranges the phases are counted in: of the ranges named like a phase, only those of the kind the rule
+    chose (the recorder's automatic `forward` does not add to a program's own `forward` phase, nor theirs to the
+    marks'); every range when the phases were asked for by name."""
+    kind = {"marked": KIND_PHASE, "program": KIND_PROGRAM, "auto": KIND_AUTO}.get(choice.rule)
+    if kind is None:
+        return index
+    other = index.names().isin(choice.names).to_numpy() & (_kinds(index) != kind)
+    return RangeIndex(index.ranges[~other]) if other.any() else index
 
 
 def _main_threads(index: RangeIndex, outer: np.ndarray) -> np.ndarray:
@@ -118,21 +136,6 @@ def _beside_builtin(index: RangeIndex, own: np.ndarray) -> np.ndarray:
     return own & same_thread & np.isin(enclosing, enclosing[builtin]) & ~names.isin(NOT_PHASES).to_numpy()
 
 
-def _optimizer_stand_in(index: RangeIndex, phases: list[str]) -> list[str]:
-    """`Optimizer.step#…` names when some of their ranges lie in no phase range (nothing else names the
-    optimizer phase)."""
-    names = index.names()
-    steps = np.flatnonzero(names.str.contains(OPTIMIZER_STEP, na=False).to_numpy(dtype=bool))
-    if not len(steps):
-        return []
-    phase_ids = np.flatnonzero(names.isin(phases).to_numpy())
-    ranges = index.ranges
-    inside, _ = index.containing(ranges["start_ns"].to_numpy()[steps], ranges["process"].to_numpy()[steps],
-                                 phase_ids)
-    alone = np.setdiff1d(np.arange(len(steps)), inside)
-    return list(dict.fromkeys(names.to_numpy()[steps[alone]]))
-
-
 def left_out(kernels: pd.DataFrame, index: RangeIndex, phases: list[str], steps: np.ndarray,
              outside: np.ndarray, total_ns: int, timed: str) -> list[str]:
     """Notes naming each range outside the phases that holds more than LEFT_OUT_PCT of `total_ns` among the
@@ -147,7 +150,7 @@ def left_out(kernels: pd.DataFrame, index: RangeIndex, phases: list[str], steps:
     while len(up := up[up >= 0]):
         encloses_phase[up] = True
         up = index.parent[up]
-    eligible = ~is_phase & ~encloses_phase
+    eligible = ~is_phase & ~encloses_phase & (_kinds(index) == KIND_PROGRAM) & ~library(names)
     eligible[steps] = False
     outermost = eligible & (index.nearest_in(eligible) < 0)
     rows, owners = launches_in(kernels.iloc[outside].reset_index(drop=True), index, np.flatnonzero(outermost))

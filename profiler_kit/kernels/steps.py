@@ -1,9 +1,10 @@
 """The steps of a report: its repeating outer range, one row per step, warm-up told apart from the steady state.
 
-The steps are the ranges that directly hold the phases (the program's `step`, the built-in workload's steps,
-`ProfilerStep#N` when nothing of the program's lies between), when they all have one name and repeat; else
-torch.profiler's `ProfilerStep#N` ranges. Only the outermost of these count: a range of the step's name
-nested inside a step is part of that step.
+The steps are the ranges that directly hold the phases (the recorder's step marks for its automatic marks, the
+program's `step`, `ProfilerStep#N` when nothing of the program's lies between), when they all have one name and
+repeat; else the recorder's step marks (kind `auto`, named `step`: the steps of `profiler_kit.capture`, else one
+per optimizer step of the program); else torch.profiler's `ProfilerStep#N` ranges. Only the outermost of these
+count: a range of the step's name nested inside a step is part of that step.
 
 Steps are numbered as the program counted them, from 0 (what `profiler_kit.capture(warmup=2, steps=2)` calls
 steps 2 and 3): the number the recorder gave each step range (the ranges' `number` column), else torch.profiler's
@@ -24,6 +25,7 @@ import pandas as pd
 
 from profiler_kit.kernels.attribution import RangeIndex, launches_by_group
 from profiler_kit.kernels.idle import spans_by_owner
+from profiler_kit.names import KIND_AUTO, STEP
 
 PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
 # A leading step slower than this many times the later steps' median is warm-up.
@@ -50,9 +52,12 @@ def find_steps(index: RangeIndex, phases: list[str]) -> np.ndarray:
     is_phase = names.isin(phases).to_numpy()
     holders = index.nearest_in(~is_phase)[is_phase]
     holders = holders[holders >= 0]
+    recorded = (ranges["kind"] == KIND_AUTO).to_numpy() & (names == STEP).to_numpy() if "kind" in ranges else None
     if len(holders) and len(set(keys[holders])) == 1:
         threads = pd.MultiIndex.from_frame(ranges[["process", "thread"]])
         chosen = (keys == keys[holders[0]]) & threads.isin(threads[holders])
+    elif recorded is not None and recorded.any():  # the recorder's step marks: the program's steps
+        chosen = recorded
     else:
         chosen = names.str.match(PROFILER_STEP, na=False).to_numpy(dtype=bool)
     chosen = chosen & (index.nearest_in(chosen) < 0)
@@ -91,10 +96,23 @@ def warm_rows(table: pd.DataFrame) -> np.ndarray:
 
 
 def inside_steps(index: RangeIndex, steps: np.ndarray) -> np.ndarray:
-    """Which ranges lie inside one of the step ranges `steps` (the steps themselves not included)."""
-    is_step = np.zeros(len(index.ranges), dtype=bool)
-    is_step[steps] = True
-    return index.nearest_in(is_step) >= 0
+    """Which ranges lie, in time, inside one of the step ranges `steps` of their process (the steps themselves not
+    included): by time, not nesting, since the recorder's step marks are a lane apart from the program's thread."""
+    ranges = index.ranges
+    starts, ends = ranges["start_ns"].to_numpy(), ranges["end_ns"].to_numpy()
+    processes = ranges["process"].to_numpy()
+    inside = np.zeros(len(ranges), dtype=bool)
+    for process in np.unique(processes[steps]):
+        mine = steps[processes[steps] == process]
+        mine = mine[np.argsort(starts[mine], kind="stable")]
+        candidates = np.flatnonzero(processes == process)
+        # The last step to start at or before each range; steps of one process do not overlap.
+        at = np.searchsorted(starts[mine], starts[candidates], side="right") - 1
+        ok = at >= 0
+        ok[ok] = ends[candidates[ok]] <= ends[mine[at[ok]]]
+        inside[candidates[ok]] = True
+    inside[steps] = False
+    return inside
 
 
 def step_title(table: pd.DataFrame) -> str:

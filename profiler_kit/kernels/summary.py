@@ -39,7 +39,7 @@ from profiler_kit.kernels.attribution import RangeIndex, membership
 from profiler_kit.kernels.categories import CATEGORIES, categorize, optimizer_work
 from profiler_kit.kernels.cpu_ops import profiler_overhead
 from profiler_kit.kernels.idle import phase_idle
-from profiler_kit.kernels.phases import PhaseChoice, choose_phases, left_out
+from profiler_kit.kernels.phases import PhaseChoice, choose_phases, left_out, phase_index
 from profiler_kit.kernels.sources import load
 from profiler_kit.kernels.steps import (
     NUMBERED_HERE,
@@ -358,6 +358,8 @@ def summarize_trace(
     if nvtx is not None:
         kernels, sub_ranges = _inside(kernels, index, trace, nvtx)
     choice = choose_phases(index, phases) if index is not None else PhaseChoice([], "none")
+    if index is not None:
+        index = phase_index(index, choice)
     notes += choice.notes
     summary = KernelSummary(
         source=trace.source, path=trace.path, kernels=by_name(kernels), phases=None, phase_names=choice.names,

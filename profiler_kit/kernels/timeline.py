@@ -31,7 +31,7 @@ from profiler_kit.errors import ProfilerKitError, UsageProblem
 from profiler_kit.files import replaced_when_complete
 from profiler_kit.kernels.attribution import RangeIndex, launches_in
 from profiler_kit.kernels.categories import categorize, optimizer_work
-from profiler_kit.kernels.phases import choose_phases
+from profiler_kit.kernels.phases import choose_phases, phase_index
 from profiler_kit.kernels.steps import find_steps, step_numbers
 from profiler_kit.kernels.trace import NO_LAUNCH, KernelTrace
 
@@ -96,7 +96,11 @@ def _step_bounds(trace: KernelTrace, steps: tuple[int | None, int | None],
                  phases: list[str] | None) -> tuple[int, int]:
     """From the start of the first step asked for to the end of the last, over the report's processes."""
     index = RangeIndex(trace.ranges) if trace.ranges is not None and len(trace.ranges) else None
-    found = find_steps(index, choose_phases(index, phases).names) if index is not None else np.empty(0, int)
+    found = np.empty(0, int)
+    if index is not None:
+        choice = choose_phases(index, phases)
+        index = phase_index(index, choice)
+        found = find_steps(index, choice.names)
     if not len(found):
         raise ProfilerKitError(f"--steps: {trace.path} has no steps (no repeating range holds its phases); give "
                                "--window START:END in milliseconds instead")
@@ -183,8 +187,9 @@ def _one(trace: KernelTrace, label: str, first_pid: int, phases: list[str] | Non
     if index is not None and len(kernels):
         kernels = kernels.assign(category=category)
         category = optimizer_work(kernels, index)["category"]
+        choice = choose_phases(index, phases)
+        index, chosen = phase_index(index, choice), choice.names
         names = index.names().to_numpy()
-        chosen = choose_phases(index, phases).names
         members, owners = launches_in(kernels, index, np.flatnonzero(np.isin(names, chosen)))
         phase_of[members] = names[owners]
         # One event per phase range: the span of the work launched inside it.

@@ -4,8 +4,11 @@ Complete events (`"ph": "X"`) carry microsecond `ts`/`dur` with nanosecond decim
 `gpu_memcpy` and `gpu_memset`; the CPU calls that launched it are `cuda_runtime` (cudaLaunchKernel) and
 `cuda_driver` (cuLaunchKernel, used by Triton) events, linked to the GPU events by `args.correlation`.
 `record_function` ranges (our NVTX ranges under the torch backend) are `user_annotation` events on the CPU
-thread that opened them; those named in the trace's metadata `"profiler_kit": {"phases": [...]}` were opened
-with `profiler_kit.phase` (column `marked`).
+thread that opened them. Their kind (`trace.range_frame`): the recorder's automatic marks are named
+`profiler_kit::<name>` (`profiler_kit::step#<number>`, the program's step number); those named in the trace's
+metadata `"profiler_kit": {"phases": [...]}` were opened with `profiler_kit.phase`; the rest are the program's.
+The same metadata gives the recording's notes (what the recorder could not record) and the RANK and node
+(GROUP_RANK) of the process, which every process id of the trace's CPU events had.
 
 The events are streamed (`streamed_json`): each is reduced as it is read to the few numbers a summary uses, its
 name to a code into one table of distinct names, so a trace of gigabytes is read in the memory of its numbers.
@@ -33,10 +36,12 @@ from profiler_kit.kernels.trace import (
     NO_LAUNCH,
     KernelTrace,
     LaunchMatcher,
+    auto_names,
     kernel_frame,
     memory_frame,
     range_frame,
 )
+from profiler_kit.names import KIND_AUTO, KIND_PHASE, KIND_PROGRAM
 from profiler_kit.streamed_json import GZIP_MAGIC, NotStrict, OutOfRange, StreamedObject, streamable
 
 LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
@@ -139,16 +144,25 @@ def _phase_names(meta: dict) -> tuple[list[str], list[str]]:
                    "are taken only where it names them"]
 
 
+def _recording(meta: dict) -> dict:
+    """The recorder's notes and the process's rank and node, those of the right types."""
+    recorder = meta.get("profiler_kit")
+    recorder = recorder if isinstance(recorder, dict) else {}
+    said = {key: recorder[key] for key in ("rank", "node") if type(recorder.get(key)) is int}
+    notes = recorder.get("notes")
+    said["notes"] = [line for line in notes if isinstance(line, str)] if isinstance(notes, list) else []
+    return said
+
+
 def _ranges(annotations: pd.DataFrame, meta: dict, notes: list[str]) -> pd.DataFrame:
-    """The NVTX-like ranges (`user_annotation` events: name, start_ns, end_ns, pid, tid) as a `range_frame`, and
-    which of them the recorder's metadata (the trace's members besides its events) names as phases
-    (`marked`)."""
+    """The `ranges` frame of the `user_annotation` events (name, start_ns, end_ns, pid, tid), each with its kind
+    (see the module docstring) as the recorder's metadata (the trace's members besides its events) tells it."""
     phase_names, phase_notes = _phase_names(meta)
     notes += phase_notes
-    ranges = range_frame(annotations["name"].to_numpy(), annotations["start_ns"], annotations["end_ns"],
-                         annotations["pid"], annotations["tid"])
-    ranges["marked"] = ranges["name"].isin(phase_names)
-    return ranges
+    names, auto, numbers = auto_names(pd.Series(annotations["name"].to_numpy(), dtype=object))
+    kinds = np.where(auto, KIND_AUTO, np.where(annotations["name"].isin(phase_names), KIND_PHASE, KIND_PROGRAM))
+    return range_frame(names, annotations["start_ns"], annotations["end_ns"], annotations["pid"],
+                       annotations["tid"], kinds, numbers)
 
 
 def _number(value: object) -> float:
@@ -292,5 +306,11 @@ class _Events:
         # A trace with no CUDA activity at all (a CPU run) cannot say whether memory was copied.
         cuda_traced = counts["kernel"] or counts["launch"] or counts["memory"]
         memory_ops = memory_frame(memory["name"].to_numpy(), memory["dur_ns"].to_numpy()) if cuda_traced else None
-        cpu_ops = cpu_operators(self.kinds["CPU operator"].frame(), annotations)
-        return KernelTrace(SOURCE, path, kernel_rows, ranges, memory_ops, notes, cpu_ops)
+        operators = self.kinds["CPU operator"].frame()
+        cpu_ops = cpu_operators(operators, annotations)
+        said = _recording(meta)
+        notes += [f"the recorder: {line}" for line in said["notes"]]
+        processes = set(ranges["process"]) | set(launches["pid"]) | set(operators["pid"])
+        ranks = {int(p): said["rank"] for p in processes} if "rank" in said else {}
+        nodes = {int(p): said["node"] for p in processes} if "node" in said else {}
+        return KernelTrace(SOURCE, path, kernel_rows, ranges, memory_ops, notes, cpu_ops, ranks, nodes)

@@ -7,6 +7,7 @@ per-name totals. `KernelTrace` holds whatever the source knows, with `None` for 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from profiler_kit.errors import ProfilerKitError
+from profiler_kit.names import AUTO_PREFIX, KIND_AUTO, KIND_PHASE, KIND_PROGRAM
 
 # Kernels a pass over every kernel of a report takes at a time (`blocks`).
 BLOCK_ROWS = 1 << 20
@@ -25,6 +27,7 @@ NO_LAUNCH = -1
 MAX_TOTAL_NS = 2**62
 
 MEMORY_COLUMNS = ("operation", "instances", "total_ns")
+_AUTO_NAME = "^" + re.escape(AUTO_PREFIX) + r"(.+?)(?:#(\d+))?$"
 
 
 @dataclass
@@ -34,13 +37,14 @@ class KernelTrace:
     kernels: one row per kernel execution (`instances` 1) with `launch_ns`/`process` when the source has
         launch times (and `start_ns`, `stream` when it has GPU timestamps), else one row per kernel name with
         totals. Durations are integer nanoseconds.
-    ranges: NVTX push/pop (or record_function) ranges with the process and thread that pushed them; None when
-        the source cannot hold ranges, empty when it could but has none.
+    ranges: NVTX push/pop (or record_function) ranges with the process and thread that pushed them (`range_frame`:
+        their kind and step number too); None when the source cannot hold ranges, empty when it could but has
+        none.
     memory_ops: memcpy/memset totals by operation; None when the source does not say.
     notes: caveats about the source to show beside the summary (rounded times, truncated names).
     cpu_ops: CPU operator calls as a `kernels` frame of self times (torch.profiler traces); None elsewhere.
-    process_ranks, process_nodes: the `RANK` (and node rank) each process (`process` id) had in its job, where
-        the source says; empty otherwise.
+    process_ranks, process_nodes: the `RANK` (and node rank, GROUP_RANK) each process (`process` id) had in its
+        job, as its recorder wrote it; empty where the source does not say.
     clock: the clock the times are on, where the source says (`host NAME` for a torch.profiler trace): traces of
         one clock compare in time; `clock_offset_ns` is added to their times to put them on it.
     """
@@ -229,10 +233,15 @@ def group_sums(keys: np.ndarray, *values: np.ndarray) -> tuple[np.ndarray, list[
 
 
 def range_frame(
-    names: Iterable, start_ns: Iterable, end_ns: Iterable, process: Iterable, thread: Iterable
+    names: Iterable, start_ns: Iterable, end_ns: Iterable, process: Iterable, thread: Iterable,
+    kind: Iterable | None = None, number: Iterable | None = None,
 ) -> pd.DataFrame:
-    """A `ranges` frame: one row per NVTX range, times in integer nanoseconds."""
-    return pd.DataFrame(
+    """A `ranges` frame: one row per NVTX range, times in integer nanoseconds; `kind` (`names.RANGE_KINDS`:
+    `phase`, `auto` or `program`, the default) with `marked` equal to `kind == "phase"`, and `number`, the
+    program's step number of a `step` range the recorder placed (nullable Int64, NA elsewhere). The recorder's
+    automatic marks lie on a lane of their own beside the thread that opened them (`auto_lane`): they open in
+    one hook and close in another, so they need not nest with the thread's push/pop ranges."""
+    frame = pd.DataFrame(
         {
             "name": pd.Series(np.asarray(names, dtype=object), dtype=object),
             "start_ns": np.asarray(start_ns, dtype=np.int64),
@@ -241,6 +250,28 @@ def range_frame(
             "thread": np.asarray(thread, dtype=np.int64),
         }
     )
+    kinds = np.full(len(frame), KIND_PROGRAM, dtype=object) if kind is None else np.asarray(kind, dtype=object)
+    frame["kind"] = kinds
+    frame["marked"] = kinds == KIND_PHASE
+    frame["number"] = pd.array([pd.NA] * len(frame) if number is None else list(number), dtype="Int64")
+    auto = kinds == KIND_AUTO
+    frame.loc[auto, "thread"] = auto_lane(frame["thread"].to_numpy()[auto])
+    return frame
+
+
+def auto_names(names: pd.Series) -> tuple[pd.Series, np.ndarray, list]:
+    """Names of the recorder's automatic marks where they carry its prefix (`profiler_kit::forward`,
+    `profiler_kit::step#3`): the names without it, which are marks, and each one's step number (None
+    elsewhere)."""
+    parts = names.astype(str).str.extract(_AUTO_NAME)
+    auto = parts[0].notna().to_numpy()
+    numbers = [None if pd.isna(n) else int(n) for n in parts[1]]
+    return names.where(~auto, parts[0]), auto, numbers
+
+
+def auto_lane(thread: np.ndarray) -> np.ndarray:
+    """The lane of the automatic marks opened on `thread`: a thread id no real thread has."""
+    return -np.asarray(thread, dtype=np.int64) - 1
 
 
 def memory_frame(operations: Iterable[str], durations_ns: Iterable[int]) -> pd.DataFrame:

@@ -1,10 +1,8 @@
-"""Memory profiling: record CUDA memory history around the workload (`recorder`), load any snapshot safely
-(`snapshot`), rebuild its timeline (`analyze`), place its phases and steps (`phases`, `inferred`), say what each
-allocation holds (`roles`), explain its peak (`tables`, `report`), merge several ranks' snapshots (`ranks`), and
-render it as a PNG (`plot`), a self-contained HTML page (`html`) or beside another snapshot (`compare`). `record`
-and `RecordResult` load torch on first use, so that reading snapshots does not."""
-
-from typing import Any
+"""Memory analysis: load any snapshot safely (`snapshot`), rebuild its timeline (`analyze`), place its phases and
+steps (`phases`, `inferred`), say what each allocation holds (`roles`), explain its peak (`tables`, `report`),
+merge several ranks' snapshots (`ranks`), and render it as a PNG (`plot`), a self-contained HTML page (`html`) or
+beside another snapshot (`compare`). Recording lives in `profiler_kit.recording` (`history`, the recorder inside
+the program; `builtin.record_memory`, the built-in workload)."""
 
 from profiler_kit.memory.analyze import Reconstruction, reconstruct
 from profiler_kit.memory.compare import MemoryComparison, compare
@@ -23,7 +21,6 @@ __all__ = [
     "MemoryComparison",
     "MemoryReport",
     "Reconstruction",
-    "RecordResult",
     "analyze",
     "analyze_file",
     "assign_roles",
@@ -32,15 +29,7 @@ __all__ = [
     "load_snapshot",
     "plot_timeline",
     "reconstruct",
-    "record",
     "report_html",
     "write_html",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    if name in ("record", "RecordResult"):
-        from profiler_kit.memory import recorder
-
-        return getattr(recorder, name)
-    raise AttributeError(f"module 'profiler_kit.memory' has no attribute {name!r}")

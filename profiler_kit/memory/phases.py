@@ -32,11 +32,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
-from profiler_kit.kernels.phases import NOT_PHASES, PYTORCH_RANGES
 from profiler_kit.memory.analyze import BEFORE_TRACE, MIB, Reconstruction
 from profiler_kit.memory.evidence import Marks, phase_kind
 from profiler_kit.memory.inferred import inferred_runs
-from profiler_kit.names import PHASES, STEP
+from profiler_kit.names import LIBRARY_RANGES, NOT_PHASES, PHASES, STEP
 
 BEFORE_TRACE_LABEL = "before trace"
 BEFORE_STEPS_LABEL = "before the steps"
@@ -150,7 +149,7 @@ def _phase_level(ranges: list[_Range]) -> tuple[list[_Range], list[_Range]]:
 
 
 def _is_candidate(name: str) -> bool:
-    return not PYTORCH_RANGES.match(name) and name not in NOT_PHASES and not _STEP_RANGE.match(name)
+    return not LIBRARY_RANGES.match(name) and name not in NOT_PHASES and not _STEP_RANGE.match(name)
 
 
 def annotation_ranges(snapshot: dict, device: int) -> list[tuple[str, int, int, int]]:

@@ -4,7 +4,7 @@
     profiler_kit.instrument(model, depth=2)             # per-block ranges, forward and backward
     cap = profiler_kit.capture(warmup=5, steps=3)       # record steps 5, 6 and 7 only
     for batch in loader:
-        with cap.step():                                # a range `step`
+        with cap.step():                                # a step, numbered from 0
             with profiler_kit.phase("fwd"):
                 loss = model(batch)
             ...
@@ -14,7 +14,9 @@ Every range is an NVTX range (what Nsight Systems records) and, while a torch.pr
 torch.profiler trace's metadata), so that summaries take it as a phase before any other range. Without a
 profiler attached a range costs an NVTX push and pop and a few checks in Python: microseconds, about what
 PyTorch spends launching one kernel. `capture` tells whichever recorder runs the program when to start and
-stop: the `cudaProfilerApi` range under `profiler-kit nsys`, the torch.profiler window under `--backend torch`.
+stop (the `cudaProfilerApi` range under `profiler-kit nsys`, the torch.profiler window under `--backend torch`,
+the memory history under `profiler-kit memory`), and its steps are the program's steps: each is a `step` mark
+(`nvtx_ranges.step_mark`) carrying its number, counted from 0.
 """
 
 from __future__ import annotations
@@ -29,9 +31,8 @@ import torch
 from torch import nn
 
 from profiler_kit.errors import ProfilerKitError
-from profiler_kit.recording.ranges import nvtx_range, pop_range, push_range
+from profiler_kit.nvtx_ranges import mark_end, pop_range, push_range, step_mark
 
-STEP_RANGE = "step"
 # torch warns when a module's inputs need no gradient (an embedding's token ids): its backward range is then
 # empty, which is what `instrument` documents.
 _NO_INPUT_GRAD_WARNING = "Full backward hook is firing when gradients are computed with respect to module outputs"
@@ -55,14 +56,16 @@ class phase(contextlib.ContextDecorator):  # noqa: N801 (used like a function: `
 
 
 class Recorder(Protocol):
-    """What records the program: told that a capture exists, then when the marked steps start and stop
-    (`stop` with how many steps were recorded)."""
+    """What records the program: told that a capture exists (its steps are then the program's), then when the
+    marked steps start and stop (`stop` with how many steps were recorded)."""
 
     def declare(self) -> None: ...
 
     def start(self) -> None: ...
 
     def stop(self, steps: int) -> None: ...
+
+    def describe(self, fields: dict) -> None: ...
 
 
 class CudaProfilerRecorder:
@@ -88,6 +91,9 @@ class CudaProfilerRecorder:
             torch.cuda.synchronize()
             cuda_profiler_stop()
 
+    def describe(self, fields: dict) -> None:
+        return None
+
 
 _recorder: list[Recorder] = [CudaProfilerRecorder()]
 
@@ -99,6 +105,12 @@ def set_recorder(recorder: Recorder) -> None:
 
 def recorder() -> Recorder:
     return _recorder[0]
+
+
+def describe(**fields: object) -> None:
+    """Add `fields` (plain JSON values) to the metadata of the recording the program runs under, where the
+    recorder keeps metadata (the memory snapshot, the torch.profiler trace)."""
+    recorder().describe(fields)
 
 
 class capture:  # noqa: N801 (reads as a call: `cap = profiler_kit.capture(warmup=5, steps=3)`)
@@ -115,15 +127,18 @@ class capture:  # noqa: N801 (reads as a call: `cap = profiler_kit.capture(warmu
         recorder().declare()
 
     @contextlib.contextmanager
-    def step(self, name: str = STEP_RANGE) -> Iterator[None]:
-        """One step of the loop, in a range `name`; recording starts before step `warmup` and stops after
-        step `warmup + steps - 1`."""
+    def step(self) -> Iterator[None]:
+        """One step of the loop, a `step` mark numbered from 0; recording starts before step `warmup` and stops
+        after step `warmup + steps - 1`."""
         if self.index == self.warmup:
             recorder().start()
             self.recording = True
             self.first = self.index
-        with nvtx_range(name):
+        mark = step_mark(self.index)
+        try:
             yield
+        finally:
+            mark_end(mark)
         self.index += 1
         if self.recording and self.index == self.warmup + self.steps:
             self._stop()

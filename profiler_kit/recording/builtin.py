@@ -1,8 +1,11 @@
-"""Recording the built-in workload (`profiler-kit nsys --model ...`, `make nsys`) and the attention
-implementations (`profiler-kit nsys attention`): each is a program, `python -m profiler_kit.recording.targets
---spec JSON`, recorded through `runner.run_program` like any other, under Nsight Systems or torch.profiler.
+"""Recording the built-in workload (`profiler-kit nsys --model ...`, `make nsys`, `profiler-kit memory --model
+...`) and the attention implementations (`profiler-kit nsys attention`): each is a program, `python -m
+profiler_kit.recording.targets --spec JSON`, recorded through `runner.run_program` like any other, under Nsight
+Systems, torch.profiler or the memory history.
 
-Outputs are named by the config: `<output_dir>/<model>_ctx<ctx>_<mode>[_bf16][.rank<R>].{nsys-rep,sqlite,json.gz}`.
+Outputs are named by the config: `<output_dir>/<model>_ctx<ctx>_<mode>[_bf16][.rank<R>].{nsys-rep,sqlite,json.gz}`;
+a memory recording writes `<output_dir>/<tag>.pickle` and its metadata beside it as `<tag>.json` (the sidecar),
+replacing earlier ones.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -17,8 +21,10 @@ import torch
 
 from profiler_kit import distributed
 from profiler_kit.errors import ProfilerKitError
+from profiler_kit.files import replaced_when_complete
+from profiler_kit.names import DEFAULT_MAX_ENTRIES, DEFAULT_OUTPUT_DIR
 from profiler_kit.recording.nsys import hint_for
-from profiler_kit.recording.runner import BACKENDS, ProgramRun, Window, run_program
+from profiler_kit.recording.runner import BACKENDS, MEMORY, ProgramRun, Window, cuda_device_present, run_program
 from profiler_kit.workload import WorkloadConfig, phases_for, resolve_device
 
 
@@ -132,6 +138,66 @@ def _record(spec: dict, tag: str, device: torch.device, phases: tuple[str, ...],
     if run.exit_code != 0:
         raise ProfilerKitError(_failure(tag, run))
     return ProfileResult(backend, tag, str(device), run.window, phases, run.files, run.sources)
+
+
+NO_CUDA_MESSAGE = (
+    "memory snapshots need a CUDA device, and torch sees none here; "
+    "`profiler-kit memory summarize FILE.pickle` reads existing snapshots anywhere"
+)
+
+
+@dataclass(frozen=True)
+class RecordResult:
+    """A memory recording of the built-in workload: the snapshot, its sidecar and the sidecar's content."""
+
+    snapshot_path: Path
+    sidecar_path: Path
+    sidecar: dict
+    warmup: int
+
+    @property
+    def oom(self) -> dict | None:
+        """{"step", "phase", "summary", "message"} when a step ran out of memory, `step` counted among the
+        recorded steps (negative: a warm-up step)."""
+        oom = self.sidecar.get("oom")
+        return None if oom is None else {**oom, "step": oom["step"] - self.warmup}
+
+
+def require_cuda(cfg: WorkloadConfig) -> None:
+    if cfg.device == "cpu" or not cuda_device_present():
+        raise ProfilerKitError(NO_CUDA_MESSAGE)
+
+
+def record_memory(cfg: WorkloadConfig, steps: int = 1, warmup: int = 1, max_entries: int = DEFAULT_MAX_ENTRIES,
+                  output_dir: str | Path = DEFAULT_OUTPUT_DIR,
+                  on_progress: Callable[[str], None] | None = None) -> RecordResult:
+    """Run `warmup` unrecorded steps of `cfg`, record the memory history of `steps` steps (the memory recorder
+    of `profiler-kit memory -- COMMAND`, `history`), write `<tag>.pickle` and `<tag>.json` in `output_dir`.
+    A step that runs out of memory still leaves its snapshot (`RecordResult.oom` says where)."""
+    require_cuda(cfg)
+    for name, value, least in (("steps", steps, 1), ("warmup", warmup, 0), ("max_entries", max_entries, 1)):
+        if value < least:
+            raise ProfilerKitError(f"{name} must be at least {least}, got {value}")
+    cfg.validate()
+    (on_progress or (lambda message: None))(f"recording {cfg.model} (ctx {cfg.ctx}, {cfg.mode})")
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    spec = {"workload": {**cfg.as_dict(), "device": str(resolve_device(cfg.device))}}
+    run = run_program(target_command(spec, warmup, steps), MEMORY, output_dir / cfg.tag(), force=True,
+                      max_entries=max_entries)
+    if not run.files:
+        raise ProfilerKitError(_failure(cfg.tag(), run))
+    from profiler_kit.memory.snapshot import EMBEDDED_KEY, load_snapshot, sidecar_path
+
+    snapshot = run.files[0]
+    sidecar = load_snapshot(snapshot)[EMBEDDED_KEY]
+    side_file = sidecar_path(snapshot)
+    with replaced_when_complete(side_file) as tmp:
+        tmp.write_text(json.dumps(sidecar, indent=1) + "\n")
+    result = RecordResult(snapshot, side_file, sidecar, warmup)
+    if run.exit_code != 0 and result.oom is None:
+        raise ProfilerKitError(_failure(cfg.tag(), run))
+    return result
 
 
 def _failure(tag: str, run: ProgramRun) -> str:

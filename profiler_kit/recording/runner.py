@@ -1,11 +1,14 @@
 """Running a program under a recorder: `profiler-kit nsys [--backend torch] -- COMMAND`, `profiler-kit memory --
 COMMAND` (backend `memory`), and the built-in workload, which is started as one more program (`builtin`).
 
-nsys backend: `nsys profile --trace=cuda,nvtx COMMAND`, with a `cudaProfilerApi` capture range on a machine
-with CUDA (the program's window, see `child`), then the SQLite export. torch backend: the command runs with
-`profiler_kit/recording/_inject` first on PYTHONPATH, whose `sitecustomize` starts torch.profiler in every
-Python process of it (for torchrun, in each worker, one trace per rank), so the program needs no change.
-memory backend: the same, with the CUDA memory history recorded instead (`history`), one snapshot per rank.
+Every backend runs the command with `profiler_kit/recording/_inject` first on PYTHONPATH, whose `sitecustomize`
+sets up the recorder in every Python process of it (`child`; under torchrun in each worker, not in torchrun),
+so the program needs no change. nsys backend: `nsys profile --trace=cuda,nvtx COMMAND`, with a
+`cudaProfilerApi` capture range on a machine with CUDA (the program's window, see `recorders`), one report
+for the whole job, then the SQLite export. torch backend: torch.profiler in each process, one trace per rank.
+memory backend: the CUDA memory history instead (`history`), one snapshot per rank. Each recorded process
+says what it recorded in its window file (`channel`), which becomes the run's `Window`. This side of the
+recording never imports torch.
 
 The program runs in a process group of its own: a signal this process gets (Ctrl-C, SIGTERM, SIGHUP) goes to
 the whole group, a second one kills it, and what the program left running when it ended is stopped. Its
@@ -19,15 +22,18 @@ were.
 from __future__ import annotations
 
 import collections
+import ctypes
+import functools
 import glob
-import json
 import os
 import re
 import shlex
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -38,7 +44,9 @@ from profiler_kit.environment import note
 from profiler_kit.errors import ProfilerKitError
 from profiler_kit.files import publish, reserve_output
 from profiler_kit.names import RECORDING_BACKENDS
-from profiler_kit.recording.child import (
+from profiler_kit.recording.channel import (
+    CUDA,
+    JOB_DIR,
     MAX_ENTRIES,
     RANKS_ONLY,
     RECORD,
@@ -47,7 +55,7 @@ from profiler_kit.recording.child import (
     TRACE_SUFFIX,
     WHOLE_RUN,
     WINDOW,
-    WINDOW_PREFIX,
+    read_windows,
     trace_path,
 )
 from profiler_kit.recording.nsys import NsysError, NsysInstall, export_sqlite, find_nsys, kill_group, output_tail
@@ -78,17 +86,36 @@ TAIL_LINES = 20
 @dataclass(frozen=True)
 class Window:
     """What a recording holds: the whole run, the steps `profiler_kit.capture` marked, or the program's own
-    `torch.cuda.profiler` window; and how many steps (None when the program has no repeating range)."""
+    `torch.cuda.profiler` window; how many steps (None when the program has no steps); and what each recorded
+    process said of it: its rank, its steps' times (`[number, ms, recorded]`) and what it could not record."""
 
     kind: str
     steps: int | None = None
     nvtx_dropped: bool = False  # nsys ignored the `nvtx` package's ranges (see `child.nvtx_reaches_tool`)
+    step_ms: tuple[tuple[int, float, bool], ...] = ()
+    notes: tuple[str, ...] = ()
 
     def describe(self) -> str:
         steps = "" if self.steps is None else f", {self.steps} step{'s' if self.steps != 1 else ''}"
         what = {"whole run": "the whole run", "profiler_kit.capture": "the steps profiler_kit.capture marks",
                 "torch.cuda.profiler": "the program's torch.cuda.profiler.start()/stop() window"}
         return f"recorded {what.get(self.kind, self.kind)}{steps}"
+
+    def cost(self) -> str | None:
+        """How much longer the recorded steps took than the others (the program's first step, its start-up,
+        left out), when the window left steps out."""
+        recorded = [ms for number, ms, on in self.step_ms if on]
+        others = [ms for number, ms, on in self.step_ms if not on and number > 0]
+        if not recorded or not others:
+            return None
+        a, b = statistics.median(recorded), statistics.median(others)
+        return (f"recording cost: the recorded steps took {(a / b - 1) * 100:+.1f}% against the unrecorded ones "
+                f"(median {a:.2f} ms over {len(recorded)} against {b:.2f} ms over {len(others)}, the program's "
+                "first step left out)")
+
+    def summary_notes(self) -> list[str]:
+        """The lines a summary of this recording shows."""
+        return [self.describe(), *filter(None, [self.cost()]), *self.notes]
 
 
 @dataclass(frozen=True)
@@ -105,6 +132,18 @@ class ProgramRun:
     sources: tuple[Path, ...]
     errors: tuple[str, ...] = field(default=())
     tail: str = ""
+
+
+@functools.lru_cache(maxsize=1)
+def cuda_device_present() -> bool:
+    """Whether this machine has a CUDA device the program can use, asked of the CUDA driver itself (`cuInit`,
+    `cuDeviceGetCount`, which honour CUDA_VISIBLE_DEVICES): this side of the recording never loads torch."""
+    try:
+        driver = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    count = ctypes.c_int(0)
+    return driver.cuInit(0) == 0 and driver.cuDeviceGetCount(ctypes.byref(count)) == 0 and count.value > 0
 
 
 def program_name(command: list[str]) -> str:
@@ -160,8 +199,8 @@ KINETO_NOISE = re.compile(r"^USDT:\S+ \S+ \S+ \S+\] profiler_(?:start|stop)\s*$"
 
 
 class _Output:
-    """The program's output, copied line by line to our stderr; `profiler-kit window:` lines are kept, not
-    shown, `error: ` lines are also kept, kineto's start and stop lines (KINETO_NOISE) dropped."""
+    """The program's output, copied line by line to our stderr, its `error: ` lines kept and kineto's start and
+    stop lines (KINETO_NOISE) dropped; and what its recorded processes said of their windows (`channel`)."""
 
     def __init__(self) -> None:
         self.windows: list[dict] = []
@@ -171,12 +210,6 @@ class _Output:
     def pump(self, stream) -> None:
         for raw in iter(stream.readline, b""):
             line = raw.decode(errors="replace")
-            if line.startswith(WINDOW_PREFIX):
-                try:
-                    self.windows.append(json.loads(line[len(WINDOW_PREFIX):]))
-                except ValueError:
-                    pass
-                continue
             if KINETO_NOISE.match(line):
                 continue
             if line.startswith(ERROR_PREFIX):
@@ -186,13 +219,18 @@ class _Output:
             sys.stderr.flush()
 
     def window(self) -> Window:
-        """What the first recorded process said it recorded; the whole run when none said."""
+        """What the first recorded process (rank 0 when ranks are known) said it recorded, with every
+        process's notes; the whole run when none said."""
         if not self.windows:
             return Window(WHOLE_RUN)
-        first = self.windows[0]
+        ranked = len(self.windows) > 1
+        first = min(self.windows, key=lambda w: w.get("rank") if isinstance(w.get("rank"), int) else 1 << 30)
         steps = first.get("steps")
+        times = tuple((int(n), float(ms), bool(on)) for n, ms, on in _triples(first.get("step_ms")))
+        notes = [f"rank {w.get('rank')}: {line}" if ranked else line
+                 for w in self.windows for line in w.get("notes") or [] if isinstance(line, str)]
         return Window(str(first.get("kind", WHOLE_RUN)), steps if isinstance(steps, int) else None,
-                      first.get("nvtx_dropped") is True)
+                      first.get("nvtx_dropped") is True, times, tuple(dict.fromkeys(notes)))
 
     def result(self, cmd: list[str], backend: str, code: int, files: tuple[Path, ...],
                sources: tuple[Path, ...]) -> ProgramRun:
@@ -200,8 +238,17 @@ class _Output:
                           output_tail("".join(self.tail)))
 
 
+def _triples(value: object) -> list[list]:
+    """The `[number, ms, recorded]` entries of a window file's `step_ms` that have that shape."""
+    if not isinstance(value, list):
+        return []
+    return [item for item in value if isinstance(item, list) and len(item) == 3
+            and isinstance(item[0], int) and isinstance(item[1], (int, float))]
+
+
 def run_child(cmd: Sequence[str], env: dict[str, str]) -> tuple[int, _Output]:
-    """Run `cmd` in a process group of its own (see the module docstring); its exit status and output."""
+    """Run `cmd` in a process group of its own (see the module docstring); its exit status and output, with
+    the window files its recorded processes left in the folder `env[JOB_DIR]`, when it names one."""
     output = _Output()
     try:
         proc = subprocess.Popen(list(cmd), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -227,6 +274,8 @@ def run_child(cmd: Sequence[str], env: dict[str, str]) -> tuple[int, _Output]:
     kill_group(proc.pid, signal.SIGKILL)  # anything of the program's still running, e.g. a hung recorder
     reader.join()
     proc.stdout.close()
+    if env.get(JOB_DIR):
+        output.windows = read_windows(env[JOB_DIR])
     return exit_status(returncode), output
 
 
@@ -241,9 +290,7 @@ def run_program(command: list[str], backend: str, output: Path | None = None,
     if backend not in (*BACKENDS, MEMORY):
         raise ProfilerKitError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
     if backend == MEMORY:
-        import torch
-
-        if not torch.cuda.is_available():
+        if not cuda_device_present():
             raise ProfilerKitError(NO_CUDA_HISTORY)
         if max_entries is None or max_entries < 1:
             raise ProfilerKitError(f"max_entries must be at least 1, got {max_entries}")
@@ -282,9 +329,11 @@ def _run_in_process(cmd: list[str], output: Path, force: bool, backend: str, suf
     `<output><suffix>` or `<output>.rank<R><suffix>`."""
     single = trace_path(output, None, suffix)
     ranked = tuple(output.parent.glob(f"{glob.escape(output.name)}.rank*{suffix}"))
-    with reserve_output(single, force, ranked):
+    with reserve_output(single, force, ranked), tempfile.TemporaryDirectory(prefix="profiler-kit-job-") as job:
         partial = _partial(output)
-        extra = {RECORD: backend, TRACE: str(partial.absolute()), **settings}
+        extra = {RECORD: backend, TRACE: str(partial.absolute()), JOB_DIR: job, **settings}
+        if cuda_device_present():
+            extra[CUDA] = "1"
         if _is_launcher(cmd):
             extra[RANKS_ONLY] = "1"
         what = "torch.profiler" if backend == "torch" else "CUDA memory history"
@@ -324,16 +373,20 @@ def nsys_command(nsys: NsysInstall, output: Path, cmd: list[str], ranged: bool,
 
 def _run_nsys(cmd: list[str], output: Path, nsys: NsysInstall, nsys_args: tuple[str, ...], capture: bool,
               force: bool) -> ProgramRun:
-    import torch
-
+    """nsys around the whole command, one report for the job: under a launcher every worker records for itself
+    (the launcher does not) and opens the capture range, which closes when the last of them closes its
+    window (they count themselves in the job's folder)."""
     report, sqlite = output.with_name(output.name + REPORT_SUFFIX), output.with_name(output.name + ".sqlite")
-    with reserve_output(report, force, (sqlite,)):
-        ranged = capture and torch.cuda.is_available()
+    with reserve_output(report, force, (sqlite,)), tempfile.TemporaryDirectory(prefix="profiler-kit-job-") as job:
+        ranged = capture and cuda_device_present()
         partial = _partial(output)
         profile = nsys_command(nsys, partial, cmd, ranged, nsys_args)
         what = "the program's window, or all from the first CUDA call" if ranged else "the whole run"
         say(f"nsys {nsys.version_str} records {what}: {shlex.join(cmd)}")
-        env = child_env({RECORD: "nsys", **({WINDOW: "1"} if ranged else {})})
+        extra = {RECORD: "nsys", JOB_DIR: job, **({WINDOW: "1"} if ranged else {})}
+        if _is_launcher(cmd):
+            extra[RANKS_ONLY] = "1"
+        env = child_env(extra)
         written = partial.with_name(partial.name + REPORT_SUFFIX)
         try:
             code, out = run_child(profile, env)
@@ -354,12 +407,10 @@ def _run_nsys(cmd: list[str], output: Path, nsys: NsysInstall, nsys_args: tuple[
 
 def nothing_recorded(backend: str, window: Window) -> str:
     """Why a recording holds no kernels and no operators, in one line."""
-    import torch
-
     if backend == "torch":
         why = (f"no PyTorch operator ran in {window.describe().removeprefix('recorded ')} (the program did no "
                "torch work there)")
-    elif not torch.cuda.is_available():
+    elif not cuda_device_present():
         why = ("no CUDA kernels: there is no CUDA device here, so the program did no CUDA work, and nsys records "
                "no CPU operators; record with --backend torch instead")
     else:

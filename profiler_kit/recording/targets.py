@@ -3,8 +3,10 @@
 
 A target is a training-step workload or a set of attention implementations. The program marks its steps as
 any user program would, with `profiler_kit.capture(warmup, steps)` made before its first CUDA call, so only
-the steps after the warm-up are recorded (torch.profiler, or the `cudaProfilerApi` range of nsys on a GPU).
-Failures end it with one line `error: ...` on stderr and exit status 2.
+the steps after the warm-up are recorded (torch.profiler, the `cudaProfilerApi` range of nsys on a GPU, or the
+memory history), and describes itself to the recording (`api.describe`: its config, steps and the Linear
+weights' sizes, which the memory analysis compares with what it finds). Failures end it with one line
+`error: ...` on stderr and exit status 2.
 """
 
 from __future__ import annotations
@@ -13,14 +15,14 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from profiler_kit import distributed
 from profiler_kit.errors import ProfilerKitError, first_line
-from profiler_kit.recording.api import capture
-from profiler_kit.recording.ranges import nvtx_range
+from profiler_kit.nvtx_ranges import nvtx_range
+from profiler_kit.recording.api import capture, describe
 from profiler_kit.workload import Workload, WorkloadConfig, resolve_device
 
 EXIT_ERROR = 2
@@ -28,15 +30,17 @@ EXIT_ERROR = 2
 
 @dataclass
 class Target:
-    """One thing to profile: `step()` runs one step of it on `device`."""
+    """One thing to profile: `step()` runs one step of it on `device`; `meta` describes it to the recording."""
 
     device: torch.device
     step: Callable[[], object]
+    meta: dict = field(default_factory=dict)
 
 
 def workload_target(cfg: WorkloadConfig) -> Target:
     workload = Workload(cfg)
-    return Target(workload.device, workload.step)
+    linear = [m.weight.numel() for m in workload.model.modules() if isinstance(m, torch.nn.Linear)]
+    return Target(workload.device, workload.step, {"config": cfg.as_dict(), "linear_weight_numels": linear})
 
 
 def attention_target(impls: list[str], dtype: str, causal: bool, batch: int, heads: int | None, seq: int,
@@ -105,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cap = capture(warmup=spec["warmup"], steps=spec["steps"])  # before the first CUDA call
         target = build_target(spec, _note)
+        describe(**target.meta, steps=spec["steps"], warmup=spec["warmup"])
         with cap:
             for _ in range(spec["warmup"] + spec["steps"]):
                 with cap.step():

@@ -120,7 +120,7 @@ BUGS = [
     ("profiler_kit.kernels", "compare", ["kernels", "compare", BF16, BF16]),
     ("profiler_kit.kernels.whatif", "what_if", ["kernels", "whatif", BF16]),
     ("profiler_kit.kernels.timeline", "timeline", ["kernels", "timeline", BF16, "-o", "{tmp}/t.json"]),
-    ("profiler_kit.memory.recorder", "require_cuda", ["memory", *TINY]),
+    ("profiler_kit.recording.builtin", "require_cuda", ["memory", *TINY]),
     ("profiler_kit.recording.runner", "run_program", ["memory", "--", sys.executable, PROGRAM]),
     ("profiler_kit.memory", "analyze_file", ["memory", "summarize", SNAPSHOT]),
     ("profiler_kit.memory", "compare", ["memory", "compare", SNAPSHOT, SNAPSHOT]),

@@ -348,7 +348,8 @@ def test_one_report_of_several_processes_is_split_per_process():
 @pytest.mark.skipif(not TWO_GPUS_NSYS.is_file(), reason="no 2-GPU NCCL recording among the fixtures")
 def test_a_two_gpu_nccl_recording():
     """Each rank is its process, with the RANK it had; its kernel time, its NCCL kernels' time and NCCL's calls
-    in each phase are what SQL finds for that process; the program's steps 2 and 3 keep their numbers; the
+    in each phase (the program's push/pop phase ranges, not the recorder's start/end marks of the same names) are
+    what SQL finds for that process; the program's steps 2 and 3 keep their numbers; the
     collectives are matched across the ranks on the report's one clock."""
     import sqlite3
 
@@ -361,8 +362,8 @@ def test_a_two_gpu_nccl_recording():
         "SELECT c.globalTid & ~0xFFFFFF, ps.value, count(*) FROM NVTX_EVENTS AS c JOIN StringIds AS cs "
         "ON cs.id = c.textId, NVTX_EVENTS AS p JOIN StringIds AS ps ON ps.id = p.textId WHERE cs.value IN "
         "('ncclAllReduce', 'ncclAllGather', 'ncclReduceScatter', 'ncclBroadcast') AND ps.value IN ('forward', "
-        "'backward', 'optimizer') AND c.start BETWEEN p.start AND p.end AND c.globalTid & ~0xFFFFFF = "
-        "p.globalTid & ~0xFFFFFF GROUP BY 1, 2").fetchall()
+        "'backward', 'optimizer') AND p.eventType = 59 AND c.start BETWEEN p.start AND p.end AND "
+        "c.globalTid & ~0xFFFFFF = p.globalTid & ~0xFFFFFF GROUP BY 1, 2").fetchall()
     con.close()
     ranked_traces = rank_traces([TWO_GPUS_NSYS])
     assert [rank for rank, _ in ranked_traces] == [0, 1]
@@ -376,4 +377,10 @@ def test_a_two_gpu_nccl_recording():
         assert {phase: n for phase, n in counted.items() if n} == {
             phase: n for process, phase, n in calls if process == member.process}
         assert summary.steps["step"].tolist() == [2, 3]
+    # The steady steps are the whole capture: the per-rank table counts the same calls, and the phases the
+    # program marked lie inside the recorder's step marks although these are a lane apart.
+    table = ranked.rank_table()
+    assert table["collective_calls"].tolist() == [
+        sum(n for process, _, n in calls if process == m.process) for m in ranked.members]
+    assert (table[[f"{p}_wall_ms" for p in ("forward", "backward", "optimizer")]] > 0).all().all()
     assert ranked.arrivals.comparable and len(ranked.arrivals.table)

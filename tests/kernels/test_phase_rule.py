@@ -1,8 +1,8 @@
 """The phase rule on traces recorded from small training loops written here (torch.profiler on the CPU):
-marked phases, the built-in names and those beside them, the program's own ranges at top level or inside a
-`step`, PyTorch's own ranges never phases, `Optimizer.step#…` standing in for a missing optimizer phase, the
-note about a large range left out, optimizer work counted as optimizer whatever its implementation, and the
-per-step table."""
+marked phases, the program's own ranges at top level, inside a `step` or beside the built-in names, the
+recorder's automatic marks last, PyTorch's own ranges never phases, the note about a large range left out
+(never proposing PyTorch's or the recorder's ranges), optimizer work counted as optimizer whatever its
+implementation, and the per-step table."""
 
 from __future__ import annotations
 
@@ -116,17 +116,20 @@ def test_step_holding_phases(traces):
 
 def test_forward_backward_optimizer_are_three_phases(traces):
     summary = summarize(traces("names"))
-    assert summary.phase_rule == "built-in"
+    assert summary.phase_rule == "program"
     assert summary.phase_names == ["forward", "backward", "optimizer"]
     assert summary.phase_ns()["optimizer"]["total_ns"] > 0
 
 
-def test_optimizer_step_stands_in_only_when_no_phase_holds_it(traces):
+def test_pytorchs_ranges_are_never_phases(traces):
     summary = summarize(traces("no-opt"))
-    assert summary.phase_names == ["fwd", "bwd", OPT_STEP] and summary.phase_rule == "program"
-    alone = summarize(traces("none"))
-    assert alone.phase_names == [OPT_STEP] and alone.phase_rule == "pytorch"
-    assert alone.category_ns()["optimizer"] == alone.phase_ns()[OPT_STEP]["total_ns"] > 0
+    assert summary.phase_names == ["fwd", "bwd"] and summary.phase_rule == "program"
+    note = next(n for n in summary.notes if n.startswith("phases: "))
+    assert note == "phases: the program's own ranges (no profiler_kit.phase ranges)"
+    assert not any(n.startswith("range ") and OPT_STEP in n for n in summary.notes)  # never proposed either
+    alone = summarize(traces("none"))  # a plain torch.profiler trace of a program without ranges
+    assert alone.phase_names == [] and alone.phase_rule == "none"
+    assert alone.category_ns()["optimizer"] > 0
 
 
 def test_marked_phases_win_over_the_programs_other_ranges(traces):
@@ -197,11 +200,10 @@ def test_cpu_tables_count_operators(traces):
 
 
 def _index(names: list[str], starts: list[int], ends: list[int], threads: list[int] | None = None,
-           marked: list[bool] | None = None) -> RangeIndex:
-    ranges = range_frame(names, starts, ends, [1] * len(names), threads or [1] * len(names))
+           marked: list[bool] | None = None, kinds: list[str] | None = None) -> RangeIndex:
     if marked is not None:
-        ranges["marked"] = marked
-    return RangeIndex(ranges)
+        kinds = ["phase" if m else "program" for m in marked]
+    return RangeIndex(range_frame(names, starts, ends, [1] * len(names), threads or [1] * len(names), kinds))
 
 
 def test_rule_order():
@@ -212,19 +214,32 @@ def test_rule_order():
                                 [9, 4, 8, 19, 14, 18])).names == ["fwd", "bwd"]
     # A built-in name (`forward`) picks its level: the ranges beside it.
     choice = choose_phases(_index(names, starts, ends))
-    assert choice.rule == "built-in" and choice.names == ["forward"]
+    assert choice.rule == "program" and choice.names == ["forward"]
     # Marks win over both; asked names over everything.
     marked = choose_phases(_index(names, starts, ends, marked=[False, False, True, False, False, False, True]))
     assert marked.rule == "marked" and marked.names == ["bwd"]
     assert choose_phases(_index(names, starts, ends), ["step"]).names == ["step"]
+    # The recorder's marks come last: the program's own ranges win over them, and they are the phases of a
+    # program without ranges (its `step` marks are its steps, never a phase).
+    auto = ["step", "forward", "backward", "optimizer_step"]
+    kinds = ["auto"] * 4 + ["program"]
+    both = _index([*auto, "fwd"], [0, 1, 3, 5, 1], [9, 2, 4, 6, 2], kinds=kinds)
+    assert choose_phases(both).rule == "program" and choose_phases(both).names == ["fwd"]
+    alone = choose_phases(_index(auto, [0, 1, 3, 5], [9, 2, 4, 6], kinds=["auto"] * 4))
+    assert alone.rule == "auto" and alone.names == ["forward", "backward", "optimizer_step"]
 
 
-def test_pytorch_ranges_are_not_phases_while_the_program_has_its_own():
+def test_pytorch_and_library_ranges_are_never_phases():
     names = ["ProfilerStep#3", "fwd", "aten::mm", "bwd", "opt", OPT_STEP, "ProfilerStep#4", "fwd", "bwd", "opt",
              OPT_STEP]
     starts = [0, 1, 2, 4, 6, 7, 10, 11, 14, 16, 17]
     ends = [9, 3, 3, 5, 8, 8, 19, 13, 15, 18, 18]
     assert choose_phases(_index(names, starts, ends)).names == ["fwd", "bwd", "opt"]
+    library = ["ncclAllGather", "nccl:all_reduce", "c10d::allreduce_", "autograd::engine::evaluate_function: X",
+               "DistributedDataParallel.forward", "FSDP::pre_forward", OPT_STEP, "ProfilerStep#1"]
+    count = len(library)
+    only = choose_phases(_index(library, list(range(0, 2 * count, 2)), list(range(1, 2 * count, 2))))
+    assert only.names == [] and only.rule == "none"
 
 
 def test_too_many_names_at_the_phase_level_are_no_phases():
@@ -275,5 +290,35 @@ def test_torch_trace_metadata_marks_ranges_by_name(tmp_path):
     path.write_text(json.dumps(source))
     ranges = load(path).ranges
     assert set(ranges.loc[ranges["marked"], "name"]) == {"bwd"}
-    assert summarize(path).phase_names == ["bwd", OPT_STEP]  # no marked phase holds the optimizer step
+    assert summarize(path).phase_names == ["bwd"]
     assert not load(FIXTURES / "cpu_example_mlp_torch.json.gz").ranges["marked"].any()
+
+
+def test_the_rule_is_one_text_in_the_help_the_readme_and_the_docs():
+    from click.testing import CliRunner
+
+    from profiler_kit.cli import main
+    from profiler_kit.names import PHASE_RULE as RULE
+
+    repo = Path(__file__).resolve().parents[2]
+    flat = " ".join(RULE.split())
+    for page in (repo / "README.md", repo / "docs" / "nsys.md"):
+        assert flat in " ".join(page.read_text().split()), page.name
+    shown = CliRunner().invoke(main, ["kernels", "summarize", "--help"]).stdout
+    assert flat in " ".join(shown.split())
+
+
+def test_a_phase_counts_only_the_ranges_of_the_kind_its_rule_chose():
+    """A program's own `forward` and the recorder's automatic `forward` over other work: the phase `forward` of the
+    program rule holds the program's ranges only, and the marks' step holds it."""
+    from profiler_kit.kernels.phases import phase_index
+
+    names = ["step", "forward", "forward", "backward"]
+    index = RangeIndex(range_frame(names, [0, 1, 5, 10], [20, 4, 9, 15], [1] * 4, [1] * 4,
+                                   ["auto", "program", "auto", "auto"]))
+    choice = choose_phases(index)
+    assert choice.rule == "program" and choice.names == ["forward"]
+    counted = phase_index(index, choice).ranges
+    assert counted[counted["name"] == "forward"][["start_ns", "kind"]].values.tolist() == [[1, "program"]]
+    assert choose_phases(index, ["forward"]).rule == "asked"
+    assert len(phase_index(index, choose_phases(index, ["forward"])).ranges) == 4  # asked by name: every kind

@@ -19,10 +19,11 @@ from click.testing import CliRunner
 from memory_replay import replay_levels, replay_range_peak
 
 from profiler_kit.cli import main
-from profiler_kit.kernels.phases import PYTORCH_RANGES
 from profiler_kit.memory import analyze_file, load_snapshot
 from profiler_kit.memory.phases import annotation_ranges
 from profiler_kit.memory.snapshot import EMBEDDED_KEY
+from profiler_kit.names import LIBRARY_RANGES
+from profiler_kit.recording import runner
 
 ROOT = Path(__file__).parents[2]
 FIXTURE = ROOT / "tests" / "fixtures" / "memory" / "h100_plain_phases.pickle"
@@ -55,7 +56,7 @@ def _program(tmp_path: Path, body: str) -> Path:
 
 
 def _run(monkeypatch, args: list[str]):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the parent's check; the child fakes the rest
+    monkeypatch.setattr(runner, "cuda_device_present", lambda: True)  # the parent's check; the child fakes the rest
     return CliRunner().invoke(main, ["memory", *args])
 
 
@@ -102,7 +103,7 @@ def test_program_window_storages_and_report(tmp_path, monkeypatch):
     assert sorted(n for _, n in captures[1]["gradient"]) == [32, 256]
     assert meta["window"] == "torch.cuda.profiler" and meta["max_entries"] == 1234
     report = json.loads(result.stdout)
-    assert "recorded the program's torch.cuda.profiler.start()/stop() window" in report["notes"]
+    assert "recorded the program's torch.cuda.profiler.start()/stop() window, 2 steps" in report["notes"]
     assert report["peak"]["allocated_bytes"] > 0
 
 
@@ -161,13 +162,13 @@ def test_plain_program_window_on_gpu(tmp_path):
     held = json.loads(next(line for line in run.stderr.splitlines() if line.startswith('{"snapshot"')))
     report = json.loads(run.stdout)
     assert report["metadata_source"] == "snapshot"
-    assert "recorded the program's torch.cuda.profiler.start()/stop() window" in report["notes"]
+    assert "recorded the program's torch.cuda.profiler.start()/stop() window, 2 steps" in report["notes"]
     snapshot = load_snapshot(out.with_suffix(".pickle"))
     levels, times = replay_levels(snapshot)
     assert report["peak"]["allocated_bytes"] == levels.max()
     assert re.fullmatch(r"step \d+, (forward|backward|optimizer)", report["peak"]["phase"])
     # The program's own ranges (not PyTorch's, e.g. Optimizer.zero_grad#…) are the phases.
-    outer = [r for r in annotation_ranges(snapshot, report["device"]) if r[3] == 0 and not PYTORCH_RANGES.match(r[0])]
+    outer = [r for r in annotation_ranges(snapshot, report["device"]) if r[3] == 0 and not LIBRARY_RANGES.match(r[0])]
     named = [p for p in report["phases"] if p["source"] in ("annotation", "program")]
     for phase, (_, start_us, end_us, _) in zip(named, outer, strict=True):
         assert phase["peak_allocated_bytes"] == replay_range_peak(levels, times, start_us, end_us), phase["name"]

@@ -11,7 +11,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import torch
 from click.testing import CliRunner
 
 from profiler_kit.cli import main
@@ -19,6 +18,7 @@ from profiler_kit.memory import analyze_file, load_snapshot
 from profiler_kit.memory.analyze import MIB
 from profiler_kit.memory.ranks import merge, rank_peak, snapshot_paths
 from profiler_kit.memory.snapshot import EMBEDDED_KEY
+from profiler_kit.recording import runner
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "memory"
 WINDOW = FIXTURES / "h100_program_window.pickle"
@@ -84,7 +84,7 @@ def _documents(stdout: str) -> list[dict]:
 def test_an_fsdp2_program_is_recorded_per_rank_and_merged(tmp_path, monkeypatch):
     prog = tmp_path / "fsdp.py"
     prog.write_text("import sys\n" + FAKES + textwrap.dedent(PROGRAM))
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the parent's check; the child fakes the rest
+    monkeypatch.setattr(runner, "cuda_device_present", lambda: True)  # the parent's check; the child fakes the rest
     out = tmp_path / "fsdp"
     result = CliRunner().invoke(main, ["memory", "-o", str(out), "--format", "json", "--", sys.executable, "-m",
                                        "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(prog)])

@@ -3,10 +3,10 @@
 import pytest
 import torch
 
+from profiler_kit import nvtx_ranges
 from profiler_kit.errors import ProfilerKitError
 from profiler_kit.model import TransformerLM
 from profiler_kit.presets import PRESETS, ModelConfig, count_parameters, from_name
-from profiler_kit.recording import ranges as nvtx_ranges
 
 SPEC = {  # d_model, d_ff, layers, heads of the GPT-2 and GPT-3 sizes
     "small": (768, 3072, 12, 12),

@@ -13,6 +13,7 @@ from click.testing import CliRunner
 
 from profiler_kit.cli import main
 from profiler_kit.errors import ProfilerKitError
+from profiler_kit.kernels import load
 from profiler_kit.recording.builtin import AttentionProfileConfig, ProfileResult, profile, target_command
 from profiler_kit.recording.nsys import NsysError, NsysInstall
 from profiler_kit.recording.runner import Window, nsys_command
@@ -28,6 +29,12 @@ def annotations(trace: Path) -> Counter:
     return Counter(e["name"] for e in events if e.get("cat") == "user_annotation")
 
 
+def step_numbers(trace: Path) -> list[int]:
+    """The program's step numbers of the recorder's step marks in a trace, as the reader sees them."""
+    ranges = load(trace).ranges
+    return ranges.loc[(ranges["kind"] == "auto") & (ranges["name"] == "step"), "number"].tolist()
+
+
 def invoke(*args: str):
     return CliRunner().invoke(main, ["nsys", *args])
 
@@ -40,13 +47,16 @@ def test_torch_backend_end_to_end_on_cpu(tmp_path):
     trace = tmp_path / "tiny_ctx32_train.json.gz"
     assert sorted(p.name for p in tmp_path.iterdir()) == [trace.name]
     names = annotations(trace)
-    # Only the profiled steps (the program's capture window), with the workload's NVTX ranges as
-    # record_functions; its phases are listed in the trace's metadata.
-    assert names["step"] == STEPS
+    # Only the profiled steps (the program's capture window), numbered as the program counts them (after one
+    # warm-up step), with the workload's NVTX ranges as record_functions; its phases are listed in the trace's
+    # metadata, and the recorder's own marks are there too.
+    assert step_numbers(trace) == [1, 2]
     for phase in ("forward", "backward", "optimizer_step"):
-        assert names[phase] == STEPS
+        assert names[phase] == names[f"profiler_kit::{phase}"] == STEPS
     with gzip.open(trace, "rt") as f:
-        assert json.load(f)["profiler_kit"] == {"phases": ["forward", "backward", "optimizer_step"]}
+        meta = json.load(f)["profiler_kit"]
+    assert meta["phases"] == ["forward", "backward", "optimizer_step"] and meta["notes"] == []
+    assert meta["config"]["model"] == "tiny" and (meta["warmup"], meta["steps"]) == (1, STEPS)  # api.describe
     assert f"recorded the steps profiler_kit.capture marks, {STEPS} steps" in result.stderr
     layers = 2  # the tiny preset
     for rng in ("attention", "ffn", "attn_scores", "softmax", "attn_value"):
@@ -57,11 +67,11 @@ def test_torch_backend_end_to_end_on_cpu(tmp_path):
     kept = invoke("--model", "tiny", "--ctx", "32", "--mode", "train", "--batch-size", "2", "--warmup", "0",
                   "--device", "cpu", "--backend", "torch", "--output-dir", str(tmp_path))
     assert kept.exit_code == 2 and "already exists" in kept.stderr and "--force" in kept.stderr
-    assert annotations(trace)["step"] == STEPS
+    assert step_numbers(trace) == [1, 2]
     forced = invoke("--model", "tiny", "--ctx", "32", "--mode", "train", "--batch-size", "2", "--warmup", "0",
                     "--device", "cpu", "--backend", "torch", "--output-dir", str(tmp_path), "--force")
     assert forced.exit_code == 0, forced.stderr
-    assert annotations(trace)["step"] == 1
+    assert step_numbers(trace) == [0]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 

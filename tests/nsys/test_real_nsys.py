@@ -12,9 +12,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 from click.testing import CliRunner
 
 from profiler_kit.cli import main
+from profiler_kit.kernels import load
 from profiler_kit.recording.nsys import REPORT_RENAMES, NsysError, export_sqlite, find_nsys, run_stats
 
 WARMUP, STEPS = 1, 2
@@ -58,12 +60,17 @@ def test_cli_records_report_and_sqlite_on_a_cpu(cpu_run):
     assert report.stat().st_size > 0
     assert sqlite.stat().st_mtime_ns >= report.stat().st_mtime_ns
     assert {"NVTX_EVENTS", "PROCESSES", "StringIds"} <= tables(sqlite)
-    # No capture range without CUDA, and the user is told; a CPU run launches no CUDA kernels, and nsys records
-    # no CPU operators: an error that says why, the files kept.
-    assert f"recorded the whole run, {WARMUP + STEPS} steps" in result.stderr
+    # A CPU run launches no CUDA kernels and nsys records no CPU operators: an error that says why, the files kept.
+    # Without CUDA there is no capture range (the whole run is recorded, and the user is told); with a GPU beside
+    # it, the workload's capture window is recorded and holds no CUDA work.
     assert result.exit_code == 1 and result.stdout == ""
     last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith(f"Error: {sqlite}: nothing recorded: no CUDA kernels: there is no CUDA device here")
+    if torch.cuda.is_available():
+        assert last.startswith(f"Error: {sqlite}: nothing recorded: no CUDA kernels in the steps"), last
+        assert last.endswith("the program did no CUDA work there"), last
+    else:
+        assert f"recorded the whole run, {WARMUP + STEPS} steps" in result.stderr
+        assert last.startswith(f"Error: {sqlite}: nothing recorded: no CUDA kernels: there is no CUDA device here")
 
 
 def test_cpu_run_has_the_workload_and_its_nvtx_ranges_or_says_why_not(cpu_run):
@@ -154,4 +161,9 @@ def test_gpu_capture_range_holds_only_the_profiled_steps(tmp_path):
     assert kernels > 0
     counts = nvtx_counts(export)
     assert "warmup" not in counts
-    assert counts.get("forward") == 1 and counts.get("optimizer_step") == 1
+    ranges = load(export).ranges
+    by_kind = ranges.groupby(["name", "kind"]).size()
+    # The marked phase and the recorder's mark of each: one of each in the one recorded step, the program's 3rd.
+    assert by_kind["forward", "phase"] == by_kind["forward", "auto"] == 1
+    assert by_kind["optimizer_step", "phase"] == by_kind["optimizer_step", "auto"] == 1
+    assert ranges.loc[(ranges["kind"] == "auto") & (ranges["name"] == "step"), "number"].tolist() == [2]

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import shutil
-import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -18,7 +16,7 @@ from click.testing import CliRunner
 import profiler_kit
 from profiler_kit.cli import main
 from profiler_kit.errors import ProfilerKitError
-from profiler_kit.kernels import summarize
+from profiler_kit.kernels import load, summarize
 from profiler_kit.recording import api
 from profiler_kit.recording.runner import merge_flags, program_name
 
@@ -56,8 +54,9 @@ def test_torch_backend_profiles_the_example_unchanged(tmp_path):
     assert doc["categories"]["matmul"] > 0 and doc["categories"]["normalization"] > 0
     assert all(doc["phases"][p]["total_ns"] > 0 for p in ("fwd", "bwd", "opt"))
     names = annotations(tmp_path / "example.json.gz")
-    # capture(warmup=1, steps=2): the two marked steps only, each with every block's forward and backward.
-    assert names["step"] == 2 and names["fwd"] == 2
+    # capture(warmup=1, steps=2): the two marked steps only (the program's steps 1 and 2), each with every
+    # block's forward and backward.
+    assert names["profiler_kit::step#1"] == names["profiler_kit::step#2"] == 1 and names["fwd"] == 2
     assert names["blocks.0.forward"] == 2 and names["blocks.1.backward"] == 2
     # The same command again would replace the trace: refused.
     again = nsys_cli("--backend", "torch", "--output", out, "--", sys.executable, EXAMPLE, *SMALL)
@@ -102,26 +101,10 @@ def test_default_output_names_and_flag_merging():
         "--sample=none", "--trace=nvtx,osrt"]
 
 
-def test_nsys_backend_records_a_real_cpu_run(tmp_path, nsys):
-    """Debian's nsys 2022.4 on a CPU: the whole run, with the program's ranges. That nsys drops the `nvtx`
-    package's ranges, so a two-function C shim pushes them while it records (see the fixtures' README)."""
-    gcc = shutil.which("gcc")
-    include = nsys.path.resolve().parent / "nvtx"  # target-linux-x64/nvtx/include/nvtx3
-    if gcc is None or not (include / "include" / "nvtx3").is_dir():
-        pytest.skip("needs gcc and the nvtx3 headers of the Debian nsys package")
-    shim = tmp_path / "shim.c"
-    shim.write_text("#include <nvtx3/nvToolsExt.h>\nint pk_push(const char* s) { return nvtxRangePushA(s); }\n"
-                    "int pk_pop(void) { return nvtxRangePop(); }\n")
-    lib = tmp_path / "libshim.so"
-    subprocess.run([gcc, "-shared", "-fPIC", "-I", str(include / "include"), "-o", str(lib), str(shim), "-ldl"],
-                   check=True)
-    wrapper = tmp_path / "with_shim.py"
-    wrapper.write_text(
-        "import ctypes, runpy, sys\nfrom profiler_kit.recording import ranges as nvtx_ranges\n"
-        "shim = ctypes.CDLL(sys.argv[1])\n"
-        "nvtx_ranges._push = lambda name, marked=False: shim.pk_push(name.encode())\n"
-        "nvtx_ranges._pop = lambda marked=False: shim.pk_pop()\n"
-        "sys.argv = sys.argv[2:]\nrunpy.run_path(sys.argv[0], run_name='__main__')\n")
+def test_nsys_backend_records_a_real_cpu_run(tmp_path, nsys, nvtx_shim):
+    """Debian's nsys 2022.4 on a CPU: the whole run, with the program's ranges and the recorder's marks. That
+    nsys drops the `nvtx` package's ranges, so a C shim makes them while it records (see the fixtures' README)."""
+    lib, wrapper = nvtx_shim
     out = tmp_path / "cpu_run"
     # This nsys records NVTX data only while it also traces OS runtime calls.
     result = nsys_cli("--nsys", nsys.path, "--nsys-args", "--trace=nvtx,osrt --osrt-threshold=100000000", "-o", out,
@@ -132,10 +115,16 @@ def test_nsys_backend_records_a_real_cpu_run(tmp_path, nsys):
     assert "recorded the whole run, 3 steps" in result.stderr
     assert (tmp_path / "cpu_run.nsys-rep").is_file() and (tmp_path / "cpu_run.sqlite").is_file()
     assert not list(tmp_path.glob(".cpu_run*"))
-    summary = summarize(tmp_path / "cpu_run.sqlite")
-    ranges = summary.ranges.set_index("name")["instances"]
-    # No CUDA here, so no capture range: all three steps, warm-up included.
-    assert ranges["step"] == 3 and ranges["fwd"] == 3 and ranges["blocks.1.backward"] == 3
+    ranges = load(tmp_path / "cpu_run.sqlite").ranges
+    counts = ranges.groupby(["name", "kind"]).size()
+    # No CUDA here, so no capture range: all three steps, warm-up included; the phases in the profiler_kit
+    # domain, the program's own ranges, and the recorder's marks on their own lane, steps numbered 0, 1, 2.
+    assert counts["fwd", "phase"] == 3 and counts["blocks.1.backward", "program"] == 3
+    assert counts["forward", "auto"] == counts["backward", "auto"] == counts["optimizer_step", "auto"] == 3
+    steps = ranges[(ranges["name"] == "step") & (ranges["kind"] == "auto")]
+    assert steps["number"].tolist() == [0, 1, 2] and (steps["thread"] < 0).all()
+    assert counts["Optimizer.step#AdamW.step", "program"] == 3  # PyTorch's record_function, mirrored to NVTX
+    assert summarize(tmp_path / "cpu_run.sqlite").phase_names == ["fwd", "bwd", "opt"]
 
 
 # The API

@@ -20,7 +20,7 @@ from click.testing import CliRunner
 from profiler_kit.cli import main
 from profiler_kit.errors import ProfilerKitError
 from profiler_kit.files import reserve_output
-from profiler_kit.recording.child import opens_own_window
+from profiler_kit.recording.recorders import opens_own_window
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -99,7 +99,7 @@ def test_the_programs_nvtx_ranges_are_in_the_torch_trace(tmp_path):
     for name in ("step", "fwd", "bwd", "opt", "helper"):
         assert names[name] == 3, (name, names)
     assert result.stderr.count("recorded the whole run, 3 steps") == 2  # when recorded, and in the summary's notes
-    assert trace_of(tmp_path / "ranges.json.gz")["profiler_kit"] == {"phases": []}
+    assert trace_of(tmp_path / "ranges.json.gz")["profiler_kit"] == {"phases": [], "notes": []}
 
 
 CAPTURE = """
@@ -125,8 +125,8 @@ def test_only_the_steps_capture_marks_are_recorded(tmp_path):
     assert result.exit_code == 0, result.stderr
     trace = tmp_path / "window.json.gz"
     names = annotations(trace)
-    assert names["step"] == steps and names["fwd"] == steps
-    assert trace_of(trace)["profiler_kit"] == {"phases": phases}
+    assert [names[f"profiler_kit::step#{n}"] for n in (2, 3, 4)] == [1, 1, 1] and names["fwd"] == steps
+    assert trace_of(trace)["profiler_kit"] == {"phases": phases, "notes": []}
     assert result.stderr.count(said) == 2  # when recorded, and in the summary's notes
 
 

@@ -1,0 +1,145 @@
+"""What a recorded process recorded (its window), its step clock, and the file it says it in (`channel`).
+
+The window is the steps `profiler_kit.capture` marks, else the program's `torch.cuda.profiler.start()`/`stop()`,
+else the whole run. The step clock hears every `step` mark of the range events (the program's own steps under
+`capture`, else the automatic ones, `marks`) and times every step the program runs, recorded or not: the
+parent compares the recorded steps' times with the others'. A step's time is from its start to the next step's
+start (its whole loop iteration, the program's waits included); the last step's, and that of a step after
+which the window opened or closed, is its own length (the recorder's start or stop is no part of it); a step
+during which the window opened or closed is left out.
+A program whose main thread repeats one range at its top level (a `step` holding the rest) has as many steps as
+that range in the window, as its reports' step tables do; else the step marks count; a program with neither has
+as many steps as its most frequent range at the top level of the main thread (`StepCounter`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+
+from profiler_kit.names import KIND_AUTO, LIBRARY_RANGES, STEP
+from profiler_kit.recording.channel import MAX_STEP_TIMES, WHOLE_RUN, write_window
+from profiler_kit.recording.notes import Notes
+
+NS_PER_MS = 1_000_000
+
+
+class StepCounter:
+    """Counts the ranges opened at the top level of the main thread while it is on (not PyTorch's or
+    libraries'): the steps of a window without step marks are the most frequent of those names."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.on = True
+        self.counts: Counter[str] = Counter()
+        self.main = threading.main_thread()
+
+    def __call__(self, opened: bool, name: str, kind: str, _token: int, _number: int | None) -> None:
+        if kind == KIND_AUTO or threading.current_thread() is not self.main:
+            return
+        if not opened:
+            self.depth = max(self.depth - 1, 0)
+            return
+        if self.depth == 0 and self.on and not LIBRARY_RANGES.match(name):
+            self.counts[name] += 1
+        self.depth += 1
+
+    def restart(self) -> None:
+        self.counts.clear()
+        self.on = True
+
+    def steps(self) -> int | None:
+        return self.counts.most_common(1)[0][1] if self.counts else None
+
+    def repeating(self) -> int | None:
+        """How often the one range name at the top level repeated (a `step` holding all the rest), when there is
+        one name and it repeats."""
+        return self.steps() if len(self.counts) == 1 and self.steps() > 1 else None
+
+
+class StepClock:
+    """When each step started and ended, and whether the window was open when it started."""
+
+    def __init__(self) -> None:
+        self.steps: dict[int, list] = {}  # token → [number, start_ns, end_ns | None, recorded]
+        self.recording = True  # a whole run records from the start
+        self.transitions: list[int] = []  # when the window opened or closed
+
+    def __call__(self, opened: bool, name: str, kind: str, token: int, number: int | None) -> None:
+        if kind != KIND_AUTO or name != STEP or number is None:
+            return
+        now = time.perf_counter_ns()
+        if opened:
+            self.steps[token] = [number, now, None, self.recording]
+        elif token in self.steps:
+            self.steps[token][2] = now
+
+    def window(self, opened: bool) -> None:
+        """The window opens (what was recorded before is dropped) or closes."""
+        if opened:
+            for entry in self.steps.values():
+                entry[3] = False
+        self.recording = opened
+        self.transitions.append(time.perf_counter_ns())
+
+    def recorded(self) -> int:
+        return sum(1 for entry in self.steps.values() if entry[3])
+
+    def times(self) -> list[list]:
+        """[number, ms, recorded (0/1)] of each timed step, in the order the steps started."""
+        entries = sorted(self.steps.values(), key=lambda entry: entry[1])
+        out = []
+        for i, (number, start, end, recorded) in enumerate(entries):
+            stop = entries[i + 1][1] if i + 1 < len(entries) else end
+            if stop is not None and any(start < t <= stop for t in self.transitions):
+                stop = end  # the window opened or closed after the step: its own length
+            if stop is None or any(start < t <= stop for t in self.transitions):
+                continue
+            out.append([number, round((stop - start) / NS_PER_MS, 4), int(recorded)])
+        return out[:MAX_STEP_TIMES]
+
+
+class Window:
+    """What this process records, said once for the parent (`channel.write_window` into the job's `folder`)."""
+
+    def __init__(self, notes: Notes, folder: str | None, rank: int | None = None) -> None:
+        self.folder = folder
+        self.kind = WHOLE_RUN
+        self.steps: int | None = None
+        self.counter = StepCounter()
+        self.clock = StepClock()
+        self.notes = notes
+        self.rank = rank
+        self.nvtx_dropped = False
+        self.reported = False
+        self.closed = False
+
+    def observers(self) -> list:
+        """The range-event observers that feed this window: its step counter and its step clock."""
+        return [self.notes.guard("the step count", self.counter), self.notes.guard("the step clock", self.clock)]
+
+    def open(self, kind: str) -> None:
+        self.kind = kind
+        self.counter.restart()
+        self.clock.window(True)
+
+    def close(self, steps: int | None = None) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.counter.on = False
+        self.clock.window(False)
+        if steps is None:  # the program's own repeating range wins, as it does in the reports' step tables
+            steps = self.counter.repeating() or self.clock.recorded() or self.counter.steps()
+        self.steps = steps
+
+    def report(self) -> None:
+        if self.reported:
+            return
+        self.reported = True
+        self.close()
+        said = {"kind": self.kind, "steps": self.steps, "nvtx_dropped": self.nvtx_dropped, "rank": self.rank,
+                "step_ms": self.clock.times(), "notes": self.notes.lines}
+        if self.folder:
+            write_window(self.folder, said)
