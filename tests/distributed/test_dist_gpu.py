@@ -2,9 +2,8 @@
 --nproc-per-node 2` (marked, plain, with torch.cuda.nvtx phases) and `--backend torch`: every rank's kernel time
 equals a direct query of its process's kernels, NCCL's collectives are counted in the phases, each process is
 the rank it had, and a rank that starts late is named as a one-off outside the steady tables. The built-in
-workload under `--parallel ddp|fsdp` gives rows per rank and the aggregate.
-
-`lab/gpu/dist.sh` runs these with `--basetemp` under its output folder, so the recordings stay for the record."""
+workload under `--parallel ddp|fsdp` gives rows per rank and the aggregate. With `--basetemp DIR` the recordings
+stay under DIR for the record."""
 
 from __future__ import annotations
 

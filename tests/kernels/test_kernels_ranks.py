@@ -30,8 +30,7 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "kernels"
 RANKS = [FIXTURES / "cpu_ddp2_gloo.rank1.json.gz", FIXTURES / "cpu_ddp2_gloo.rank0.json.gz"]
 DDP_NSYS = FIXTURES / "h100_ddp1_nsys.sqlite"
 # nsys around `torchrun --nproc-per-node 2 tests/distributed/ddp_program.py --marks --capture --warmup 2 --steps
-# 2` on two GPUs
-# (lab/gpu/dist.sh records it).
+# 2` on two GPUs (the fixtures' README has the command).
 TWO_GPUS_NSYS = FIXTURES / "gpu2_ddp_nccl.sqlite"
 REPO = Path(__file__).resolve().parents[2]
 MS, US = 1_000_000, 1_000

@@ -29,7 +29,7 @@ FIXTURES = Path(__file__).parents[1] / "fixtures" / "memory"
 RECORDER = FIXTURES / "tiny_ctx128_train.pickle"
 PLAIN = FIXTURES / "h100_tiny_train_snapshot.pickle"
 # A plain script's snapshot with record_function ranges around its phases, and the allocator's peak counter read
-# in each range (reset at its start); both recorded on the H100 by /lab/gpu/memory.sh.
+# in each range (reset at its start); both recorded on the H100 (tests/fixtures/README.md says how).
 PLAIN_PHASES = FIXTURES / "h100_plain_phases.pickle"
 PLAIN_COUNTERS = FIXTURES / "h100_plain_phases_counters.json"
 # A recording by this recorder in mixed precision: metadata and phase ranges inside the snapshot.
