@@ -45,7 +45,7 @@ class Net(nn.Module):
         return x
 
 def batch():
-    return torch.randn(256, 64)
+    return torch.randn(2048, 64)
 """
 
 
@@ -82,9 +82,8 @@ def test_gradient_accumulation_and_clipping(tmp_path):
     assert doc["phase_rule"] == "auto" and list(doc["phases"]) == ["forward", "backward", "optimizer_step"]
     assert len(doc["steps"]) == 4
     in_phases = sum(phase["total_ns"] for phase in doc["phases"].values())
-    # What lies outside the phases is the clipping and zero_grad between them: a CPU operator share that grows on
-    # a loaded machine, never most of the step.
-    assert in_phases >= 0.75 * doc["total_ns"], in_phases / doc["total_ns"]
+    # Outside the phases lie the clipping and zero_grad: a few operators whose cost does not grow with the batch.
+    assert in_phases >= 0.9 * doc["total_ns"], in_phases / doc["total_ns"]
     assert marks(ranges).to_dict() == {"backward": 8, "forward": 8, "optimizer_step": 4, "step": 4}
     steps = ranges[(ranges["kind"] == "auto") & (ranges["name"] == "step")]
     assert steps["number"].tolist() == [0, 1, 2, 3]
