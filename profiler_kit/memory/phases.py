@@ -17,8 +17,9 @@ Phases come from the first of these that the snapshot has:
 ranges, each step ends with an optimizer step: a phase named like one or holding PyTorch's `Optimizer.step#…`
 (with gradient accumulation, several forwards and backwards run in one step).
 
-Labels name the step, shown counted from 1, and the phase: `step 2, backward`; a phase that runs more than once
-in a step is numbered (`step 2, forward #2`), as are the repeated phases of a snapshot without steps.
+Labels name the step, numbered as the program counted it (from 0, as the kernel summaries do), and the phase:
+`step 2, backward`; a phase that runs more than once in a step is numbered (`step 2, forward #2`), as are the
+repeated phases of a snapshot without steps.
 Recomputation inside a backward (activation checkpointing) is part of that backward: the recorder's marks say so,
 and so do the stacks the inference reads.
 """
@@ -110,8 +111,8 @@ class _Range:
 
 
 def step_label(step: int) -> str:
-    """How a step is shown: counted from 1."""
-    return f"step {step + 1}"
+    """How a step is shown: its number as the program counted it (from 0), as the kernel summaries show it."""
+    return f"step {step}"
 
 
 def _monotone_times(recon: Reconstruction) -> np.ndarray | None:
@@ -371,7 +372,7 @@ def peak_within(series: np.ndarray, initial: int, start: int, end: int) -> int:
 
 
 def phase_peaks(recon: Reconstruction, spans: list[PhaseSpan]) -> pd.DataFrame | None:
-    """Per phase: its step (counted from 1), the trace entries it covers and its peak allocated and reserved
+    """Per phase: its step (as the program counted it), the trace entries it covers and its peak allocated and reserved
     bytes replayed from the trace, beside the allocator counter's peak when the recorder read it."""
     if not spans:
         return None
@@ -381,7 +382,7 @@ def phase_peaks(recon: Reconstruction, spans: list[PhaseSpan]) -> pd.DataFrame |
         reserved = peak_within(recon.reserved_bytes, recon.initial_reserved_bytes, span.start, span.end)
         rows.append({
             "phase": span.label,
-            "step": pd.NA if span.step is None else span.step + 1,
+            "step": pd.NA if span.step is None else span.step,
             "source": span.source,
             "start_event": span.start,
             "end_event": span.end,
@@ -398,9 +399,9 @@ def phase_peaks(recon: Reconstruction, spans: list[PhaseSpan]) -> pd.DataFrame |
 
 
 def step_phase_peaks(recon: Reconstruction, phases: Phases) -> pd.DataFrame | None:
-    """Per step (counted from 1): the peak allocated MiB of each phase (the highest of its runs in the step;
-    NaN where the step has none), in the order phases first appear, and the step's own peak, which also counts
-    what happens between its phases."""
+    """Per step (numbered as the program counted, from 0): the peak allocated MiB of each phase (the highest of
+    its runs in the step; NaN where the step has none), in the order phases first appear, and the step's own
+    peak, which also counts what happens between its phases."""
     if not phases.steps:
         return None
     names = list(dict.fromkeys(s.phase for s in phases.spans if s.step is not None))
@@ -411,7 +412,7 @@ def step_phase_peaks(recon: Reconstruction, phases: Phases) -> pd.DataFrame | No
             peaks[s.step, s.phase] = max(peaks.get((s.step, s.phase), 0), peak)
     rows = []
     for st in phases.steps:
-        row: dict = {"step": st.step + 1}
+        row: dict = {"step": st.step}
         for name in names:
             row[f"{name}_peak_mib"] = peaks[st.step, name] / MIB if (st.step, name) in peaks else float("nan")
         row[STEP_PEAK] = peak_within(recon.allocated_bytes, recon.initial_allocated_bytes, st.start, st.end) / MIB

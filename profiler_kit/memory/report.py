@@ -119,7 +119,7 @@ class MemoryReport:
                 "reserved_bytes": recon.peak_reserved_bytes,
                 "event": peak,
                 "phase": phase_at(self.placed, peak),
-                "step": None if step is None else step + 1,
+                "step": step,
                 "time_us": None if recon.time_us is None or peak < 0 else int(recon.time_us[peak]),
             },
             "config": (self.meta or {}).get("config"),
@@ -179,7 +179,7 @@ def _notes(recon: Reconstruction, placed: Phases, top: pd.DataFrame, roles: pd.D
                      for c in meta.get("storages") or [] if isinstance(c, dict) and c.get("note"))
         oom = meta.get("oom")
         if oom:
-            notes.append(f"the recorded step ran out of memory in {oom['phase']} (step {oom['step'] + 1}): "
+            notes.append(f"the recorded step ran out of memory in {oom['phase']} (step {oom['step']}): "
                          f"{oom['summary']}")
         if meta.get("program_oom"):
             notes.append(f"the program ran out of memory ({meta['program_oom']}); the snapshot is its memory then")

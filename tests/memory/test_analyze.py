@@ -275,10 +275,10 @@ def test_phases_roles_and_expected_vs_measured():
     snapshot, sidecar, counts = simulated_train_step()
     report = analyze(snapshot, sidecar, top=5)
     spans = report.spans
-    assert [s.label for s in spans] == ["step 1, forward", "step 1, backward", "step 1, optimizer_step"]
+    assert [s.label for s in spans] == ["step 0, forward", "step 0, backward", "step 0, optimizer_step"]
     assert spans[0].start == 0 and spans[-1].end == report.recon.n_entries
-    assert report.summary.loc[0, "peak_phase"] == "step 1, forward"  # activations all alive, no gradients yet
-    assert set(report.top["allocated_in"]) <= {"step 1, forward", "before trace"}
+    assert report.summary.loc[0, "peak_phase"] == "step 0, forward"  # activations all alive, no gradients yet
+    assert set(report.top["allocated_in"]) <= {"step 0, forward", "before trace"}
     n_tensors = len(sidecar["tensor_roles"]["parameter"])
     assert parameter_tensor_count(from_name("tiny").num_layers) == n_tensors  # the formula matches the model
     rows = expected_vs_measured(report.recon, assign_roles(report.recon, spans, sidecar), CONFIG).set_index("tensor")
@@ -348,7 +348,7 @@ def test_summarize_cli_formats_and_plot(tmp_path):
     data = json.loads(result.stdout)
     recon = reconstruct(snapshot)
     assert data["peak"]["allocated_bytes"] == recon.peak_allocated_bytes
-    assert (data["peak"]["phase"], data["peak"]["step"]) == ("step 1, forward", 1)
+    assert (data["peak"]["phase"], data["peak"]["step"]) == ("step 0, forward", 0)
     assert len(data["top_allocations"]) == 3 and data["config"]["model"] == "tiny"
     assert {r["tensor"] for r in data["expected_vs_measured"]} >= {"parameters", "gradients"}
     png = tmp_path / "timeline.png"
@@ -393,7 +393,7 @@ def test_ranges_inside_outermost_ranges_of_one_name_are_the_phases_and_those_the
     fake.free(outside)
     snapshot = dict(fake.snapshot(), external_annotations=notes)
     report = analyze(snapshot)
-    assert [s.label for s in report.spans] == ["step 1, inner", "step 2, inner"]
+    assert [s.label for s in report.spans] == ["step 0, inner", "step 1, inner"]
     assert report.placed.steps_from == "the 'train_step' ranges, which hold the phases"
     phases = report.to_json()["phases"]
     # Each range's peak holds what it inherited plus its own scratch; the larger allocation outside is not in it.

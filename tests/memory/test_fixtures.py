@@ -47,8 +47,8 @@ def test_phases_of_a_plain_snapshot_come_from_its_annotations_and_match_a_replay
     # PyTorch's own optimizer range is the one range the snapshot names, standing in for the optimizer step that
     # ends the step; forward and backward are inferred.
     assert [(p["name"], p["step"], p["source"]) for p in phases] == [
-        ("step 1, forward", 1, "inferred"), ("step 1, backward", 1, "inferred"),
-        ("step 1, optimizer_step", 1, "pytorch")]
+        ("step 0, forward", 0, "inferred"), ("step 0, backward", 0, "inferred"),
+        ("step 0, optimizer_step", 0, "pytorch")]
     snapshot = load_snapshot(PLAIN)
     (name, start_us, end_us, _), = annotation_ranges(snapshot, 0)
     levels, times = replay_levels(snapshot)
@@ -98,7 +98,7 @@ def test_roles_of_a_snapshot_without_a_list_match_a_replay(path):
     assert set(rows["parameter"]) <= persistent and set(rows["optimizer state"]) <= persistent
     assert sorted(size for _, size in rows["parameter"]) == sizes
     assert sorted(size for _, size in rows["optimizer state"]) == sorted(sizes * 2)
-    assert report.summary.loc[0, "peak_phase"] == "step 1, backward"
+    assert report.summary.loc[0, "peak_phase"] == "step 0, backward"
     unknown = report.roles_at_peak.set_index("role").loc["unknown"]
     # Left unknown: two 32 MiB blocks (cuBLAS workspaces) and a few 4 KiB ones, none sized like a gradient.
     assert unknown["size_bytes"] < 64.1 * 2**20
@@ -141,7 +141,7 @@ def test_the_peak_phase_is_inferred_where_the_recorder_placed_it():
     inferred phases put the peak in the backward, where the recorder's own phase times (read here from the
     sidecar and placed on the trace's clock) put it."""
     report = analyze_file(RECORDER, use_sidecar=False)
-    assert report.meta is None and report.summary.loc[0, "peak_phase"] == "step 1, backward"
+    assert report.meta is None and report.summary.loc[0, "peak_phase"] == "step 0, backward"
     sidecar = json.loads(RECORDER.with_suffix(".json").read_text())
     ends = {p["phase"]: p["end_time_us"] for p in sidecar["phases"]}
     peak_time = load_snapshot(RECORDER)["device_traces"][0][report.recon.peak_index]["time_us"]
@@ -162,7 +162,7 @@ def test_the_pickle_alone_analyses_like_pickle_and_sidecar(tmp_path):
     assert (a.pop("metadata_source"), b.pop("metadata_source")) == ("sidecar", "snapshot")
     a.pop("snapshot"), b.pop("snapshot")
     assert a == b
-    assert [p["name"] for p in a["phases"]] == ["step 1, forward", "step 1, backward", "step 1, optimizer_step"]
+    assert [p["name"] for p in a["phases"]] == ["step 0, forward", "step 0, backward", "step 0, optimizer_step"]
 
 
 def test_recorder_phases_replayed_against_its_counters():
@@ -225,8 +225,8 @@ def test_compare_side_by_side(tmp_path):
     phases = {p["phase"]: p for p in data["phases"]}
     # B's forward and backward are inferred, its optimizer step is PyTorch's range: all line up with A's recorded
     # phases, step by step.
-    assert set(phases) == {"step 1, forward", "step 1, backward", "step 1, optimizer_step"}
-    assert phases["step 1, backward"]["a_mib"] == phases["step 1, backward"]["b_mib"]
+    assert set(phases) == {"step 0, forward", "step 0, backward", "step 0, optimizer_step"}
+    assert phases["step 0, backward"]["a_mib"] == phases["step 0, backward"]["b_mib"]
     roles = {r["role"]: r for r in data["roles_at_peak"]}
     assert roles["parameter"]["a_mib"] * 2**20 == roles["parameter"]["b_mib"] * 2**20 == 4 * TINY_PARAMS
     same = runner.invoke(main, ["memory", "compare", str(RECORDER), str(RECORDER), "--format", "markdown"])
@@ -242,8 +242,9 @@ def test_plain_script_phases_match_replay_and_counters():
     levels, times = replay_levels(snapshot)
     outer = [r for r in annotation_ranges(snapshot, 0) if r[3] == 0]
     phases = report.to_json()["phases"]
-    # The counters name the k-th run of each range `name #k`: here the phase of step k.
-    assert [p["name"] for p in phases] == [re.sub(r"(\w+) #(\d+)", r"step \2, \1", c["name"]) for c in counters]
+    # The counters name the k-th run of each range `name #k` (from 1): here the phase of step k - 1.
+    assert [p["name"] for p in phases] == [
+        re.sub(r"(\w+) #(\d+)", lambda m: f"step {int(m[2]) - 1}, {m[1]}", c["name"]) for c in counters]
     for phase, counter, (_, start_us, end_us, _) in zip(phases, counters, outer, strict=True):
         assert phase["peak_allocated_bytes"] == replay_range_peak(levels, times, start_us, end_us)
         assert phase["peak_allocated_bytes"] <= counter["peak_allocated_bytes"]

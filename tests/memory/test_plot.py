@@ -67,7 +67,7 @@ def test_example_png_labels_apart_and_memory_in_mib():
     assert labels and {text for text, _ in labels} <= set(drawn)
     assert_apart(labels)
     # The forward and backward of both steps, the widest bands, are named.
-    assert {"step 1, forward", "step 1, backward", "step 2, forward", "step 2, backward"} <= {
+    assert {"step 0, forward", "step 0, backward", "step 1, forward", "step 1, backward"} <= {
         text for text, _ in labels}
     ax = fig.axes[0]
     assert ax.get_ylabel() == "memory (MiB)"

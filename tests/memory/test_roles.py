@@ -89,10 +89,10 @@ def test_persistent_blocks_divide_into_parameters_and_optimizer_state(optimizer,
         assert "Adam's exp_avg, exp_avg_sq" in evidence[truth["parameter"][0]]
     # Phases: the snapshot names only PyTorch's optimizer steps (and zero_grad, never a phase), which end each
     # step; forward and backward are inferred.
-    assert [s.label for s in report.spans] == [f"step {k}, {phase}" for k in (1, 2)
+    assert [s.label for s in report.spans] == [f"step {k}, {phase}" for k in (0, 1)
                                                for phase in ("forward", "backward", "optimizer_step")]
     assert [s.source for s in report.spans] == ["inferred", "inferred", "pytorch"] * 2
-    assert report.summary.loc[0, "peak_phase"] == "step 1, backward"
+    assert report.summary.loc[0, "peak_phase"] == "step 0, backward"
     kinds = dict(zip(a["size_bytes"], report.roles, strict=False))
     assert kinds[3_000_000] == "temporary" and kinds[2_000_000] == "temporary" and kinds[300_000] == "activation"
 
@@ -129,7 +129,7 @@ def test_a_history_from_the_start_of_the_program_names_parameters_by_their_stack
     assert [roles[a] for a in params] == ["parameter"] * len(params)
     assert {roles[a] for a in grads} == {"gradient"} and {roles[a] for a in state} == {"optimizer state"}
     assert roles[saved] == "activation"
-    assert [s.label for s in report.spans] == ["step 1, forward", "step 1, backward", "step 1, optimizer_step"]
+    assert [s.label for s in report.spans] == ["step 0, forward", "step 0, backward", "step 0, optimizer_step"]
     assert report.spans[0].start == len(params)  # the forward starts after the model is on the device
 
 
@@ -175,7 +175,7 @@ def test_the_recorders_list_is_placed_at_the_moment_of_each_capture():
     captures = [
         {"label": "window start", "time_us": start_us, "parameter": params, "gradient": warmup,
          "optimizer_state": state},
-        {"label": "optimizer step 1", "time_us": program.time_us, "parameter": params, "gradient": grads,
+        {"label": "optimizer step 0", "time_us": program.time_us, "parameter": params, "gradient": grads,
          "optimizer_state": state[:-1] + [[state[-1][0], state[-1][1] + 4]]},  # the last one's size is wrong
     ]
     report = analyze(program.snapshot(), listed_meta(captures))
@@ -183,7 +183,7 @@ def test_the_recorders_list_is_placed_at_the_moment_of_each_capture():
     evidence = dict(zip(report.recon.allocations["addr"], report.evidence, strict=True))
     assert all(roles[a] == "gradient" for a, _ in warmup + grads)
     assert evidence[warmup[0][0]] == "in the recorder's list of gradient storages taken at window start"
-    assert evidence[grads[0][0]] == "in the recorder's list of gradient storages taken at optimizer step 1"
+    assert evidence[grads[0][0]] == "in the recorder's list of gradient storages taken at optimizer step 0"
     assert evidence[params[0][0]] == "in the recorder's list of parameter storages taken at window start"
     # The size-matching does not run beside a list: what the list does not name is not guessed.
     assert roles[state[-1][0]] == "optimizer state"  # listed at window start with its right size
@@ -219,7 +219,7 @@ def test_capture_lists_the_storages_of_a_model_and_its_optimizer(make, per_param
     model(torch.randn(4, 8)).sum().backward()
     before = capture_storages(model.parameters(), [optimizer], label="window start", time_us=7)
     optimizer.step()
-    after = capture_storages(model.parameters(), [optimizer], label="optimizer step 1")
+    after = capture_storages(model.parameters(), [optimizer], label="optimizer step 0")
     params = list(model.parameters())
     expected = [[p.untyped_storage().data_ptr(), p.untyped_storage().nbytes()] for p in params]
     assert before["parameter"] == after["parameter"] == expected

@@ -98,11 +98,11 @@ def _loop(how: str) -> Loop:
 
 
 def _expected(loop: Loop) -> dict[tuple[int, str], int]:
-    """Per (step counted from 1 in the window, phase): the highest replayed level over its runs' times."""
+    """Per (step counted from 0 in the window, phase): the highest replayed level over its runs' times."""
     levels, times = replay_levels(loop.program.snapshot())
     out: dict[tuple[int, str], int] = {}
     for p in loop.phases:
-        key = (p["step"] - FIRST_STEP + 1, p["phase"])
+        key = (p["step"] - FIRST_STEP, p["phase"])
         out[key] = max(out.get(key, 0), replay_range_peak(levels, times, p["start_time_us"], p["end_time_us"]))
     return out
 
@@ -110,7 +110,7 @@ def _expected(loop: Loop) -> dict[tuple[int, str], int]:
 def test_the_recorders_phases_are_named_by_the_programs_steps():
     loop = _loop("recorder")
     report = analyze(loop.program.snapshot(), loop.meta())
-    steps = [FIRST_STEP + s + 1 for s in range(STEPS)]  # the program's own steps, counted from 1
+    steps = [FIRST_STEP + s for s in range(STEPS)]  # the program's own steps, counted from 0
     expected_labels = []
     for step in steps:
         for k in range(1, MICRO_BATCHES + 1):
@@ -143,7 +143,7 @@ def test_annotations_alone_are_grouped_into_steps(how):
     report = analyze(loop.program.snapshot())
     names = {"forward": "fwd", "backward": "bwd", "optimizer_step": "opt"} if how == "own" else {}
     expected = []
-    for step in range(1, STEPS + 1):
+    for step in range(STEPS):
         for k in range(1, MICRO_BATCHES + 1):
             expected += [f"step {step}, {names.get(p, p)} #{k}" for p in ("forward", "backward")]
         expected.append(f"step {step}, {names.get('optimizer_step', 'optimizer_step')}")
@@ -152,7 +152,7 @@ def test_annotations_alone_are_grouped_into_steps(how):
                                         else "optimizer steps: each step ends with one")
     assert any(n.startswith("steps: ") and n.endswith("counted from the first in the snapshot")
                for n in report.notes)
-    assert report.summary.loc[0, "peak_phase"] == f"step {STEPS}, {names.get('backward', 'backward')} #2"
+    assert report.summary.loc[0, "peak_phase"] == f"step {STEPS - 1}, {names.get('backward', 'backward')} #2"
     table = report.step_peaks.set_index("step")
     for (step, phase), peak in _expected(loop).items():
         column = "step_peak_mib" if phase == "step" else f"{names.get(phase, phase)}_peak_mib"
@@ -169,10 +169,10 @@ def test_a_snapshot_without_marks_infers_one_forward_and_backward_per_micro_batc
     sources = {s.phase: s.source for s in report.spans}
     assert sources == {"forward": "inferred", "backward": "inferred", "optimizer_step": "pytorch"}
     assert [s.label for s in report.spans] == [
-        label for step in range(1, STEPS + 1) for label in
+        label for step in range(STEPS) for label in
         [f"step {step}, {p} #{k}" for k in range(1, MICRO_BATCHES + 1) for p in ("forward", "backward")]
         + [f"step {step}, optimizer_step"]]
-    assert report.summary.loc[0, "peak_phase"] == f"step {STEPS}, backward #2"
+    assert report.summary.loc[0, "peak_phase"] == f"step {STEPS - 1}, backward #2"
     # Each inferred backward lies inside the recorded one (from its first to its last entry of backward work).
     recorded = [p for p in loop.phases if p["phase"] == "backward"]
     inferred = [s for s in report.spans if s.phase == "backward"]
@@ -230,6 +230,6 @@ def test_a_phase_without_allocations_stays_in_its_own_step():
             with program.range("optimizer_step"):
                 pass
     report = analyze(program.snapshot())
-    assert [s.label for s in report.spans] == ["step 1, forward", "step 1, optimizer_step", "step 2, forward",
-                                               "step 2, optimizer_step"]
-    assert list(report.step_peaks["step"]) == [1, 2]
+    assert [s.label for s in report.spans] == ["step 0, forward", "step 0, optimizer_step", "step 1, forward",
+                                               "step 1, optimizer_step"]
+    assert list(report.step_peaks["step"]) == [0, 1]
