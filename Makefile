@@ -42,7 +42,7 @@ test: $(ENV)
 	@command -v chromium >/dev/null \
 		|| { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } >/dev/null 2>&1 \
 		|| echo "no chromium found and apt-get could not install it: the tests that open the HTML reports in a browser will skip"
-	$(PY) -m pytest -q -rs
+	$(PY) -m pytest -q -rs -n auto
 
 # Tests marked gpu, on a CUDA machine: the fast ones (a few minutes on one H100), then the ones marked gpu_slow
 # (autotuning, torch.compile, large models, nsys recording). ARGS narrows them, e.g. ARGS=tests/attention.
