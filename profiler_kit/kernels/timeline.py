@@ -181,7 +181,8 @@ def _one(trace: KernelTrace, label: str, first_pid: int, phases: list[str] | Non
     starts = kernels["start_ns"].to_numpy()
     # Kernels run for their duration; an operator's call lasts to its end (its self time is less).
     ends = kernels["end_ns"].to_numpy() if kind == "cpu_op" else starts + kernels["total_ns"].to_numpy()
-    phase_of = np.full(len(kernels), "", dtype=object)
+    phase_of = np.empty(len(kernels), dtype=object)
+    phase_of[:] = ""  # one shared string (np.full makes one object per row)
     index = RangeIndex(ranges) if len(ranges) else None
     category = categorize(kernels["name"].astype(str), kind)
     if index is not None and len(kernels):

@@ -310,7 +310,8 @@ class _Events:
         cpu_ops = cpu_operators(operators, annotations)
         said = _recording(meta)
         notes += [f"the recorder: {line}" for line in said["notes"]]
-        processes = set(ranges["process"]) | set(launches["pid"]) | set(operators["pid"])
+        processes = np.unique(np.concatenate([ranges["process"].to_numpy(), launches["pid"].to_numpy(),
+                                              operators["pid"].to_numpy()]))
         ranks = {int(p): said["rank"] for p in processes} if "rank" in said else {}
         nodes = {int(p): said["node"] for p in processes} if "node" in said else {}
         return KernelTrace(SOURCE, path, kernel_rows, ranges, memory_ops, notes, cpu_ops, ranks, nodes)

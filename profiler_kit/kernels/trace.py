@@ -241,32 +241,44 @@ def range_frame(
     program's step number of a `step` range the recorder placed (nullable Int64, NA elsewhere). The recorder's
     automatic marks lie on a lane of their own beside the thread that opened them (`auto_lane`): they open in
     one hook and close in another, so they need not nest with the thread's push/pop ranges."""
-    frame = pd.DataFrame(
+    # Every column is made before the frame, in one construction: a column added to a frame of millions of
+    # rows (CPU operators) copies its other columns.
+    count = len(np.asarray(start_ns))
+    threads = np.array(thread, dtype=np.int64)
+    if kind is None:  # all the program's, none a step the recorder numbered
+        kinds = np.empty(count, dtype=object)
+        kinds[:] = KIND_PROGRAM  # one shared string (np.full makes one object per row)
+        numbers = pd.arrays.IntegerArray(np.zeros(count, np.int64), np.ones(count, bool))
+    else:
+        kinds = np.asarray(kind, dtype=object)
+        numbers = pd.array(number if isinstance(number, pd.api.extensions.ExtensionArray) else
+                           [pd.NA] * count if number is None else list(number), dtype="Int64")
+        auto = kinds == KIND_AUTO
+        threads[auto] = auto_lane(threads[auto])
+    return pd.DataFrame(
         {
             "name": pd.Series(np.asarray(names, dtype=object), dtype=object),
             "start_ns": np.asarray(start_ns, dtype=np.int64),
             "end_ns": np.asarray(end_ns, dtype=np.int64),
             "process": np.asarray(process, dtype=np.int64),
-            "thread": np.asarray(thread, dtype=np.int64),
+            "thread": threads,
+            "kind": kinds,
+            "marked": kinds == KIND_PHASE,
+            "number": numbers,
         }
     )
-    kinds = np.full(len(frame), KIND_PROGRAM, dtype=object) if kind is None else np.asarray(kind, dtype=object)
-    frame["kind"] = kinds
-    frame["marked"] = kinds == KIND_PHASE
-    frame["number"] = pd.array([pd.NA] * len(frame) if number is None else list(number), dtype="Int64")
-    auto = kinds == KIND_AUTO
-    frame.loc[auto, "thread"] = auto_lane(frame["thread"].to_numpy()[auto])
-    return frame
 
 
-def auto_names(names: pd.Series) -> tuple[pd.Series, np.ndarray, list]:
+def auto_names(names: pd.Series) -> tuple[pd.Series, np.ndarray, pd.api.extensions.ExtensionArray]:
     """Names of the recorder's automatic marks where they carry its prefix (`profiler_kit::forward`,
-    `profiler_kit::step#3`): the names without it, which are marks, and each one's step number (None
-    elsewhere)."""
-    parts = names.astype(str).str.extract(_AUTO_NAME)
+    `profiler_kit::step#3`): the names without it, which are marks, and each one's step number (Int64, NA
+    elsewhere). Each distinct name is parsed once: a trace repeats a few hundred names millions of times."""
+    codes, distinct = pd.factorize(names, use_na_sentinel=False)
+    parts = pd.Series(np.asarray(distinct, dtype=object)).astype(str).str.extract(_AUTO_NAME)
     auto = parts[0].notna().to_numpy()
-    numbers = [None if pd.isna(n) else int(n) for n in parts[1]]
-    return names.where(~auto, parts[0]), auto, numbers
+    bare = np.where(auto, parts[0].to_numpy(dtype=object), np.asarray(distinct, dtype=object))
+    numbers = pd.array([pd.NA if pd.isna(n) else int(n) for n in parts[1]], dtype="Int64")
+    return pd.Series(bare[codes], index=names.index, dtype=object), auto[codes], numbers.take(codes)
 
 
 def auto_lane(thread: np.ndarray) -> np.ndarray:
