@@ -1,10 +1,9 @@
-"""How fast `kernels summarize` is on a big report, against the least any tool must do.
+"""A big nsys export and the least any tool must do with it (`scale.py` times the summary against it).
 
 The big report is a real nsys export repeated end to end until it holds ~1M kernels: each copy shifted in
 time past the one before it, with correlation ids moved past the ones used, so every copy keeps its own
 kernel ↔ launch ↔ NVTX links. The yardstick is one SQL query that joins kernels to the calls that launched
-them and groups by name — what any per-name summary of launches costs. The summary does that same join,
-then attributes every kernel to its NVTX phases and categorizes it; the target is at most 2× the query.
+them and groups by name — what any per-name summary of launches costs.
 """
 
 from __future__ import annotations
@@ -12,11 +11,7 @@ from __future__ import annotations
 import math
 import shutil
 import sqlite3
-import time
-from collections.abc import Callable
 from pathlib import Path
-
-import pandas as pd
 
 from profiler_kit.errors import ProfilerKitError
 from profiler_kit.kernels.nsys_sqlite import (
@@ -30,10 +25,8 @@ from profiler_kit.kernels.nsys_sqlite import (
     table_columns,
 )
 from profiler_kit.kernels.sources import sniff
-from profiler_kit.kernels.summary import summarize
 
 DEFAULT_KERNELS = 1_000_000
-TARGET_RATIO = 2.0
 TIMED_TABLES = (KERNEL_TABLE, RUNTIME_TABLE, NVTX_TABLE, *MEMORY_TABLES.values())
 SHIFTED_COLUMNS = ("start", "end")
 RENUMBERED_COLUMNS = ("correlationId",)
@@ -135,39 +128,4 @@ def reference_query(path: Path) -> str:
     return (
         f"SELECT s.value, count(*), sum(k.end - k.start), min(r.start) FROM {KERNEL_TABLE} AS k "
         f"{launch_join(schema)} JOIN StringIds AS s ON s.id = k.{name} GROUP BY k.{name}"
-    )
-
-
-def _best_of(repeats: int, fn: Callable[[], object]) -> float:
-    """The fastest of `repeats` runs, in seconds: the least disturbed by other work on the machine."""
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
-def time_summary(path: Path, repeats: int = 3) -> pd.DataFrame:
-    """Seconds for the reference query and for the whole summary (load, attribution, categories)."""
-    query = reference_query(path)
-
-    def run_query() -> None:
-        con = connect(path)
-        try:
-            con.execute(query).fetchall()
-        finally:
-            con.close()
-
-    query_s = _best_of(repeats, run_query)
-    summary_s = _best_of(repeats, lambda: summarize(path).to_json())
-    kernels = summarize(path).kernel_count
-    return pd.DataFrame(
-        {
-            "method": ["SQL: join kernels to launches, group by name", "kernels summarize (with phases)"],
-            "kernels": [kernels, kernels],
-            "seconds": [query_s, summary_s],
-            "ratio": [1.0, summary_s / query_s],
-            "target_ratio": [None, TARGET_RATIO],
-        }
     )

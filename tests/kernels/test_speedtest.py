@@ -1,13 +1,9 @@
 """The speed test's big report: a real export repeated end to end must summarize as exactly that many
-copies of the original, kernel for kernel and phase for phase; tools/kernels_speedtest.py times it."""
+copies of the original, kernel for kernel and phase for phase; tools/scale_bench.py times it."""
 
 from __future__ import annotations
 
-import json
-import os
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -66,26 +62,3 @@ def test_only_an_sqlite_export_can_be_repeated(tmp_path):
         build_repeated_export(FIXTURES / "nsys2022_tiny_train_bf16_gpukernsum.csv", tmp_path / "x.sqlite")
     with pytest.raises(ProfilerKitError, match="no kernels"):
         build_repeated_export(FIXTURES / "cpu_tiny_train_nsys2022.sqlite", tmp_path / "x.sqlite")
-
-
-def run_tool(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    tool = REPO / "tools" / "kernels_speedtest.py"
-    return subprocess.run([sys.executable, str(tool), *args], capture_output=True, text=True, env=env, cwd=REPO)
-
-
-def test_the_tool_prints_both_times_and_removes_the_big_report(tmp_path):
-    done = run_tool(str(BF16), "--kernels", "1000", "--repeats", "1", "--workdir", str(tmp_path), "--format", "json")
-    assert done.returncode == 0, done.stderr
-    doc = json.loads(done.stdout)
-    rows = next(value for value in doc.values() if isinstance(value, list))  # the one table, beside the envelope
-    assert doc["schema_version"] and rows[0]["kernels"] == rows[1]["kernels"] >= 1000
-    assert rows[1]["ratio"] == pytest.approx(rows[1]["seconds"] / rows[0]["seconds"])
-    assert list(tmp_path.iterdir()) == []
-
-
-def test_the_tool_refuses_a_report_without_kernels_in_one_line():
-    done = run_tool(str(FIXTURES / "cpu_tiny_train_nsys2022.sqlite"), "--kernels", "10")
-    assert done.returncode == 1
-    assert done.stderr.strip().splitlines()[-1].startswith("Error: ") and "no kernels" in done.stderr
-    assert "Traceback" not in done.stderr
