@@ -72,7 +72,7 @@ torch.cuda.profiler.start()
 step(); step()
 torch.cuda.profiler.stop()
 shards = sorted(p.to_local().numel() * 4 for p in model.parameters())
-print("shards", *shards, file=sys.stderr)
+os.write(2, f"shards {dist.get_rank()} {' '.join(map(str, shards))}\\n".encode())  # one write: ranks never mix
 dist.destroy_process_group()
 """
 
@@ -91,7 +91,7 @@ def test_an_fsdp2_program_is_recorded_per_rank_and_merged(tmp_path, monkeypatch)
     assert result.exit_code == 0, result.stderr[-3000:]
     # Both ranks hold shards of the same sizes (the layers' dimensions are even).
     shards = sorted(int(n) for n in next(line for line in result.stderr.splitlines()
-                                         if line.startswith("shards")).split()[1:])
+                                         if line.startswith("shards 0 ")).split()[2:])
     for rank in (0, 1):
         captures = load_snapshot(tmp_path / f"fsdp.rank{rank}.pickle")[EMBEDDED_KEY]["storages"]
         assert [c["label"] for c in captures] == ["window start", "optimizer step 1", "optimizer step 2"]
