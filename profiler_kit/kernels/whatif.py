@@ -34,7 +34,7 @@ from profiler_kit.errors import ProfilerKitError
 from profiler_kit.kernels.attribution import RangeIndex, launches_in
 from profiler_kit.kernels.categories import CATEGORIES
 from profiler_kit.kernels.idle import LAUNCH_BOUND_PCT, spans_by_owner
-from profiler_kit.kernels.steps import find_steps
+from profiler_kit.kernels.steps import find_steps, step_numbers
 from profiler_kit.kernels.summary import KernelSummary
 from profiler_kit.kernels.trace import NO_LAUNCH
 from profiler_kit.render import Title
@@ -329,15 +329,16 @@ def _range_table(kernels: pd.DataFrame, index: RangeIndex | None, phase_names: l
 def _step_table(kernels: pd.DataFrame, index: RangeIndex | None, steps: np.ndarray,
                 measured: tuple[np.ndarray, np.ndarray], predicted: tuple[np.ndarray, np.ndarray],
                 launch_gaps: bool) -> pd.DataFrame:
-    """One row per step (`kernels.steps.find_steps`), numbered from 1 in each process."""
+    """One row per step (`kernels.steps.find_steps`), numbered as the summary's per-step table numbers it
+    (`kernels.steps.step_numbers`)."""
     if index is None or not len(steps):
         return pd.DataFrame({column: pd.Series(dtype=np.int64 if column == "step" else np.float64)
                              for column in STEP_COLUMNS})
     m = _range_times(kernels, index, steps, measured, True).set_index("range_id")
     p = _range_times(kernels, index, steps, predicted, launch_gaps).set_index("range_id")
-    process = index.ranges["process"].to_numpy()[m.index]
+    numbers = pd.Series(step_numbers(index, steps)[0], index=steps)
     table = pd.DataFrame({
-        "step": pd.Series(process).groupby(process).cumcount().to_numpy() + 1,
+        "step": numbers.reindex(m.index).to_numpy(),
         "measured_ms": m["time_ns"].to_numpy() / 1e6,
         "predicted_ms": p["time_ns"].reindex(m.index).to_numpy() / 1e6,
     })

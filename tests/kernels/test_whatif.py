@@ -114,6 +114,18 @@ def test_steps_count_no_moment_twice_when_the_gpu_runs_behind():
     assert phase_row(result, "fwd")["measured_ms"] == pytest.approx(0.048)
 
 
+def test_steps_carry_the_numbers_the_summary_gives_them():
+    # The recorder's step marks say these were the program's steps 5 and 6 (a capture window after warm-up).
+    trace = synthetic(["sgemm"] * 4, [0, 1, 12, 13], [5, 16, 27, 38], [10] * 4, [7] * 4, 50)
+    trace.ranges = range_frame(["step", "step", "fwd", "fwd"], [0, 12 * US, 0, 12 * US],
+                               [10 * US, 20 * US, 9 * US, 19 * US], [0] * 4, [1] * 4,
+                               kind=["auto", "auto", "program", "program"], number=[5, 6, None, None])
+    summary = summarize_trace(trace)
+    result = what_if(summary, [])
+    assert summary.steps["step"].tolist() == [5, 6]
+    assert result.steps["step"].tolist() == [5, 6]
+
+
 def test_a_range_speedup_takes_the_kernels_launched_inside_it():
     trace = synthetic(["sgemm_a"] * 4, [0, 1, 2, 3], [5, 16, 27, 38], [10] * 4, [7] * 4, 50)
     # The first two kernels are launched inside `attn` (0-1.5 µs), inside the step.
