@@ -7,8 +7,9 @@ per optimizer step of the program); else torch.profiler's `ProfilerStep#N` range
 count: a range of the step's name nested inside a step is part of that step.
 
 Steps are numbered as the program counted them, from 0 (what `profiler_kit.capture(warmup=2, steps=2)` calls
-steps 2 and 3): the number the recorder gave each step range (the ranges' `number` column), else torch.profiler's
-`ProfilerStep#N`; a report that says neither is numbered from 0 at its first recorded step, with a note.
+steps 2 and 3): the number the recorder gave each step range (the ranges' `number` column), else the number of
+the recorder's step mark inside each of the program's own step ranges, else torch.profiler's `ProfilerStep#N`; a
+report that says none of these is numbered from 0 at its first recorded step, with a note.
 
 The first steps of a run are slower (CUDA and allocator start-up, `torch.compile`, autotuning): leading steps
 whose wall time is more than WARMUP_FACTOR times the median of the later half are warm-up, the rest steady,
@@ -68,16 +69,42 @@ def find_steps(index: RangeIndex, phases: list[str]) -> np.ndarray:
 
 def step_numbers(index: RangeIndex, steps: np.ndarray) -> tuple[np.ndarray, bool]:
     """The number of each step (range ids `steps`, as `find_steps` orders them) as the program counted it, from
-    0: the recorder's `number`, else torch.profiler's `ProfilerStep#N`; else counted from 0 at each process's
-    first step here. True when the numbers are the program's own."""
+    0: the recorder's `number`, else that of the recorder's step mark inside each step, else torch.profiler's
+    `ProfilerStep#N`; else counted from 0 at each process's first step here. True when the numbers are the
+    program's own."""
     ranges = index.ranges.iloc[steps]
     if NUMBER in ranges.columns and ranges[NUMBER].notna().all():
         return ranges[NUMBER].to_numpy(dtype=np.int64), True
+    marked = _numbers_of_marks_inside(index.ranges, ranges) if NUMBER in ranges.columns else None
+    if marked is not None:
+        return marked, True
     profiler = ranges["name"].str.extract(PROFILER_STEP, expand=False)
     if profiler.notna().all():
         return profiler.to_numpy(dtype=np.int64), True
     processes = ranges["process"].to_numpy()
     return pd.Series(processes).groupby(processes).cumcount().to_numpy(dtype=np.int64), False
+
+
+def _numbers_of_marks_inside(all_ranges: pd.DataFrame, steps: pd.DataFrame) -> np.ndarray | None:
+    """The numbers of the program's own steps (`profiler_kit.phase("step")`, a `record_function("step")`) taken
+    from the recorder's numbered step marks: each step must hold the middle of exactly one mark of its process;
+    None where any does not."""
+    numbered = all_ranges[(all_ranges["kind"] == KIND_AUTO).to_numpy() & (all_ranges["name"] == STEP).to_numpy()
+                          & all_ranges[NUMBER].notna().to_numpy()]
+    out = np.empty(len(steps), dtype=np.int64)
+    processes = steps["process"].to_numpy()
+    for process in np.unique(processes):
+        marks = numbered[numbered["process"].to_numpy() == process]
+        middles = (marks["start_ns"].to_numpy() + marks["end_ns"].to_numpy()) // 2
+        order = np.argsort(middles, kind="stable")
+        middles, numbers = middles[order], marks[NUMBER].to_numpy(dtype=np.int64)[order]
+        mine = processes == process
+        first = np.searchsorted(middles, steps["start_ns"].to_numpy()[mine], "left")
+        last = np.searchsorted(middles, steps["end_ns"].to_numpy()[mine], "right")
+        if not (last - first == 1).all():
+            return None
+        out[mine] = numbers[first]
+    return out
 
 
 def warmup_steps(walls: np.ndarray) -> int:

@@ -165,6 +165,25 @@ def test_steps_are_numbered_as_the_program_counted_them():
     assert plain.steps["step"].tolist() == [0, 1, 2] and NUMBERED_HERE in plain.notes
 
 
+def test_the_programs_own_steps_take_the_numbers_of_the_recorders_step_marks_inside_them():
+    # The program's `step` ranges hold its phases; the recorder's step mark inside each (on its own lane) says it
+    # was the program's step 7 or 8 (a capture window after warm-up).
+    trace = synthetic([SHORT, SHORT], [10, 10])
+    r = trace.ranges
+
+    def with_marks(numbers: list) -> KernelTrace:
+        ranges = range_frame(r["name"].tolist() + ["step", "step"], r["start_ns"].tolist() + [1 * MS, 11 * MS],
+                             r["end_ns"].tolist() + [9 * MS, 19 * MS], [1] * (len(r) + 2), [1] * (len(r) + 2),
+                             kind=["program"] * len(r) + ["auto", "auto"], number=[None] * len(r) + numbers)
+        return replace(trace, ranges=ranges)
+
+    summary = summarize_trace(with_marks([7, 8]))
+    assert summary.steps["step"].tolist() == [7, 8] and NUMBERED_HERE not in summary.notes
+    # A step holding no numbered mark is numbered here, with the note.
+    summary = summarize_trace(with_marks([7, None]))
+    assert summary.steps["step"].tolist() == [0, 1] and NUMBERED_HERE in summary.notes
+
+
 SCHEDULED = """
 import sys, torch
 from torch.profiler import profile, record_function, schedule, ProfilerActivity
