@@ -4,6 +4,7 @@
 - one report: per phase, its time stacked by category (each bar sums to the phase's total); per step, wall
   time beside kernel time (operator time for a CPU trace), and the GPU's idle share of the step's kernel span;
 - several ranks: one bar group per rank, a bar per phase stacked by category; each phase's wall time per rank;
+  both over the steps the per-rank table covers (the job's steady steps);
 - a comparison: A beside B per category and per phase (medians over each side's runs).
 """
 
@@ -153,12 +154,10 @@ def summary_charts(summary: KernelSummary) -> list[BarChart]:
 
 def rank_charts(ranked: RankedSummary) -> list[BarChart]:
     """One bar group per rank with a bar per phase (and one for kernels outside the phases, when any rank has
-    some) stacked by category; then each phase's wall time per rank."""
+    some) stacked by category; then each phase's wall time per rank; both over the per-rank table's steps."""
     phases = ranked.phase_names
     ranks = [f"rank {r}" for r in ranked.ranks]
-    rows = pd.concat([(s.phases if s.phases is not None else s.kernels.assign(phase=OUTSIDE_PHASES))
-                      .assign(rank=label)[["rank", "phase", "category", "total_ns"]]
-                      for s, label in zip(ranked.summaries, ranks, strict=True)])
+    rows = pd.concat([m.by_phase.assign(rank=label) for m, label in zip(ranked.members, ranks, strict=True)])
     outside = bool(rows.loc[rows["phase"] == OUTSIDE_PHASES, "total_ns"].sum() > 0)
     bars = [*phases, *([OUTSIDE_PHASES] if outside or not phases else [])]
     used = [c for c in CATEGORIES if rows.loc[rows["category"] == c, "total_ns"].sum() > 0]
@@ -167,13 +166,14 @@ def rank_charts(ranked: RankedSummary) -> list[BarChart]:
     cube = cube.reindex(index=pd.MultiIndex.from_product([ranks, bars]), columns=used, fill_value=0)
     values = cube.to_numpy(dtype=float).reshape(len(ranks), len(bars), len(used)) / NS_PER_MS
     timed = ranked.summaries[0].timed
-    charts = [BarChart(f"{timed[0].upper()}{timed[1:]} per rank and phase, by category", ranks, bars, used, values,
-                       [CATEGORY_COLORS[c] for c in used], f"{timed} (ms)")]
+    scope = ranked.scope()
+    charts = [BarChart(f"{timed[0].upper()}{timed[1:]} per rank and phase, by category, over {scope}", ranks, bars,
+                       used, values, [CATEGORY_COLORS[c] for c in used], f"{timed} (ms)")]
     if phases:
         table = ranked.rank_table()
         walls = table[[f"{p}_wall_ms" for p in phases]].to_numpy(dtype=float)
-        charts.append(BarChart("Wall time of each phase per rank", ranks, phases, [""], walls[:, :, None],
-                               [SERIES_COLORS[i % len(SERIES_COLORS)] for i in range(len(phases))],
+        charts.append(BarChart(f"Wall time of each phase per rank, over {scope}", ranks, phases, [""],
+                               walls[:, :, None], [SERIES_COLORS[i % len(SERIES_COLORS)] for i in range(len(phases))],
                                "wall time (ms)"))
     return charts
 

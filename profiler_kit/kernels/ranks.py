@@ -36,7 +36,7 @@ from profiler_kit.kernels.categories import CATEGORIES, COMMUNICATION
 from profiler_kit.kernels.idle import communication, phase_wall
 from profiler_kit.kernels.sources import load_many
 from profiler_kit.kernels.steps import STEADY, WARMUP, WARMUP_FACTOR, find_steps, inside_steps, warm_rows
-from profiler_kit.kernels.summary import CPU_OPS, NS_PER_MS, KernelSummary, summarize_trace
+from profiler_kit.kernels.summary import CPU_OPS, NS_PER_MS, OUTSIDE_PHASES, KernelSummary, summarize_trace
 from profiler_kit.kernels.trace import NO_LAUNCH, KernelTrace
 from profiler_kit.render import Title, records
 
@@ -64,6 +64,7 @@ class Rank:
     walls: dict[str, int]
     collective_calls: dict[str, int]
     runs: pd.DataFrame  # the collectives it ran (`collectives.executions`)
+    by_phase: pd.DataFrame  # phase, category, total_ns over the same steps (`_by_phase`)
 
 
 @dataclass
@@ -369,25 +370,32 @@ def _rank(rank: int, trace: KernelTrace, summary: KernelSummary, steady: np.ndar
         wall = int((index.ranges["end_ns"] - index.ranges["start_ns"]).to_numpy()[steady].sum())
     chosen = kernels.iloc[rows]
     categories = chosen.groupby("category", observed=False)["total_ns"].sum()
+    by_phase = _by_phase(summary, among, rows)
+    inside = by_phase[by_phase["phase"] != OUTSIDE_PHASES].groupby("phase")["total_ns"].sum()
     totals = {"steps": 0 if steady is None else len(steady), "wall_ns": wall, "total_ns": int(chosen["total_ns"].sum()),
               "categories": {c: int(categories.get(c, 0)) for c in CATEGORIES},
-              "phase_ns": _phase_ns(summary, among)}
+              "phase_ns": {p: int(inside.get(p, 0)) for p in names}}
     node = next(iter(trace.process_nodes.values())) if len(trace.process_nodes) == 1 else None
     processes = processes_of(trace)
     process = int(processes[0]) if processes is not None and len(processes) == 1 else None
     return Rank(rank, node, process, summary, steady, totals, communication(kernels, index, names, among),
                 phase_wall(index, names, among), collectives.calls_per_phase(trace, kernels, index, names, among),
-                runs)
+                runs, by_phase)
 
 
-def _phase_ns(summary: KernelSummary, among: np.ndarray | None) -> dict[str, int]:
-    """Time launched inside each phase's ranges (those of the mask `among`, else all), each kernel once."""
+def _by_phase(summary: KernelSummary, among: np.ndarray | None, rows: np.ndarray) -> pd.DataFrame:
+    """phase, category and total_ns of the kernels `rows`: each kernel once in every phase range (of the mask
+    `among`, else any) holding its launch, and the rest as OUTSIDE_PHASES."""
     index, kernels, names = summary.index, summary.attributed, summary.phase_names
-    if index is None:
-        return {}
-    chosen = index.names().isin(names).to_numpy().copy()
-    if among is not None:
-        chosen &= among
-    rows, labels = membership(kernels, index, np.flatnonzero(chosen), names)
-    sums = np.bincount(labels, weights=kernels["total_ns"].to_numpy()[rows], minlength=len(names))
-    return {p: int(sums[i]) for i, p in enumerate(names)}
+    held, labels = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int32)
+    if index is not None and names:
+        chosen = index.names().isin(names).to_numpy().copy()
+        if among is not None:
+            chosen &= among
+        held, labels = membership(kernels, index, np.flatnonzero(chosen), names)
+    outside = np.setdiff1d(rows, held)
+    picked = np.concatenate([held, outside])
+    phase = np.concatenate([np.asarray(names, dtype=object)[labels], np.full(len(outside), OUTSIDE_PHASES, object)])
+    frame = pd.DataFrame({"phase": phase, "category": kernels["category"].to_numpy()[picked],
+                          "total_ns": kernels["total_ns"].to_numpy()[picked]})
+    return frame.groupby(["phase", "category"], sort=False, observed=True)["total_ns"].sum().reset_index()

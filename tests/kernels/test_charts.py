@@ -88,22 +88,34 @@ def test_step_chart_of_a_cpu_trace_shows_operator_time_and_no_idle():
     np.testing.assert_array_equal(steps.values[:, 1, 0], summary.steps["operator_ms"].to_numpy())
 
 
-def test_rank_chart_has_a_group_per_rank_each_rank_its_own_summary():
+def test_rank_charts_cover_the_steps_the_per_rank_table_covers():
     ranked = summarize_ranks(rank_traces(RANKS))
     by_phase, walls = rank_charts(ranked)
+    assert ranked.steady_steps == [1]  # step 0 warms up on these ranks: the charts leave it out, as the table does
     assert by_phase.groups == ["rank 0", "rank 1"] and by_phase.bars[:3] == ["fwd", "bwd", "opt"]
-    for rank, path in enumerate(RANKS):
-        alone = summarize(path)
-        for phase, figures in alone.phase_ns().items():
-            expected = {c: ns / NS_PER_MS for c, ns in figures["categories"].items() if ns}
-            assert segments(by_phase, f"rank {rank}", phase) == pytest.approx(expected, rel=1e-12)
-        # The bars of a rank hold all its time (phases, and outside them when any).
-        assert by_phase.totals()[rank].sum() == pytest.approx(alone.total_ns / NS_PER_MS, rel=1e-12)
+    assert by_phase.title.endswith("over 1 steady step 1") and walls.title.endswith("over 1 steady step 1")
     table = ranked.rank_table()
+    for position, (member, path) in enumerate(zip(ranked.members, RANKS, strict=True)):
+        # Each phase's bar: the rank's own per-step table over the steady steps.
+        steps = summarize(path).steps.set_index("step").loc[ranked.steady_steps]
+        for phase in ranked.phase_names:
+            bar = by_phase.values[position, by_phase.bars.index(phase)].sum()
+            assert bar == pytest.approx(steps[f"{phase}_ms"].sum(), rel=1e-12)
+        # The bars of a rank hold all its time in those steps (phases, and outside them when any), and each
+        # category's time there.
+        assert by_phase.totals()[position].sum() == pytest.approx(table["total_ms"][position], rel=1e-12)
+        for category, ns in member.totals["categories"].items():
+            got = segments_sum(by_phase, position, category)
+            assert got == pytest.approx(ns / NS_PER_MS, rel=1e-12, abs=1e-12)
     for phase in ranked.phase_names:
         b = walls.bars.index(phase)
         np.testing.assert_array_equal(walls.values[:, b, 0], table[f"{phase}_wall_ms"].to_numpy())
     assert walls.y_label == "wall time (ms)"
+
+
+def segments_sum(chart: BarChart, group: int, segment: str) -> float:
+    """A segment's time summed over the group's bars (0 where the chart has no such segment)."""
+    return float(chart.values[group, :, chart.segments.index(segment)].sum()) if segment in chart.segments else 0.0
 
 
 def test_compare_chart_puts_each_side_total_side_by_side():
