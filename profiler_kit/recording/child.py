@@ -16,8 +16,9 @@ them once, in the `sitecustomize` that the parent puts first on PYTHONPATH:
                               CUDA call)
 
 Every instrument is installed the same way whatever records: the guard and notes (`notes`), the window and its
-step clock (`window`), the automatic marks (`marks`), the mirrors of the program's own ranges (`mirror`); then
-the recorder the parent asked for. They all hear the one stream of range events (`nvtx_ranges.observe`).
+step clock (`window`), the automatic marks (`marks`), the mirrors of the program's own ranges (`mirror`), the
+pause before the program closes its process group (`teardown`); then the recorder the parent asked for. They
+all hear the one stream of range events (`nvtx_ranges.observe`).
 Each recorded process writes its window file when it is done (what it recorded, its steps and their times,
 what it could not record), which the parent reads (`channel`).
 """
@@ -30,7 +31,7 @@ import warnings
 from collections.abc import Mapping
 
 from profiler_kit import nvtx_ranges
-from profiler_kit.recording import api, mirror
+from profiler_kit.recording import api, mirror, teardown
 from profiler_kit.recording.channel import (
     CUDA,
     ENV_KEYS,
@@ -82,6 +83,7 @@ def install_from_environment(env: Mapping[str, str]) -> None:
     warnings.filterwarnings("ignore", message=_COMPILE_WARNING)
     marks.install()
     mirror.install(notes)
+    teardown.install(notes)
     if backend == "torch":
         recorder = TorchRecorder(trace_path(env[TRACE], rank), window, marks, notes, place, env.get(CUDA) == "1")
     elif backend == "nsys":
