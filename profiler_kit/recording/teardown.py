@@ -1,13 +1,14 @@
 """A moment's pause before the program closes its process group, so that a recorded gloo job does not hang at exit.
 
-PyTorch keeps the backward's context, a Python object, in the thread state that every collective started during
-a backward carries (`torch.autograd.graph._engine_run_backward`). A gloo worker thread that drops a finished
-collective of that kind must take the GIL. When the process group is torn down while such a thread waits for the
-GIL (by `destroy_process_group`, or as DDP's reducer is freed right after it), the teardown holds the GIL and waits
-for the thread, and the rank never exits (pytorch/pytorch#180700). The recorder's own work in each step makes that
-wait more likely. `install` wraps `torch.distributed.destroy_process_group` so that it first releases the GIL for a
-few of the interpreter's switch intervals: a thread waiting for it then finishes before the teardown starts. The
-program's call happens as before, with its arguments and result, even when the pause fails (`notes`).
+PyTorch keeps the backward's context, a Python object, in the thread state that every collective started during a
+backward carries (`torch.autograd.graph._engine_run_backward`). A gloo worker thread that drops a finished
+collective of that kind must take the GIL. When the process group is torn down while such a thread waits for the GIL
+(by `destroy_process_group`, or as DDP's reducer is freed right after it), the teardown holds the GIL and waits for
+the thread, and the rank never exits (pytorch/pytorch#180700 is the same wait in the autograd threads). The
+recorder's own work in each step makes that wait more likely. `install` wraps
+`torch.distributed.destroy_process_group` so that it first releases the GIL for a few of the interpreter's switch
+intervals: a thread waiting for it then finishes before the teardown starts. The program's call happens as before,
+with its arguments and result, even when the pause fails (`notes`).
 """
 
 from __future__ import annotations
