@@ -34,7 +34,7 @@ from profiler_kit.errors import ProfilerKitError
 from profiler_kit.kernels.attribution import RangeIndex, launches_in
 from profiler_kit.kernels.categories import CATEGORIES
 from profiler_kit.kernels.idle import LAUNCH_BOUND_PCT, spans_by_owner
-from profiler_kit.kernels.steps import find_steps, step_numbers
+from profiler_kit.kernels.steps import find_steps
 from profiler_kit.kernels.summary import KernelSummary
 from profiler_kit.kernels.trace import NO_LAUNCH
 from profiler_kit.render import Title
@@ -255,7 +255,8 @@ def what_if(summary: KernelSummary, speedups: list[Speedup], launch_gaps: bool =
     measured = (measured_start.astype(np.int64), (measured_start + kernels["total_ns"].to_numpy()).astype(np.int64))
     predicted = (np.rint(predicted_start).astype(np.int64), np.rint(predicted_start + durations).astype(np.int64))
     phases = _range_table(kernels, index, summary.phase_names, measured, predicted, launch_gaps)
-    step_rows = _step_table(kernels, index, steps, measured, predicted, launch_gaps)
+    numbers = summary.steps["step"].to_numpy() if summary.steps is not None else np.empty(0, dtype=np.int64)
+    step_rows = _step_table(kernels, index, steps, numbers, measured, predicted, launch_gaps)
     notes = list(summary.notes)
     if not timing.gap_measured:
         notes.append(f"no kernel queued behind another on its stream: the gap between queued kernels is taken "
@@ -326,19 +327,18 @@ def _range_table(kernels: pd.DataFrame, index: RangeIndex | None, phase_names: l
     return pd.DataFrame(rows, columns=list(COLUMNS))
 
 
-def _step_table(kernels: pd.DataFrame, index: RangeIndex | None, steps: np.ndarray,
+def _step_table(kernels: pd.DataFrame, index: RangeIndex | None, steps: np.ndarray, numbers: np.ndarray,
                 measured: tuple[np.ndarray, np.ndarray], predicted: tuple[np.ndarray, np.ndarray],
                 launch_gaps: bool) -> pd.DataFrame:
-    """One row per step (`kernels.steps.find_steps`), numbered as the summary's per-step table numbers it
-    (`kernels.steps.step_numbers`)."""
+    """One row per step (`kernels.steps.find_steps`), with its `numbers` (the summary's per-step table, in the
+    same order)."""
     if index is None or not len(steps):
         return pd.DataFrame({column: pd.Series(dtype=np.int64 if column == "step" else np.float64)
                              for column in STEP_COLUMNS})
     m = _range_times(kernels, index, steps, measured, True).set_index("range_id")
     p = _range_times(kernels, index, steps, predicted, launch_gaps).set_index("range_id")
-    numbers = pd.Series(step_numbers(index, steps)[0], index=steps)
     table = pd.DataFrame({
-        "step": numbers.reindex(m.index).to_numpy(),
+        "step": pd.Series(numbers, index=steps).reindex(m.index).to_numpy(),
         "measured_ms": m["time_ns"].to_numpy() / 1e6,
         "predicted_ms": p["time_ns"].reindex(m.index).to_numpy() / 1e6,
     })
