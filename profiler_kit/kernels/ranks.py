@@ -36,7 +36,14 @@ from profiler_kit.kernels.categories import CATEGORIES, COMMUNICATION
 from profiler_kit.kernels.idle import communication, phase_wall
 from profiler_kit.kernels.sources import load_many
 from profiler_kit.kernels.steps import STEADY, WARMUP, WARMUP_FACTOR, find_steps, inside_steps, warm_rows
-from profiler_kit.kernels.summary import CPU_OPS, NS_PER_MS, OUTSIDE_PHASES, KernelSummary, summarize_trace
+from profiler_kit.kernels.summary import (
+    CPU_OPS,
+    NS_PER_MS,
+    OUTSIDE_PHASES,
+    KernelSummary,
+    label_totals,
+    summarize_trace,
+)
 from profiler_kit.kernels.trace import NO_LAUNCH, KernelTrace
 from profiler_kit.render import Title, records
 
@@ -64,7 +71,7 @@ class Rank:
     walls: dict[str, int]
     collective_calls: dict[str, int]
     runs: pd.DataFrame  # the collectives it ran (`collectives.executions`)
-    by_phase: pd.DataFrame  # phase, category, total_ns over the same steps (`_by_phase`)
+    by_phase: pd.DataFrame  # the phase table (phase, category, instances, total_ns) over the same steps
 
 
 @dataclass
@@ -384,8 +391,9 @@ def _rank(rank: int, trace: KernelTrace, summary: KernelSummary, steady: np.ndar
 
 
 def _by_phase(summary: KernelSummary, among: np.ndarray | None, rows: np.ndarray) -> pd.DataFrame:
-    """phase, category and total_ns of the kernels `rows`: each kernel once in every phase range (of the mask
-    `among`, else any) holding its launch, and the rest as OUTSIDE_PHASES."""
+    """The summary's phase table (`phase`, `category`, `instances`, `total_ns`) over the kernels `rows`: each
+    kernel once in every phase range (of the mask `among`, else any) holding its launch, the rest under
+    OUTSIDE_PHASES."""
     index, kernels, names = summary.index, summary.attributed, summary.phase_names
     held, labels = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int32)
     if index is not None and names:
@@ -394,8 +402,5 @@ def _by_phase(summary: KernelSummary, among: np.ndarray | None, rows: np.ndarray
             chosen &= among
         held, labels = membership(kernels, index, np.flatnonzero(chosen), names)
     outside = np.setdiff1d(rows, held)
-    picked = np.concatenate([held, outside])
-    phase = np.concatenate([np.asarray(names, dtype=object)[labels], np.full(len(outside), OUTSIDE_PHASES, object)])
-    frame = pd.DataFrame({"phase": phase, "category": kernels["category"].to_numpy()[picked],
-                          "total_ns": kernels["total_ns"].to_numpy()[picked]})
-    return frame.groupby(["phase", "category"], sort=False, observed=True)["total_ns"].sum().reset_index()
+    return label_totals(kernels, [*names, OUTSIDE_PHASES], "phase", (held, labels),
+                        (outside, np.full(len(outside), len(names))))

@@ -453,7 +453,7 @@ def _ids_named(index: RangeIndex, names: list[str]) -> np.ndarray:
     return np.flatnonzero(index.names().isin(names).to_numpy())
 
 
-def _totals(kernels: pd.DataFrame, labels: list[str], column: str,
+def label_totals(kernels: pd.DataFrame, labels: list[str], column: str,
             *parts: tuple[np.ndarray, np.ndarray]) -> pd.DataFrame:
     """`column`, category, instances, total_ns of the kernels of `parts` ((rows, label positions) each) under
     their labels, labels in order and the larger categories first."""
@@ -488,7 +488,7 @@ def _phases(
         in_none[rows] = False
         outside = np.flatnonzero(in_none)
         del in_none
-    table = _totals(kernels, labels, "phase", (rows, codes), (outside, np.full(len(outside), len(names))))
+    table = label_totals(kernels, labels, "phase", (rows, codes), (outside, np.full(len(outside), len(names))))
     return table, rows, codes, outside
 
 
@@ -514,7 +514,7 @@ def _inside(
     # Sub-ranges of one range never overlap; across threads a launch may fall in two, the first one counts.
     label_of = np.full(len(kernels), len(labels) - 1)
     label_of[child_rows[::-1]] = child_codes[::-1]
-    split = _totals(kernels, labels, "sub_range", (inside, label_of[inside]))
+    split = label_totals(kernels, labels, "sub_range", (inside, label_of[inside]))
     return kernels.iloc[inside].reset_index(drop=True), split
 
 
