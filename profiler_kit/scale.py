@@ -70,9 +70,8 @@ class Measurement:
 # Runs argv[3:] as its child and writes its wall seconds, CPU seconds (user + system: on a shared machine the
 # steadier of the two) and peak RSS (KiB) to the file argv[1]; argv[2], when not 0, caps the child's address
 # space (bytes; at most the limit this process has), so that a run past a memory bound fails instead of filling
-# the machine. A process's peak RSS
-# starts at its parent's size when it is spawned, so the command is spawned from this small process, not from
-# the benchmark (which holds pandas and the builders).
+# the machine. A process's peak RSS starts at its parent's size when it is spawned, so the command is spawned
+# from this small process, not from the benchmark (which holds pandas and the builders).
 _WRAPPER = ("import resource, subprocess, sys, time; cap = int(sys.argv[2]); "
             "hard = resource.getrlimit(resource.RLIMIT_AS)[1]; cap = min(cap, hard) if hard >= 0 else cap; "
             "cap and resource.setrlimit(resource.RLIMIT_AS, (cap, hard)); t = time.perf_counter(); "

@@ -33,7 +33,7 @@ from profiler_kit.kernels.attribution import RangeIndex, launches_in
 from profiler_kit.kernels.categories import categorize, optimizer_work
 from profiler_kit.kernels.phases import choose_phases, phase_index
 from profiler_kit.kernels.steps import find_steps, step_numbers
-from profiler_kit.kernels.trace import NO_LAUNCH, KernelTrace
+from profiler_kit.kernels.trace import NO_LAUNCH, KernelTrace, shared_strings
 
 NS_PER_US = 1_000
 PHASES_TID = 0
@@ -181,8 +181,7 @@ def _one(trace: KernelTrace, label: str, first_pid: int, phases: list[str] | Non
     starts = kernels["start_ns"].to_numpy()
     # Kernels run for their duration; an operator's call lasts to its end (its self time is less).
     ends = kernels["end_ns"].to_numpy() if kind == "cpu_op" else starts + kernels["total_ns"].to_numpy()
-    phase_of = np.empty(len(kernels), dtype=object)
-    phase_of[:] = ""  # one shared string (np.full makes one object per row)
+    phase_of = shared_strings(len(kernels), "")
     index = RangeIndex(ranges) if len(ranges) else None
     category = categorize(kernels["name"].astype(str), kind)
     if index is not None and len(kernels):

@@ -232,6 +232,14 @@ def group_sums(keys: np.ndarray, *values: np.ndarray) -> tuple[np.ndarray, list[
     return ordered[heads], [np.add.reduceat(np.asarray(value, dtype=np.int64)[order], heads) for value in values]
 
 
+def shared_strings(count: int, text: str) -> np.ndarray:
+    """An object array of `count` references to the one string `text` (np.full makes a string object per row:
+    hundreds of MB over millions of rows)."""
+    out = np.empty(count, dtype=object)
+    out[:] = text
+    return out
+
+
 def range_frame(
     names: Iterable, start_ns: Iterable, end_ns: Iterable, process: Iterable, thread: Iterable,
     kind: Iterable | None = None, number: Iterable | None = None,
@@ -246,8 +254,7 @@ def range_frame(
     count = len(np.asarray(start_ns))
     threads = np.array(thread, dtype=np.int64)
     if kind is None:  # all the program's, none a step the recorder numbered
-        kinds = np.empty(count, dtype=object)
-        kinds[:] = KIND_PROGRAM  # one shared string (np.full makes one object per row)
+        kinds = shared_strings(count, KIND_PROGRAM)
         numbers = pd.arrays.IntegerArray(np.zeros(count, np.int64), np.ones(count, bool))
     else:
         kinds = np.asarray(kind, dtype=object)
