@@ -31,6 +31,10 @@ DEFAULT_MAX_INPUT_MB = 256
 # How the limit is raised, for messages.
 RAISE_HINT = "raise the limit with `profiler-kit --max-input-mb N ...`"
 READ_CHUNK = 4 * MIB
+# The first bytes of the kinds of file the readers tell apart.
+GZIP_MAGIC = b"\x1f\x8b"
+SQLITE_MAGIC = b"SQLite format 3\x00"
+NSYS_REPORT_MAGIC = b"NVIDIA Tegra Profiler Report"
 
 _SPECIAL = (
     (stat.S_ISFIFO, "a FIFO (named pipe)"),
@@ -128,6 +132,11 @@ def read_head(path: str | os.PathLike, size: int) -> bytes:
             return fh.read(size)
     except OSError as exc:
         raise ProfilerKitError(f"{path}: cannot read ({_os_reason(exc)})") from None
+
+
+def is_gzip(path: str | os.PathLike) -> bool:
+    """Whether a checked regular file starts as gzip data does."""
+    return read_head(path, len(GZIP_MAGIC)) == GZIP_MAGIC
 
 
 def read_gzip(path: str | os.PathLike, limits: InputLimits | None = None, reader: str = "this input") -> bytes:

@@ -22,9 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from profiler_kit.errors import ProfilerKitError
-from profiler_kit.files import check_input, read_head
+from profiler_kit.files import check_input, is_gzip
 
-GZIP_MAGIC = b"\x1f\x8b"
 # The bytes kept from each end of the file: where the members around its big array are parsed from.
 EDGE_BYTES = 2**20
 # The bytes the parser reads at a time.
@@ -101,7 +100,7 @@ class StreamedObject:
         self._size = check_input(self.path)
 
     def _open(self) -> io.BufferedIOBase:
-        opener = gzip.open if read_head(self.path, len(GZIP_MAGIC)) == GZIP_MAGIC else open
+        opener = gzip.open if is_gzip(self.path) else open
         try:
             return opener(self.path, "rb")
         except OSError as exc:

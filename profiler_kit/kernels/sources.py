@@ -12,15 +12,20 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from profiler_kit.errors import ProfilerKitError
-from profiler_kit.files import InputLimits, current_limits, read_bytes, read_head
+from profiler_kit.files import (
+    GZIP_MAGIC,
+    NSYS_REPORT_MAGIC,
+    SQLITE_MAGIC,
+    InputLimits,
+    current_limits,
+    read_bytes,
+    read_head,
+)
 from profiler_kit.kernels.nsys_sqlite import load_sqlite
 from profiler_kit.kernels.nsys_stats import load_stats, looks_like_stats
 from profiler_kit.kernels.torch_trace import load_torch_trace
 from profiler_kit.kernels.trace import KernelTrace
 
-SQLITE_MAGIC = b"SQLite format 3\x00"
-GZIP_MAGIC = b"\x1f\x8b"
-NSYS_REPORT_MAGIC = b"NVIDIA Tegra Profiler Report"
 NSYS_REPORT_SUFFIXES = (".nsys-rep", ".qdrep")
 # What nsys says of a report made by a newer version than itself.
 UNSUPPORTED_REPORT = "Version not supported"

@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from profiler_kit.errors import ProfilerKitError
-from profiler_kit.files import InputLimits, parse_json, read_bytes, read_gzip, read_head
+from profiler_kit.files import InputLimits, is_gzip, parse_json, read_bytes, read_gzip
 from profiler_kit.kernels.cpu_ops import CPU_OP_CATEGORY, cpu_operators
 from profiler_kit.kernels.trace import (
     MAX_TOTAL_NS,
@@ -42,7 +42,7 @@ from profiler_kit.kernels.trace import (
     range_frame,
 )
 from profiler_kit.names import KIND_AUTO, KIND_PHASE, KIND_PROGRAM
-from profiler_kit.streamed_json import GZIP_MAGIC, NotStrict, OutOfRange, StreamedObject, streamable
+from profiler_kit.streamed_json import NotStrict, OutOfRange, StreamedObject, streamable
 
 LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
 MEMORY_CATEGORIES = ("gpu_memcpy", "gpu_memset")
@@ -111,8 +111,7 @@ def _streamed(path: Path) -> tuple[_Events, dict]:
 def _read_whole(path: Path, limits: InputLimits | None, reader: str) -> tuple[_Events, dict]:
     """The events and the other members of the trace, read whole within `limits`; `reader` names it in the
     error past them."""
-    gzipped = read_head(path, len(GZIP_MAGIC)) == GZIP_MAGIC
-    data = read_gzip(path, limits, reader) if gzipped else read_bytes(path, limits, reader)
+    data = read_gzip(path, limits, reader) if is_gzip(path) else read_bytes(path, limits, reader)
     obj = parse_json(data, path)
     if not isinstance(obj, dict) or not isinstance(obj.get(EVENTS), list):
         raise ProfilerKitError(f"{path}: JSON, but not a Chrome trace (no {EVENTS} list)")

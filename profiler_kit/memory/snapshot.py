@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from profiler_kit.errors import ProfilerKitError
-from profiler_kit.files import parse_json, read_bytes
+from profiler_kit.files import GZIP_MAGIC, NSYS_REPORT_MAGIC, SQLITE_MAGIC, parse_json, read_bytes
 
 # Trace actions whose entries carry an address and a size the analysis reads.
 ADDRESS_ACTIONS = frozenset({
@@ -38,8 +38,8 @@ _PROTO = b"\x80"
 EXPECTED = ("expected a CUDA memory snapshot pickle (from torch.cuda.memory._dump_snapshot or profiler-kit "
             "memory)")
 # What a file that is not a pickle most often is, told by its first bytes.
-_KINDS = ((b"SQLite format 3\x00", "an SQLite database (e.g. an nsys export)"), (b"\x1f\x8b", "gzip data"),
-          (b"PK\x03\x04", "a zip archive"), (b"NVIDIA Tegra Profiler Report", "an nsys report"))
+_KINDS = ((SQLITE_MAGIC, "an SQLite database (e.g. an nsys export)"), (GZIP_MAGIC, "gzip data"),
+          (b"PK\x03\x04", "a zip archive"), (NSYS_REPORT_MAGIC, "an nsys report"))
 
 
 class _RefusedGlobal(pickle.UnpicklingError):
