@@ -46,7 +46,9 @@ test: $(ENV)
 
 # Tests marked gpu, on a CUDA machine: the fast ones (a few minutes on one H100), then the ones marked gpu_slow
 # (autotuning, torch.compile, large models, nsys recording). ARGS narrows them, e.g. ARGS=tests/attention.
-PYTEST_GPU := PYTHONPATH=$(CURDIR) $(PY) -m pytest -q -rs --durations=15
+# The repository first on PYTHONPATH, keeping what the caller put there (the nvtx package `.gpu/setup.sh` adds).
+REPO_PATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
+PYTEST_GPU := PYTHONPATH=$(REPO_PATH) $(PY) -m pytest -q -rs --durations=15
 test-gpu: $(ENV)
 	$(PYTEST_GPU) -m "gpu and not gpu_slow" $(ARGS)
 
@@ -56,12 +58,12 @@ test-gpu-slow: $(ENV)
 # Both at once, the tests spread over every GPU of the machine (one pytest process per GPU; GPUS=0,1 picks them,
 # ARGS='--per-gpu 2' runs two processes on each).
 test-gpu-all: $(ENV)
-	PYTHONPATH=$(CURDIR) $(PY) tools/gpu_tests.py -m gpu $(if $(GPUS),--gpus $(GPUS)) $(ARGS)
+	PYTHONPATH=$(REPO_PATH) $(PY) tools/gpu_tests.py -m gpu $(if $(GPUS),--gpus $(GPUS)) $(ARGS)
 
 # The README's and docs' GPU figures, re-run on this commit, the parts in parallel on every GPU of the machine
 # (tools/results.py --list names the parts; GPUS=0,1 picks the GPUs).
 results: $(ENV)
-	PYTHONPATH=$(CURDIR) $(PY) tools/results.py $(if $(filter render,$(ONLY)),--render,$(if $(ONLY),--only $(ONLY))) \
+	PYTHONPATH=$(REPO_PATH) $(PY) tools/results.py $(if $(filter render,$(ONLY)),--render,$(if $(ONLY),--only $(ONLY))) \
 		$(if $(COMMIT),--commit $(COMMIT)) $(if $(GPUS),--gpus $(GPUS))
 
 # One intra-op thread and a longer warm-up keep CPU step times steady on a machine other processes share.
@@ -78,7 +80,7 @@ bench: $(ENV)
 # snapshot against their floors (about 20 minutes on 2 cores; the inputs, ~6 GB, go to SCALE_DIR and stay).
 SCALE_DIR ?= /tmp/profiler-kit-scale
 bench-scale: $(ENV)
-	PYTHONPATH=$(CURDIR) $(PY) tools/scale_bench.py --kernels 1M,10M --events 9M --entries 5M --workdir $(SCALE_DIR)
+	PYTHONPATH=$(REPO_PATH) $(PY) tools/scale_bench.py --kernels 1M,10M --events 9M --entries 5M --workdir $(SCALE_DIR)
 
 # Remade on every call: --force replaces the earlier recording of the config once the new one is complete.
 nsys: $(ENV)

@@ -96,7 +96,9 @@ def run_groups(groups: list[list[str]], gpus: Sequence[str], marker: str, extra:
             junit = Path(tmp) / "junit.xml"
             command = [sys.executable, "-m", "pytest", "-q", "-rs", "--durations=10", "-p", "no:cacheprovider",
                        "-m", marker, f"--junitxml={junit}", "-o", "junit_family=xunit1", *extra, *groups[i]]
-            env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu, "PYTHONPATH": str(REPO)}
+            # The repository first, then what the caller put on PYTHONPATH (the nvtx package `.gpu/setup.sh` adds).
+            env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu,
+                   "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
             start = time.monotonic()
             with open(OUT / f"{name}.log", "w") as log:
                 status = subprocess.run(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT).returncode

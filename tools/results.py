@@ -143,7 +143,8 @@ def gpu_stamp(env: dict[str, str]) -> dict:
 def run_part(name: str, base: dict, env: dict[str, str] | None = None, log: Path | None = None) -> list[dict]:
     """Every row of part `name`, run now in processes with `env` (their output appended to `log`), each row with
     `base`, its GPU, its command and the part's wall time."""
-    env = {**os.environ, **(env or {}), "PYTHONPATH": str(REPO)}
+    env = {**os.environ, **(env or {}),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     part, rows, start = PARTS[name], [], time.monotonic()
     where = {**base, **gpu_stamp(env)}
     for run in part.runs:

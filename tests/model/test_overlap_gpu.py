@@ -51,12 +51,12 @@ def test_the_whole_step_as_one_graph_equals_the_sequential_and_the_uncaptured_st
     ends where the same graph with the update after the backward ends, and where the uncaptured overlapped step
     ends, so replays advance the step count; its replays record the phase events the benchmark times."""
     options = {"optimizer": "adamw-master", "mixed_precision": True, "compile": True, "optimizer_overlap": True,
-               "attention": "naive", "masters_only": True}
+               "attention": "naive"}
     steps = 7  # three warm-up steps, the capture, three replays: a step count frozen at the capture would show
-    graph, again = (_trained(steps, cuda_graphs=True, **options) for _ in range(2))
-    graph_sequential = _trained(steps, cuda_graphs=True, clip_grad_norm=NO_CLIP, **options)
-    uncaptured = _trained(steps, **options)
-    moved = _largest_difference(graph, _trained(0, **options))
+    graph, again = (_trained(steps, masters_only=True, cuda_graphs=True, **options) for _ in range(2))
+    graph_sequential = _trained(steps, masters_only=True, cuda_graphs=True, clip_grad_norm=NO_CLIP, **options)
+    uncaptured = _trained(steps, masters_only=True, **options)
+    moved = _largest_difference(graph, _trained(0, masters_only=True, **options))
     bound = 2 * _largest_difference(graph, again) + 1e-3 * moved
     assert moved > 0
     assert _largest_difference(graph, graph_sequential) <= bound
