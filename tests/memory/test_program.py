@@ -167,10 +167,12 @@ def test_plain_program_window_on_gpu(tmp_path):
     levels, times = replay_levels(snapshot)
     assert report["peak"]["allocated_bytes"] == levels.max()
     assert re.fullmatch(r"step \d+, (forward|backward|optimizer)", report["peak"]["phase"])
-    # The program's own ranges (not PyTorch's, e.g. Optimizer.zero_grad#…) are the phases.
-    outer = [r for r in annotation_ranges(snapshot, report["device"]) if r[3] == 0 and not LIBRARY_RANGES.match(r[0])]
+    # The program's own ranges are the phases: not PyTorch's (Optimizer.zero_grad#…) nor the recorder's marks, whose
+    # step range opens inside the program's forward and closes inside its optimizer range.
+    own = [r for r in annotation_ranges(snapshot, report["device"]) if not LIBRARY_RANGES.match(r[0])]
     named = [p for p in report["phases"] if p["source"] in ("annotation", "program")]
-    for phase, (_, start_us, end_us, _) in zip(named, outer, strict=True):
+    assert [p["name"].split(", ")[1] for p in named] == [r[0] for r in own]
+    for phase, (_, start_us, end_us, _) in zip(named, own, strict=True):
         assert phase["peak_allocated_bytes"] == replay_range_peak(levels, times, start_us, end_us), phase["name"]
     roles = _roles(report)
     assert roles["unknown"]["share_pct"] <= 2.0
