@@ -40,6 +40,13 @@ ADAMW_LR = 1e-4
 ADAMW_WEIGHT_DECAY = 0.1
 
 
+def limit_memory(device: torch.device, gib: float) -> None:
+    """Cap what this process's caching allocator may hold on `device` at `gib` GiB (or the whole GPU, if
+    smaller): a config then runs out of memory where it would on a GPU of that size."""
+    total = torch.cuda.get_device_properties(device).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, gib * 2**30 / total), device)
+
+
 def resolve_device(name: str = "auto") -> torch.device:
     """`auto` → cuda when available, else cpu; `cuda` without a GPU is a user error."""
     if name == "auto":
@@ -78,6 +85,7 @@ class WorkloadConfig:
     cuda_graphs: bool = False  # with `compile`: the compiled forward and backward replay as CUDA graphs
     optimizer_overlap: bool = False  # train: each block's update beside the backward (see the module docstring)
     clip_grad_norm: float | None = None  # train: the gradients' total norm clipped to this before the update
+    memory_limit_gib: float | None = None  # CUDA: the caching allocator may hold at most this much, as a smaller GPU
 
     def validate(self) -> None:
         for field in ("ctx", "batch_size"):
@@ -101,6 +109,10 @@ class WorkloadConfig:
             raise ProfilerKitError("the optimizer beside the backward runs on one device: drop --parallel")
         if self.clip_grad_norm is not None and self.clip_grad_norm <= 0:
             raise ProfilerKitError(f"clip_grad_norm must be positive, got {self.clip_grad_norm}")
+        if self.memory_limit_gib is not None and self.memory_limit_gib <= 0:
+            raise ProfilerKitError(f"memory_limit_gib must be positive, got {self.memory_limit_gib}")
+        if self.memory_limit_gib is not None and resolve_device(self.device).type != "cuda":
+            raise ProfilerKitError("--memory-limit-gib caps CUDA memory: it needs a CUDA device")
         phases_for(self.mode)
         distributed.check_mode(self.parallel)
         from_name(self.model, self.ctx)
@@ -125,6 +137,8 @@ class Workload:
         if cfg.parallel != "none":
             self.device, place = distributed.join(self.device)
             self.rank = place.rank
+        if cfg.memory_limit_gib is not None:
+            limit_memory(self.device, cfg.memory_limit_gib)
         self.phases = phases_for(cfg.mode)
         set_enabled(cfg.nvtx)
         torch.manual_seed(cfg.seed)

@@ -148,6 +148,7 @@ def benchmark_cmd(
     attention,
     device,
     seed,
+    memory_limit_gib,
     nvtx,
     optimizer,
     warmup,
@@ -176,7 +177,7 @@ def benchmark_cmd(
     base = WorkloadConfig(
         model[0], ctx[0], mode[0], batch_size, mixed_precision, compile_, attention[0], device, seed, nvtx,
         optimizer[0], parallel=parallel, cuda_graphs=cuda_graphs, optimizer_overlap=optimizer_overlap,
-        clip_grad_norm=clip_grad_norm,
+        clip_grad_norm=clip_grad_norm, memory_limit_gib=memory_limit_gib,
     )
     timing = bench.TimingOptions(warmup, max(warmup, max_warmup), steps, stable_pct, cpu_threads)
     items = bench.sweep_items(bench.sweep_configs(base, model, ctx, mode, attention, optimizer), repeat)

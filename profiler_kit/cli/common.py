@@ -211,7 +211,7 @@ def workload_options(sweep: bool) -> Callable:
     """The options that describe the workload, shared by `benchmark` (comma lists, swept as a product when
     `sweep`) and the one-config commands `nsys` and `memory`. Values land in the command as `model`, `ctx`,
     `mode`, `attention`, `optimizer` (lists when `sweep`), `batch_size`, `mixed_precision`, `compile_`,
-    `cuda_graphs`, `device`, `seed`, `nvtx`."""
+    `cuda_graphs`, `device`, `seed`, `nvtx`, `memory_limit_gib`."""
     from profiler_kit.names import ATTENTION_IMPLS, MODES, OPTIMIZERS
 
     pick = comma_list if sweep else single
@@ -236,6 +236,8 @@ def workload_options(sweep: bool) -> Callable:
             "--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True
         ),
         click.option("--seed", type=int, default=0, show_default=True),
+        click.option("--memory-limit-gib", type=positive_float, default=None,
+                     help="Let the CUDA caching allocator hold at most this many GiB, as on a smaller GPU."),
         click.option(
             "--nvtx/--no-nvtx", default=True, show_default=True, help="NVTX ranges around phases/layers."
         ),

@@ -63,8 +63,8 @@ PROGRAM_OPTIONS = ("output", "force", "max_entries", "top", "fmt")
 @_report_options
 @click.pass_context
 def memory_cmd(click_ctx: click.Context, model, ctx, mode, batch_size, mixed_precision, compile_, cuda_graphs,
-               attention, device, seed, nvtx, optimizer, warmup, steps, max_entries, output_dir, plot, html, output,
-               force, top, fmt) -> None:
+               attention, device, seed, memory_limit_gib, nvtx, optimizer, warmup, steps, max_entries, output_dir,
+               plot, html, output, force, top, fmt) -> None:
     """Record CUDA memory history around one config's steps, or over any program's window, dump the snapshot,
     and explain its peak.
 
@@ -101,7 +101,7 @@ def memory_cmd(click_ctx: click.Context, model, ctx, mode, batch_size, mixed_pre
     from profiler_kit.workload import WorkloadConfig
 
     cfg = WorkloadConfig(model, ctx, mode, batch_size, mixed_precision, compile_, attention, device, seed,
-                         nvtx, optimizer, cuda_graphs=cuda_graphs)
+                         nvtx, optimizer, cuda_graphs=cuda_graphs, memory_limit_gib=memory_limit_gib)
     require_cuda(cfg)
     with console_err.status("recording") as status:
         result = record_memory(cfg, steps, warmup, max_entries, output_dir, on_progress=status.update)

@@ -93,10 +93,10 @@ PROGRAM_ONLY = ("output", "nsys_args", "capture", "phases", "flops_per_step", "p
 @_program_options
 @click.pass_context
 def nsys(click_ctx: click.Context, model: str, ctx: int, mode: str, batch_size: int, mixed_precision: bool,
-         compile_: bool, cuda_graphs: bool, attention: str, device: str, seed: int, nvtx: bool, optimizer: str,
-         parallel: str, warmup: int, steps: int, backend: str, nsys_path: Path | None, output_dir: Path,
-         force: bool, top: int, fmt: str, output: Path | None, nsys_args: str, capture: bool, phases: tuple[str, ...],
-         flops_per_step: float | None, peak_tflops: float | None) -> None:
+         compile_: bool, cuda_graphs: bool, attention: str, device: str, seed: int, memory_limit_gib: float | None,
+         nvtx: bool, optimizer: str, parallel: str, warmup: int, steps: int, backend: str, nsys_path: Path | None,
+         output_dir: Path, force: bool, top: int, fmt: str, output: Path | None, nsys_args: str, capture: bool,
+         phases: tuple[str, ...], flops_per_step: float | None, peak_tflops: float | None) -> None:
     """Profile one training-step config, or any program given after `--`: kernels per phase, under Nsight
     Systems or torch.profiler.
 
@@ -146,7 +146,7 @@ def nsys(click_ctx: click.Context, model: str, ctx: int, mode: str, batch_size: 
     from profiler_kit.workload import WorkloadConfig
 
     cfg = WorkloadConfig(model, ctx, mode, batch_size, mixed_precision, compile_, attention, device, seed,
-                         nvtx, optimizer, parallel=parallel, cuda_graphs=cuda_graphs)
+                         nvtx, optimizer, parallel=parallel, cuda_graphs=cuda_graphs, memory_limit_gib=memory_limit_gib)
     try:
         result = profile(cfg, warmup, steps, backend, output_dir, nsys_path, force)
     finally:

@@ -196,3 +196,13 @@ def test_overlap_rows_carry_the_exposed_optimizer_time_and_the_clipping_fallback
 def test_the_overlap_needs_a_train_step():
     result = _cli("benchmark", "--model", "tiny", "--device", "cpu", "--mode", "forward", "--optimizer-overlap")
     assert result.exit_code != 0 and "needs a train step" in result.output
+
+
+@pytest.mark.parametrize("command", ["benchmark", "nsys"])  # `memory` needs a CUDA device anyway
+def test_a_memory_limit_needs_a_cuda_device(command):
+    """`--memory-limit-gib` caps the CUDA caching allocator: on the CPU it is refused with one line, exit 1 (a
+    GPU is what the command needs), before any step runs."""
+    result = _cli(command, "--model", "tiny", "--ctx", "8", "--device", "cpu", "--memory-limit-gib", "1")
+    assert result.exit_code == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last == "Error: --memory-limit-gib caps CUDA memory: it needs a CUDA device"
