@@ -55,10 +55,10 @@ test-gpu: $(ENV)
 test-gpu-slow: $(ENV)
 	$(PYTEST_GPU) -m gpu_slow $(ARGS)
 
-# Both at once, the tests spread over every GPU of the machine (one pytest process per GPU; GPUS=0,1 picks them,
-# ARGS='--per-gpu 2' runs two processes on each).
+# Both at once, spread over every GPU of the machine (two workers per GPU, one more for the tests that need two
+# GPUs; GPUS=0,1 picks them, COMMIT names the commit in results/gpu-tests/summary.json and the last line).
 test-gpu-all: $(ENV)
-	PYTHONPATH=$(REPO_PATH) $(PY) tools/gpu_tests.py -m gpu $(if $(GPUS),--gpus $(GPUS)) $(ARGS)
+	PYTHONPATH=$(REPO_PATH) $(PY) tools/gpu_tests.py -m gpu $(if $(GPUS),--gpus $(GPUS)) $(if $(COMMIT),--commit $(COMMIT)) $(ARGS)
 
 # The README's and docs' GPU figures, re-run on this commit, the parts in parallel on every GPU of the machine
 # (tools/results.py --list names the parts; GPUS=0,1 picks the GPUs).

@@ -25,7 +25,7 @@ HERE = Path(__file__).resolve().parent
 DDP, FSDP2 = str(HERE / "ddp_program.py"), str(HERE / "fsdp2_program.py")
 TWO_GPUS = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
                               reason="needs 2 GPUs")
-pytestmark = [pytest.mark.gpu, pytest.mark.gpu_slow, TWO_GPUS]
+pytestmark = [pytest.mark.gpu, pytest.mark.gpu_slow, pytest.mark.multi_gpu, TWO_GPUS]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
 PROGRAMS = {
     "ddp_marks": [DDP, "--marks", "--warmup", "0", "--steps", "8", "--width", "1024"],

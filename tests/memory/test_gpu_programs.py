@@ -37,6 +37,7 @@ def _roles(report: dict) -> dict[str, dict]:
 
 @pytest.mark.gpu
 @pytest.mark.gpu_slow
+@pytest.mark.multi_gpu
 @TWO_GPUS
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 def test_sharded_memory_per_rank_on_two_gpus(tmp_path, parallel):

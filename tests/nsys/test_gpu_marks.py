@@ -98,6 +98,7 @@ def test_record_function_ranges_reach_nsys(tmp_path, gpu_nsys):
 two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
 
 
+@pytest.mark.multi_gpu
 @two_gpus
 def test_nsys_around_torchrun_without_a_window_records_every_rank(tmp_path, gpu_nsys):
     record(tmp_path, "ddp", "nsys", "--nsys", str(gpu_nsys.path), "--", *TORCHRUN, *PLAIN)
@@ -116,6 +117,7 @@ def test_nsys_around_torchrun_without_a_window_records_every_rank(tmp_path, gpu_
         assert sum(total for (pid, _), total in by_sql.items() if pid == process >> 24) > 0
 
 
+@pytest.mark.multi_gpu
 @two_gpus
 def test_nsys_around_torchrun_records_each_ranks_window(tmp_path, gpu_nsys):
     example = str(REPO / "examples" / "train_ddp.py")
