@@ -43,8 +43,9 @@ ADAMW_WEIGHT_DECAY = 0.1
 def limit_memory(device: torch.device, gib: float) -> None:
     """Cap what this process's caching allocator may hold on `device` at `gib` GiB (or the whole GPU, if
     smaller): a config then runs out of memory where it would on a GPU of that size."""
-    total = torch.cuda.get_device_properties(device).total_memory
-    torch.cuda.set_per_process_memory_fraction(min(1.0, gib * 2**30 / total), device)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    total = torch.cuda.get_device_properties(index).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, gib * 2**30 / total), index)
 
 
 def resolve_device(name: str = "auto") -> torch.device:

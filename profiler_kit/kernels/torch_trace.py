@@ -122,9 +122,12 @@ def _read_whole(path: Path, limits: InputLimits | None, reader: str) -> tuple[_E
 
 
 def _clock(meta: dict) -> tuple[str | None, int]:
-    """The host whose clock the trace's times are on (`host_name`), and the offset that puts them on it
-    (`baseTimeNanoseconds`: an event's time is that plus its `ts`); no host when the trace does not name it."""
-    host, base = meta.get("host_name"), meta.get("baseTimeNanoseconds", 0)
+    """The host whose clock the trace's times are on (`host_name`, else the host the recorder wrote in its
+    metadata), and the offset that puts them on it (`baseTimeNanoseconds`: an event's time is that plus its
+    `ts`); no host when neither names it."""
+    recorder = meta.get("profiler_kit")
+    host = meta.get("host_name") or (recorder.get("host") if isinstance(recorder, dict) else None)
+    base = meta.get("baseTimeNanoseconds", 0)
     usable = isinstance(host, str) and host and type(base) is int and 0 <= base < MAX_TOTAL_NS
     return (f"host {host}", base) if usable else (None, 0)
 

@@ -4,8 +4,9 @@
 closes, and keeps the window (`window.Window`) up to date.
 
 torch.profiler records from start-up and drops what it recorded once a window opens; the Chrome trace lists
-in its metadata (`profiler_kit`) the phases the program opened, the notes of what could not be recorded, and
-the process's place in its job.
+in its metadata (`profiler_kit`) the phases the program opened, the notes of what could not be recorded, the
+process's place in its job and its host (torch.profiler names the host itself only in some releases), whose clock
+the traces of one job's processes share.
 
 Under nsys the `cudaProfilerApi` capture range opens at the first marked step, at the program's own `start()`
 when its main script calls it, else at the first CUDA call, in every recorded process of the job (nsys records
@@ -21,6 +22,7 @@ import atexit
 import json
 import os
 import re
+import socket
 import sys
 import warnings
 from pathlib import Path
@@ -173,7 +175,8 @@ class TorchRecorder(WindowRecorder):
         self.window.report()
 
     def _add_metadata(self) -> None:
-        meta = {**self.described, "phases": list(self.phases.names), "notes": self.notes.lines, **self.place}
+        meta = {**self.described, "phases": list(self.phases.names), "notes": self.notes.lines, **self.place,
+                "host": socket.gethostname()}
         self.profiler.add_metadata_json("profiler_kit", json.dumps(meta))
 
 

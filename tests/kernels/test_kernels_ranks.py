@@ -280,6 +280,29 @@ def test_torch_traces_say_their_host_and_time_base():
     assert trace.clock == "host vm" and trace.clock_offset_ns == 1790857026000000000
 
 
+def test_without_torchs_host_name_the_recorders_host_puts_the_ranks_on_one_clock(tmp_path):
+    """torch.profiler writes `host_name` only in some releases (2.11 on the GPU machine does not); the recorder's
+    metadata names the host too, and the ranks of one host compare in time; with neither, they do not."""
+    def rewritten(recorder_host: str | None) -> list[Path]:
+        paths = []
+        for path in RANKS:
+            with gzip.open(path, "rt") as fh:
+                doc = json.load(fh)
+            del doc["host_name"]
+            if recorder_host is not None:
+                doc["profiler_kit"] = {**doc.get("profiler_kit", {}), "host": recorder_host}
+            paths.append(tmp_path / f"{recorder_host}.{path.name}")
+            with gzip.open(paths[-1], "wt") as fh:
+                json.dump(doc, fh)
+        return paths
+
+    named = summarize_ranks(rank_traces(rewritten("node7")))
+    assert named.arrivals.comparable and len(named.arrivals.table) > 0
+    assert (named.arrivals.table["last_rank"] >= 0).all()
+    unnamed = summarize_ranks(rank_traces(rewritten(None)))
+    assert not unnamed.arrivals.comparable and any("recorded on 2 clocks" in n for n in unnamed.notes)
+
+
 def test_nccl_ranges_count_collective_calls_under_nsys():
     """The one-GPU DDP export launches no NCCL kernel; NCCL's own `ncclAllReduce` ranges (on another thread) are
     its calls: those that start inside each phase's ranges, by SQL."""

@@ -8,6 +8,7 @@ import gzip
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -99,7 +100,8 @@ def test_the_programs_nvtx_ranges_are_in_the_torch_trace(tmp_path):
     for name in ("step", "fwd", "bwd", "opt", "helper"):
         assert names[name] == 3, (name, names)
     assert result.stderr.count("recorded the whole run, 3 steps") == 2  # when recorded, and in the summary's notes
-    assert trace_of(tmp_path / "ranges.json.gz")["profiler_kit"] == {"phases": [], "notes": []}
+    assert trace_of(tmp_path / "ranges.json.gz")["profiler_kit"] == {"phases": [], "notes": [],
+                                                                     "host": socket.gethostname()}
 
 
 CAPTURE = """
@@ -126,7 +128,7 @@ def test_only_the_steps_capture_marks_are_recorded(tmp_path):
     trace = tmp_path / "window.json.gz"
     names = annotations(trace)
     assert [names[f"profiler_kit::step#{n}"] for n in (2, 3, 4)] == [1, 1, 1] and names["fwd"] == steps
-    assert trace_of(trace)["profiler_kit"] == {"phases": phases, "notes": []}
+    assert trace_of(trace)["profiler_kit"] == {"phases": phases, "notes": [], "host": socket.gethostname()}
     assert result.stderr.count(said) == 2  # when recorded, and in the summary's notes
 
 
