@@ -6,7 +6,10 @@ the NCCL kernels (one per collective, or per group of them).
 
 Arrivals. A rank's collectives are its communication kernels (NCCL's, on GPUs) or, in a trace without kernels,
 the collectives' own spans on the process group's thread (`gloo:all_reduce`), each with the step it was
-launched in. The k-th collective of one kind (all-reduce, all-gather, ...) is the same call on every rank; the
+launched in. A kernel launched from inside NCCL's own range of its call starts, for this, when that range did:
+NCCL connects a rank to its peers at the first collective that needs them, on the host, before it launches the
+kernel, so a rank that came early waits there, not in the kernel (the range lasts microseconds otherwise). The
+k-th collective of one kind (all-reduce, all-gather, ...) is the same call on every rank; the
 rank whose k-th starts last entered it last, and the first one waited `wait` = last start − first start for
 it. Point-to-point transfers (send, receive) involve two ranks, not all, and are not matched. Comparing starts
 needs one clock: `comparable` says whether the ranks have one; without it only durations are used.
@@ -70,11 +73,25 @@ def executions(kernels: pd.DataFrame, index: RangeIndex | None, cpu: bool, steps
     starts = kernels["start_ns"].to_numpy()[rows]
     ends = kernels["end_ns"].to_numpy()[rows] if "end_ns" in kernels.columns else (
         starts + kernels["total_ns"].to_numpy()[rows])
+    if not cpu and index is not None and "launch_ns" in kernels.columns:
+        starts = starts - _host_waits(kernels.iloc[rows], index)
     names = kernels["name"].astype(str).to_numpy()[rows]
     kinds = {name: kind_of(name) for name in set(names)}
     frame = pd.DataFrame({"kind": [kinds[n] for n in names], "name": names, "start_ns": starts + offset_ns,
                           "duration_ns": ends - starts, "step": step[rows]})
     return frame.sort_values("start_ns", kind="stable", ignore_index=True)
+
+
+def _host_waits(kernels: pd.DataFrame, index: RangeIndex) -> np.ndarray:
+    """Per kernel, how long the host spent in the NCCL call that launched it (the longest of NCCL's ranges
+    holding its launch; 0 outside them)."""
+    waits = np.zeros(len(kernels), dtype=np.int64)
+    ncclish = np.flatnonzero(index.names().astype(str).str.match(NCCL_RANGE).to_numpy())
+    if len(ncclish):
+        rows, owners = launches_in(kernels, index, ncclish)
+        spans = (index.ranges["end_ns"].to_numpy() - index.ranges["start_ns"].to_numpy())[owners]
+        np.maximum.at(waits, rows, spans)
+    return waits
 
 
 def calls_per_phase(trace: KernelTrace, kernels: pd.DataFrame, index: RangeIndex | None, phases: list[str],

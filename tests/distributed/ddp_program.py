@@ -9,7 +9,8 @@ It runs `--warmup` + `--steps` steps, plain by default (no annotation at all); `
 `profiler_kit.phase` ranges around each step and its forward, backward and optimizer; `--capture` records the
 last `--steps` only (`profiler_kit.capture`).
 `--late-rank R` makes rank R start late: it sleeps before `init_process_group` (`--late-at init`) or after it,
-before the first collective (`--late-at collective`, DDP's check of the parameters' shapes). NCCL sets up its
+before the first collective (`--late-at collective`, DDP's check of the parameters' shapes); each rank then writes
+`{"entered": NS, "rank": R}` on stderr when it calls that collective (host clock, ns). NCCL sets up its
 communicator at the first collective unless `--bind-device` gives `init_process_group` the rank's GPU, which
 sets it up there. Rank 0 prints the last loss.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import json
 import os
 import sys
 import time
@@ -60,6 +62,8 @@ def main() -> None:
         time.sleep(args.late_s)
     torch.manual_seed(0)  # the same weights on every rank
     model = MLPLanguageModel(args.vocab, args.width, args.depth).to(device)
+    if args.late_rank is not None:  # when this rank calls DDP's first collective, on the host's clock, one write
+        os.write(2, (json.dumps({"entered": time.time_ns(), "rank": rank}) + "\n").encode())
     ddp = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
     optimizer = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
     generator = torch.Generator().manual_seed(rank)  # a batch of its own on each rank

@@ -139,6 +139,24 @@ def test_ranks_on_different_clocks_are_not_compared_in_time():
     assert ranked.to_json()["arrivals"] == []
 
 
+def test_a_rank_that_waited_inside_nccls_call_on_the_host_entered_when_its_call_did():
+    """NCCL connects the ranks at their first collective on the host, before the kernel: both ranks' broadcast
+    kernels run at the same GPU time, but rank 0's launch sits in a 9.9 ms `ncclBroadcast` range (it waited for
+    rank 1 there) and rank 1's in a 0.15 ms one. Rank 0's broadcast took 10.9 ms, rank 1 entered 9.75 ms later."""
+    steady = dict(step_starts=[100, 110, 120, 130], walls=[10] * 4,
+                  all_reduce=[(104, 1), (114, 1), (124, 1), (134, 1)], broadcast=(69, 1))
+    ranked = []
+    for rank, (start, end) in enumerate([(0.2, 10.1), (9.9, 10.05)]):
+        trace = gpu_rank(100 + rank, **steady)
+        nccl = range_frame(["ncclBroadcast"], [round(start * MS)], [round(end * MS)], [100 + rank], [1])
+        ranked.append((rank, replace(trace, ranges=pd.concat([trace.ranges, nccl], ignore_index=True))))
+    first = summarize_ranks(ranked).one_off
+    assert (first["rank"], first["late_rank"], first["kind"]) == (0, 1, "broadcast")
+    assert first["duration_ns"] == round(10.9 * MS) and first["late_by_ns"] == round(9.75 * MS)
+    # Without NCCL's ranges the kernels alone say nothing happened.
+    assert summarize_ranks([(r, gpu_rank(100 + r, **steady)) for r in (0, 1)]).one_off is None
+
+
 def test_a_job_without_steps_is_covered_whole():
     ranked = summarize_ranks([(r, replace(t, ranges=t.ranges[t.ranges["name"] != "step"]))
                               for r, t in synthetic_job()])

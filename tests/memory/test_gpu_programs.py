@@ -57,8 +57,11 @@ def test_sharded_memory_per_rank_on_two_gpus(tmp_path, parallel):
         assert roles["optimizer state"]["size_bytes"] == pytest.approx(2 * held[rank]["parameter_fp32_bytes"],
                                                                        rel=0.01)
         assert roles["unknown"]["share_pct"] <= 5.0, roles["unknown"]
-        if parallel == "ddp":  # one set of buckets holds every gradient once more
-            assert roles["gradient bucket"]["size_bytes"] == pytest.approx(held[rank]["parameter_bytes"],
+        if parallel == "ddp":
+            # One set of buckets holds every gradient once more; in step 1 two sets: DDP rebuilds its buckets in
+            # that step's forward and frees the set it made at construction only in step 2's (torch 2.11).
+            sets = 2 if report["peak"]["step"] == 1 else 1
+            assert roles["gradient bucket"]["size_bytes"] == pytest.approx(sets * held[rank]["parameter_bytes"],
                                                                            rel=0.01)
         else:
             assert roles["unsharded parameter"]["size_bytes"] > 0
