@@ -36,7 +36,7 @@ install: $(STAMP)
 # Tests that run nsys use the one profiler-kit finds, else Debian's 2022.4, installed into $(VENV)/nsys-debian;
 # the tests that open the HTML reports in a browser use Debian's chromium, installed with apt-get when missing.
 test: $(ENV)
-	@$(PY) -c "from profiler_kit.recording.nsys import find_nsys; find_nsys()" 2>/dev/null \
+	@$(PY) -c "from profiler_kit.nsys_tool import find_nsys; find_nsys()" 2>/dev/null \
 		|| bash tools/install_nsys_debian.sh $(VENV)/nsys-debian >/dev/null \
 		|| echo "no nsys found and none installed into $(VENV)/nsys-debian: the tests that run nsys will skip"
 	@command -v chromium >/dev/null \

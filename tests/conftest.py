@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from profiler_kit.recording import nsys as nsys_tool
-from profiler_kit.recording.nsys import NsysError, NsysInstall, find_nsys
+from profiler_kit import nsys_tool
+from profiler_kit.nsys_tool import NsysError, NsysInstall, find_nsys
 
 HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:

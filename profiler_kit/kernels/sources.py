@@ -95,7 +95,7 @@ def _load(path: Path, limits: InputLimits | None) -> KernelTrace:
 
 def _refuse_stale_export(path: Path) -> None:
     """An export older than the report beside it describes an earlier recording, not the report's."""
-    from profiler_kit.recording.nsys import is_stale
+    from profiler_kit.nsys_tool import is_stale
 
     for suffix in NSYS_REPORT_SUFFIXES:
         report = path.with_suffix(suffix)
@@ -109,7 +109,7 @@ def _refuse_stale_export(path: Path) -> None:
 def _load_report(path: Path) -> KernelTrace:
     """An .nsys-rep is read through its SQLite export, made (or refreshed) beside it by nsys. A report this
     nsys cannot open (made by a newer one) is an error that says how to export it where it was recorded."""
-    from profiler_kit.recording.nsys import NsysError, export_sqlite, find_nsys
+    from profiler_kit.nsys_tool import NsysError, export_sqlite, find_nsys
 
     try:
         sqlite = export_sqlite(path)

@@ -44,6 +44,7 @@ from profiler_kit.environment import note
 from profiler_kit.errors import ProfilerKitError
 from profiler_kit.files import publish, reserve_output
 from profiler_kit.names import RECORDING_BACKENDS
+from profiler_kit.nsys_tool import NsysError, NsysInstall, export_sqlite, find_nsys, kill_group, output_tail
 from profiler_kit.recording.channel import (
     CUDA,
     JOB_DIR,
@@ -58,7 +59,6 @@ from profiler_kit.recording.channel import (
     read_windows,
     trace_path,
 )
-from profiler_kit.recording.nsys import NsysError, NsysInstall, export_sqlite, find_nsys, kill_group, output_tail
 from profiler_kit.render import say
 
 BACKENDS = RECORDING_BACKENDS

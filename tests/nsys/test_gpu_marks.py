@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from profiler_kit.cli import main
 from profiler_kit.kernels import load
 from profiler_kit.memory import load_snapshot
-from profiler_kit.recording.nsys import NsysError, find_nsys
+from profiler_kit.nsys_tool import NsysError, find_nsys
 
 REPO = Path(__file__).resolve().parents[2]
 PLAIN = [str(REPO / "examples" / "train_plain.py"), "--width", "256", "--depth", "2", "--heads", "4", "--vocab",

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from profiler_kit import nsys_tool
 from profiler_kit.errors import ProfilerKitError
-from profiler_kit.recording import nsys as nsys_tool
-from profiler_kit.recording.nsys import NsysError, NsysInstall, export_sqlite, find_nsys, parse_version, run_stats
+from profiler_kit.nsys_tool import NsysError, NsysInstall, export_sqlite, find_nsys, parse_version, run_stats
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "nsys"
 V2022 = (FIXTURES / "version-2022.4.2.txt").read_text()

@@ -14,8 +14,8 @@ from click.testing import CliRunner
 from profiler_kit.cli import main
 from profiler_kit.errors import ProfilerKitError
 from profiler_kit.kernels import load
+from profiler_kit.nsys_tool import NsysError, NsysInstall
 from profiler_kit.recording.builtin import AttentionProfileConfig, ProfileResult, profile, target_command
-from profiler_kit.recording.nsys import NsysError, NsysInstall
 from profiler_kit.recording.runner import Window, nsys_command
 from profiler_kit.workload import WorkloadConfig
 

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from profiler_kit.cli import main
 from profiler_kit.kernels import load
-from profiler_kit.recording.nsys import REPORT_RENAMES, NsysError, export_sqlite, find_nsys, run_stats
+from profiler_kit.nsys_tool import REPORT_RENAMES, NsysError, export_sqlite, find_nsys, run_stats
 
 WARMUP, STEPS = 1, 2
 

@@ -1,6 +1,6 @@
 """The recording room's place in the package, read from the source (every import, also those inside functions):
-nothing it builds on imports it back, no import cycle runs through it, and the runner's side of a recording (the
-parent process) never loads torch."""
+nothing it builds on imports it back, only the command line and the package's face import it, no import cycle
+runs through it, and the runner's side of a recording (the parent process) never loads torch."""
 
 from __future__ import annotations
 
@@ -60,6 +60,15 @@ def test_nothing_the_recording_room_builds_on_imports_it():
     assert {module: targets for module, targets in offenders.items() if targets} == {}
     # The model and the workload, which the recorded programs run, are below it too.
     assert {"profiler_kit.model", "profiler_kit.workload"} <= below
+
+
+def test_only_the_command_line_and_the_package_face_import_the_recording_room():
+    graph = import_graph()
+    above = {module for module in graph if module in ("profiler_kit", "profiler_kit.cli")
+             or module.startswith("profiler_kit.cli.")}
+    importers = {module for module, targets in graph.items()
+                 if not _in_room(module) and any(map(_in_room, targets))}
+    assert importers and importers <= above, sorted(importers - above)
 
 
 def test_no_import_cycle_runs_through_the_recording_room():

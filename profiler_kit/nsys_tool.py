@@ -1,4 +1,5 @@
-"""Nsight Systems from Python: finding `nsys`, reading its version, running `export` and `stats`.
+"""Nsight Systems from Python: finding `nsys`, reading its version, running `export` and `stats`: what the
+recorder (`recording.runner`) and the report readers (`kernels.sources`) both use.
 
 nsys versions disagree on report names (2023.1 renamed `gpukernsum` to `cuda_gpu_kern_sum` and the other
 stats reports with it), newer ones refuse an SQLite export older than its report, and many failures exit 0
