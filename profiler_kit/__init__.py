@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-__version__ = "0.1.0"
+from profiler_kit.environment import VERSION
+
+__version__ = VERSION
 __all__ = ["capture", "instrument", "phase"]
 
 

@@ -6,11 +6,12 @@ only when this process has initialised CUDA, nsys only when a command of this ru
 
 from __future__ import annotations
 
-import importlib.metadata
 import platform
 import sys
 from typing import Any
 
+# profiler-kit's own version (pyproject.toml's), which `profiler_kit.__version__` and `--version` give.
+VERSION = "0.1.0"
 # Bumped when a field of a JSON document changes meaning or goes away; new fields keep it.
 SCHEMA_VERSION = 1
 _noted: dict[str, str] = {}
@@ -22,6 +23,8 @@ def note(tool: str, version: str) -> None:
 
 
 def _package_version(name: str) -> str | None:
+    import importlib.metadata  # tens of milliseconds: only when a document is written
+
     try:
         return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
@@ -29,8 +32,6 @@ def _package_version(name: str) -> str | None:
 
 
 def environment() -> dict[str, Any]:
-    from profiler_kit import __version__
-
     torch = sys.modules.get("torch")
     cuda = gpu = None
     if torch is not None:
@@ -38,7 +39,7 @@ def environment() -> dict[str, Any]:
         if torch.cuda.is_initialized():
             gpu = torch.cuda.get_device_name()
     return {
-        "profiler_kit": __version__,
+        "profiler_kit": VERSION,
         "python": platform.python_version(),
         "torch": torch.__version__ if torch is not None else _package_version("torch"),
         "cuda": cuda,

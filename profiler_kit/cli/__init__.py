@@ -10,7 +10,7 @@ import importlib
 import click
 from click.utils import make_default_short_help
 
-from profiler_kit import __version__
+from profiler_kit.environment import VERSION
 from profiler_kit.errors import ProfilerKitError, UsageProblem, first_line, literal
 from profiler_kit.files import DEFAULT_MAX_INPUT_MB, MIB, InputLimits, set_limits
 
@@ -105,7 +105,7 @@ def _set_max_input(_ctx: click.Context, _param: click.Parameter, value: int) -> 
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
-@click.version_option(__version__, prog_name="profiler-kit")
+@click.version_option(VERSION, prog_name="profiler-kit")
 @click.option("--debug", is_flag=True, envvar="PROFILER_KIT_DEBUG", expose_value=False, is_eager=True,
               show_envvar=True, callback=_set_debug, help="Show the traceback of a failure (for bug reports).")
 @click.option("--max-input-mb", type=click.IntRange(min=1), default=DEFAULT_MAX_INPUT_MB, show_default=True,
