@@ -33,11 +33,12 @@ from typing import Any
 import pandas as pd
 import torch
 
+from profiler_kit.device import device_label, resolve_device, synchronize
 from profiler_kit.errors import ProfilerKitError, first_line
 from profiler_kit.flops import mfu_pct, step_flops
 from profiler_kit.names import STABLE_WINDOW
 from profiler_kit.presets import count_parameters
-from profiler_kit.workload import Workload, WorkloadConfig, release, resolve_device, synchronize
+from profiler_kit.workload import Workload, WorkloadConfig, release
 
 # Row columns, in display order. Times are milliseconds per step; *_ms is the mean. Per step: each phase, the
 # step's wall time (`total`), and the CPU time the process spent on the step until it returned (`host_cpu`).
@@ -166,11 +167,6 @@ class StepTimer:
             else:
                 out[phase] = marks[i + 1] - marks[i]
         return out
-
-
-def device_label(device: torch.device) -> str:
-    """What a row's `device` column says: the GPU's name, or cpu."""
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
 @contextlib.contextmanager

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from profiler_kit import distributed
+from profiler_kit.device import free_memory, resolve_device
 from profiler_kit.errors import ProfilerKitError
 from profiler_kit.model import ATTENTION_IMPLS, TransformerLM
 from profiler_kit.names import MASTER_WEIGHTS, OPTIMIZER_KWARGS, OPTIMIZERS, phases_for
@@ -46,24 +47,6 @@ def limit_memory(device: torch.device, gib: float) -> None:
     index = device.index if device.index is not None else torch.cuda.current_device()
     total = torch.cuda.get_device_properties(index).total_memory
     torch.cuda.set_per_process_memory_fraction(min(1.0, gib * 2**30 / total), index)
-
-
-def resolve_device(name: str = "auto") -> torch.device:
-    """`auto` → cuda when available, else cpu; `cuda` without a GPU is a user error."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ProfilerKitError(
-            "--device cuda asked for, but torch sees no CUDA device (use --device cpu or auto)"
-        )
-    if name not in ("cpu",) and not name.startswith("cuda"):
-        raise ProfilerKitError(f"unknown device {name!r}; choose auto, cuda or cpu")
-    return torch.device(name)
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 @dataclass(frozen=True)
@@ -257,8 +240,4 @@ def release(workload: Workload | None) -> None:
             # Drop the compiled code and its CUDA graphs: the next config compiles afresh (a sweep would
             # otherwise reach dynamo's recompile limit and run eagerly) on memory the graphs no longer hold.
             torch._dynamo.reset()
-    import gc
-
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+    free_memory()

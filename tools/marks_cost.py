@@ -18,10 +18,11 @@ import time
 
 import torch
 
+from profiler_kit.device import synchronize
 from profiler_kit.presets import PRESETS
 from profiler_kit.recording.marks import Marks
 from profiler_kit.recording.notes import Notes
-from profiler_kit.workload import MODES, Workload, WorkloadConfig, synchronize
+from profiler_kit.workload import MODES, Workload, WorkloadConfig
 
 
 def parse_args() -> argparse.Namespace:

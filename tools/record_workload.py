@@ -13,9 +13,10 @@ import pickle
 
 import torch
 
+from profiler_kit.device import synchronize
 from profiler_kit.nvtx_ranges import set_record_function
 from profiler_kit.presets import PRESETS
-from profiler_kit.workload import MODES, Workload, WorkloadConfig, synchronize
+from profiler_kit.workload import MODES, Workload, WorkloadConfig
 
 MEMORY_HISTORY_ENTRIES = 100_000
 

@@ -58,9 +58,8 @@ from profiler_kit.attention.registry import (
     input_shape,
     make_impl,
 )
-from profiler_kit.benchmark import device_label
+from profiler_kit.device import device_label, free_memory, resolve_device, synchronize
 from profiler_kit.errors import ProfilerKitError, first_line
-from profiler_kit.workload import release, resolve_device, synchronize
 
 # Every name `--impl` takes, in table order, and the default set.
 IMPLS = NAMES
@@ -403,7 +402,7 @@ def run_shape(cfgs: list[AttentionConfig], warmup_ms: float, rep_ms: float, roun
         # (the failed frames' tensors are gone once the exceptions are).
         live.clear()
         del inputs
-        release(None)
+        free_memory()
     return rows
 
 

@@ -77,8 +77,8 @@ def _measure(configs: list, warmup: int, rep: int, rounds: int, backward_on_call
 
     from profiler_kit.attention import bench
     from profiler_kit.cli.sweep import run_with_progress
+    from profiler_kit.device import resolve_device
     from profiler_kit.results_io import RowWriter
-    from profiler_kit.workload import resolve_device
 
     writer = RowWriter(output, bench.COLUMNS, (*bench.KEY_COLUMNS, *bench.SETTING_COLUMNS)) if output else None
 
@@ -177,8 +177,8 @@ def leaderboard_cmd(impls, batch, heads, seq, d, dtype, causal, device, warmup, 
     """Forward+backward of flash-triton against the SDPA backends on one config, fastest first."""
     from profiler_kit.attention import bench
     from profiler_kit.attention.bench_tables import leaderboard_table
+    from profiler_kit.device import resolve_device
     from profiler_kit.render import emit_tables, records
-    from profiler_kit.workload import resolve_device
 
     if device == "auto" and resolve_device(device).type != "cuda":
         raise ProfilerKitError("attention leaderboard races the SDPA CUDA backends and needs a CUDA GPU, which this "

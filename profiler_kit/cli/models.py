@@ -23,8 +23,8 @@ def models_cmd(fmt: str) -> None:
 def precision_cmd(device: str, fmt: str) -> None:
     """Float16 accumulation experiment, and the dtypes seen under bf16 autocast."""
     from profiler_kit import precision
+    from profiler_kit.device import resolve_device
     from profiler_kit.render import emit_tables, records
-    from profiler_kit.workload import resolve_device
 
     dev = resolve_device(device)
     sums, dtypes = precision.accumulation_experiment(), precision.autocast_dtypes(dev)

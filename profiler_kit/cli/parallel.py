@@ -46,9 +46,9 @@ def run_ranks(jobs: Sequence[tuple[WorkloadConfig, Callable[[], dict[str, Any]]]
     the end if some could not be written; the other ranks get None. `key_columns` match a config to its rows in
     the `baseline` file."""
     from profiler_kit import distributed
+    from profiler_kit.device import resolve_device
     from profiler_kit.render import say
     from profiler_kit.results_io import RowWriter, read_rows
-    from profiler_kit.workload import resolve_device
 
     _, place = distributed.join(resolve_device(jobs[0][0].device))
     try:

@@ -20,10 +20,11 @@ from dataclasses import dataclass, field
 import torch
 
 from profiler_kit import distributed
+from profiler_kit.device import resolve_device
 from profiler_kit.errors import ProfilerKitError, first_line
 from profiler_kit.nvtx_ranges import nvtx_range
 from profiler_kit.recording.api import capture, describe
-from profiler_kit.workload import Workload, WorkloadConfig, resolve_device
+from profiler_kit.workload import Workload, WorkloadConfig
 
 EXIT_ERROR = 2
 
