@@ -236,12 +236,12 @@ def _benchmark_ranks(items: list[bench.SweepItem], timing: bench.TimingOptions, 
     """The sweep under torchrun, each config on every rank, with a fixed warm-up (every rank must run as many
     steps); rank 0 renders the rows."""
     from profiler_kit import benchmark as bench
-    from profiler_kit import distributed
+    from profiler_kit import scaling
     from profiler_kit.cli.parallel import emit_rank_rows, run_ranks
 
     if resume:
         raise click.UsageError("--resume does not go with --parallel")
-    columns = distributed.columns(bench.COLUMNS)
+    columns = scaling.columns(bench.COLUMNS)
     jobs = [(item.cfg, partial(bench.run_config, item, timing)) for item in items]
     rows = run_ranks(jobs, baseline, output, bench.CONFIG_COLUMNS, columns)
     if rows is not None:

@@ -45,7 +45,7 @@ def run_ranks(jobs: Sequence[tuple[WorkloadConfig, Callable[[], dict[str, Any]]]
     rows (each job's per-rank rows and its aggregate row) and appends them to `output` as they come, failing at
     the end if some could not be written; the other ranks get None. `key_columns` match a config to its rows in
     the `baseline` file."""
-    from profiler_kit import distributed
+    from profiler_kit import distributed, scaling
     from profiler_kit.device import resolve_device
     from profiler_kit.render import say
     from profiler_kit.results_io import RowWriter, read_rows
@@ -54,13 +54,13 @@ def run_ranks(jobs: Sequence[tuple[WorkloadConfig, Callable[[], dict[str, Any]]]
     try:
         lead = place.rank == 0
         baseline_rows = read_rows(baseline) if baseline and lead else []
-        writer = RowWriter(output, columns, (*key_columns, *distributed.RANK_COLUMNS)) if output and lead else None
+        writer = RowWriter(output, columns, (*key_columns, *scaling.RANK_COLUMNS)) if output and lead else None
         rows: list[dict[str, Any]] = []
         for cfg, run in jobs:
             if lead:
                 say(f"{cfg.model} ctx={cfg.ctx} {cfg.mode}: {cfg.parallel} on {place.world_size} rank(s)")
-            base = distributed.baseline_for(cfg, baseline_rows, key_columns) if lead else None
-            new = distributed.run_config(cfg, run, base)
+            base = scaling.baseline_for(cfg, baseline_rows, key_columns) if lead else None
+            new = scaling.run_config(cfg, run, base)
             for row in new:
                 if writer:
                     writer.append(row)

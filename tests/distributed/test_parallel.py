@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from profiler_kit import distributed
+from profiler_kit import distributed, scaling
 from profiler_kit.cli import main
 from profiler_kit.workload import WorkloadConfig
 
@@ -168,7 +168,7 @@ def rank_row(rank: int, total_ms: float, **extra) -> dict:
 
 def test_aggregate_takes_the_slowest_rank():
     rows = [rank_row(0, 100.0), rank_row(1, 125.0)]
-    total = distributed.aggregate_row(rows, tokens_per_rank_step=64, mixed_precision=False)
+    total = scaling.aggregate_row(rows, tokens_per_rank_step=64, mixed_precision=False)
     assert total["rank"] == "all" and total["status"] == "ok"
     assert total["total_ms"] == 125.0 and total["forward_ms"] == 62.5 and total["peak_allocated_mib"] == 101.0
     assert total["tokens_per_s"] == pytest.approx(2 * 64 / 0.125)
@@ -179,7 +179,7 @@ def test_aggregate_takes_the_slowest_rank():
 def test_aggregate_of_a_failed_rank_carries_its_status():
     rows = [rank_row(0, 100.0), rank_row(1, 100.0, status="oom", message="CUDA out of memory")]
     rows[1]["total_ms"] = rows[1]["tokens_per_s"] = None
-    total = distributed.aggregate_row(rows, tokens_per_rank_step=64, mixed_precision=False)
+    total = scaling.aggregate_row(rows, tokens_per_rank_step=64, mixed_precision=False)
     assert total["status"] == "oom" and total["message"] == "rank 1: CUDA out of memory"
     assert total["tokens_per_s"] is None and total["total_ms"] is None
 
@@ -195,11 +195,11 @@ def test_baseline_matches_the_config_without_parallel():
         {"model": "tiny", "ctx": 32, "mode": "train", "batch_size": 2, "status": "ok", "tokens_per_s": 7.0,
          "parallel": "ddp", "rank": 0},
     ]
-    assert distributed.baseline_for(cfg, rows, keys) == pytest.approx(1000.0)
-    assert distributed.baseline_for(cfg, rows[2:], keys) is None
+    assert scaling.baseline_for(cfg, rows, keys) == pytest.approx(1000.0)
+    assert scaling.baseline_for(cfg, rows[2:], keys) is None
 
 
 def test_columns_place_the_rank_and_scaling_columns():
-    cols = distributed.columns(["model", "device", "status", "tokens_per_s", "mfu_pct", "message"])
+    cols = scaling.columns(["model", "device", "status", "tokens_per_s", "mfu_pct", "message"])
     assert cols == ["model", "parallel", "world_size", "rank", "device", "status", "tokens_per_s", "mfu_pct",
                     "baseline_tokens_per_s", "scaling_efficiency_pct", "message"]
