@@ -31,29 +31,29 @@ def pages(results, tmp_path, monkeypatch):
 
 
 def test_render_of_the_committed_rows_changes_nothing(results):
-    files = [page for pattern in results.pages.PAGES for page in sorted(REPO.glob(pattern))]
+    files = [page for pattern in results.PAGES for page in sorted(REPO.glob(pattern))]
     names = set()
     for page in files:
         text = page.read_text()
-        assert results.pages.render_text(text) == text, f"{page.relative_to(REPO)}: run tools/results.py --render"
-        for _, name, body, _ in results.pages.BLOCK.findall(text):
+        assert results.render_text(text) == text, f"{page.relative_to(REPO)}: run tools/results.py --render"
+        for _, name, body, _ in results.BLOCK.findall(text):
             names.add(name)
             assert "commit" in body.lower() or body.startswith("not measured yet"), f"{name} names no commit"
-    assert names == set(results.pages.renderers())  # every renderer has a block somewhere
+    assert names == set(results.renderers())  # every renderer has a block somewhere
 
 
-def test_blocks_are_rewritten_from_the_rows(pages, tmp_path):
+def test_blocks_are_rewritten_from_the_rows(results, pages, tmp_path):
     rows = [{"impl": impl, "fwd_bwd_ms": ms, "commit": "abc", "gpu": "NVIDIA H100 80GB HBM3", "date": "2026-01-02",
              "torch": "2.13"} for impl, ms in (("flash-triton", 4.0), ("sdpa-cudnn", 5.125), ("sdpa-flash", 6.0),
                                               ("sdpa-efficient", 19.0))]
     (tmp_path / "leaderboard.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     text = "a <!-- results:leaderboard -->old 1.00 ms<!-- /results --> b"
-    assert pages.render_text(text) == (
+    assert results.render_text(text) == (
         "a <!-- results:leaderboard -->flash-triton 4.00 ms forward+backward, cuDNN 5.12 ms, SDPA FlashAttention-2 "
         "6.00 ms, memory-efficient 19.00 ms (commit abc)<!-- /results --> b")
 
 
-def test_train_step_figures_from_rows(pages, tmp_path):
+def test_train_step_figures_from_rows(results, pages, tmp_path):
     """Step means per model, attention and optimizer, and the peak in GiB from the MiB column (55521 MiB is
     54.2 GiB, not 55.5 GB)."""
     measured = [("xl", "flash", "adamw-fused", 204.34, 36773.0), ("xl", "sdpa", "adamw-fused", 186.0, 1),
@@ -63,15 +63,15 @@ def test_train_step_figures_from_rows(pages, tmp_path):
     rows = [{"model": m, "attention": a, "optimizer": o, "total_ms": t, "mfu_pct": None, "peak_allocated_mib": p,
              "commit": "c1" if m == "xl" else "c2"} for m, a, o, t, p in measured]
     (tmp_path / "train-step.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert pages.renderers()["train-step"]() == (
+    assert results.renderers()["train-step"]() == (
         "means, flash / sdpa: fp32 weights: xl 204.3 / 186.0 ms, 2.7B 167.9 / 164.6 ms; bf16 weights "
         "(`adamw-master`): xl 194.6 / 170.0 ms, 2.7B 153.4 / 141.0 ms; peak allocated 54.2 GiB (commit c1, c2)")
 
 
-def test_unknown_blocks_are_errors_and_parts_without_rows_say_how_to_measure_them(pages):
+def test_unknown_blocks_are_errors_and_parts_without_rows_say_how_to_measure_them(results, pages):
     with pytest.raises(SystemExit, match="unknown results block 'nope'"):
-        pages.render_text("<!-- results:nope --><!-- /results -->")
-    assert pages.render_text("<!-- results:optimizers -->1.0 ms<!-- /results -->") == (
+        results.render_text("<!-- results:nope --><!-- /results -->")
+    assert results.render_text("<!-- results:optimizers -->1.0 ms<!-- /results -->") == (
         "<!-- results:optimizers -->not measured yet: `make results ONLY=optimizers`<!-- /results -->")
 
 
@@ -196,7 +196,7 @@ def _bench_row(model, attention, total, **extra):
     return {**row, **extra}
 
 
-def test_the_overlap_figures_against_the_rows_without_it_and_the_plain_script(pages):
+def test_the_overlap_figures_against_the_rows_without_it_and_the_plain_script(results, pages):
     """Each model's faster attention with the overlap, its target met or not, the same attention without the
     overlap, and the plain compiled script, with the commits of all three."""
     for model, totals in (("xl", (80.0, 75.0)), ("2.7B", (110.0, 106.0))):
@@ -209,14 +209,14 @@ def test_the_overlap_figures_against_the_rows_without_it_and_the_plain_script(pa
         plain = {"script": "plain", "model": model, "attention": "sdpa", "total_ms": 2 * totals[0], "mfu_pct": 20.0,
                  "peak_allocated_mib": 2048.0, "commit": "c2"}
         pages.write_rows(f"train-step-overlap-{model}", [*beside, plain])
-    summary = pages.renderers()["overlap-summary"]()
+    summary = results.renderers()["overlap-summary"]()
     assert summary == (
         "xl: 68.0 ms a step with `flash` (40.0% MFU; the ≤ 70 ms target met), the optimizer exposed for 2.5 ms; "
         "without the overlap 80.0 ms, 30.0 ms of it after the backward, the plain compiled script 160.0 ms; 2.7B: "
         "98.0 ms a step with `flash` (40.0% MFU; the ≤ 100 ms target met), the optimizer exposed for 2.5 ms; "
         "without the overlap 110.0 ms, 30.0 ms of it after the backward, the plain compiled script 220.0 ms "
         "(commit c1, c2)")
-    table = pages.renderers()["overlap-table"]()
+    table = results.renderers()["overlap-table"]()
     assert table.count("beside the backward") == 4 and "plain compiled script |  |  |  | 220.0 |" in table
-    assert pages.renderers()["train-step-overlap"]().startswith(
+    assert results.renderers()["train-step-overlap"]().startswith(
         "sdpa: xl 69.0 ms (40.0% MFU, optimizer exposed 4.0 ms) against 75.0 ms without and 160.0 ms for the plain")

@@ -5,8 +5,8 @@ the commit, date, GPU, driver, torch and Triton versions, the command and the pa
 parallel, one per GPU of the machine (each in processes that see that GPU alone, `CUDA_VISIBLE_DEVICES`, and
 an equal share of the CPU cores), the longest first, each GPU taking the next part when it is free; a part that
 fails is reported and the others go on. Then every block `<!-- results:NAME -->...<!-- /results -->` in
-README.md, docs/*.md and docs/results/*.md is rewritten from the stored rows (`results_pages.py`), so no figure
-in them is typed by hand.
+README.md, docs/*.md and docs/results/*.md is rewritten from the stored rows by its renderer (`results_pages.py`,
+`results_benchmark.py`), so no figure in them is typed by hand.
 
     PYTHONPATH=$PWD python3 tools/results.py                  # every part, on every GPU, then render
     PYTHONPATH=$PWD python3 tools/results.py --only leaderboard,attention-d128 --gpus 0,1
@@ -23,6 +23,7 @@ import datetime
 import json
 import os
 import queue
+import re
 import subprocess
 import sys
 import tempfile
@@ -34,6 +35,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import results_pages as pages  # noqa: E402  (the renderers, beside this file)
+from results_benchmark import BENCHMARK_RENDERERS  # noqa: E402
+
+PAGES = ("README.md", "docs/*.md", "docs/results/*.md")
+BLOCK = re.compile(r"(<!-- results:([\w.-]+) -->)(.*?)(<!-- /results -->)", re.DOTALL)
 
 REPO = pages.REPO
 LOGS = REPO / "results" / "logs"  # git ignores results/
@@ -280,6 +285,51 @@ def say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
+def renderers() -> dict[str, Callable[[], str]]:
+    """Every block's renderer by name."""
+    return {
+        "leaderboard": pages.render_leaderboard,
+        "attention-d128": pages.render_attention_d128,
+        "leaderboard-table": pages.render_leaderboard_table,
+        "attention-d128-table": pages.render_attention_d128_table,
+        "memory": pages.render_memory,
+        "measured": pages.measured_all,
+        "measured-attention": pages.measured(("leaderboard", "attention-d128")),
+        "benchmark-environment": pages.render_benchmark_environment,
+        **BENCHMARK_RENDERERS,
+    }
+
+
+def render_text(text: str) -> str:
+    """`text` with every results block rewritten by its renderer; a part without rows says how to measure it."""
+    known = renderers()
+
+    def replace(match: re.Match) -> str:
+        name = match.group(2)
+        if name not in known:
+            raise SystemExit(f"Error: unknown results block {name!r}; known: {', '.join(known)}")
+        try:
+            body = known[name]()
+        except pages.NotMeasured as missing:
+            body = f"not measured yet: `make results ONLY={missing.args[0]}`"
+        return match.group(1) + body + match.group(4)
+
+    return BLOCK.sub(replace, text)
+
+
+def render() -> list[Path]:
+    """Rewrite every results block in the pages; return the pages that changed."""
+    changed = []
+    for pattern in PAGES:
+        for page in sorted(REPO.glob(pattern)):
+            text = page.read_text()
+            new = render_text(text)
+            if new != text:
+                page.write_text(new)
+                changed.append(page)
+    return changed
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", help=f"comma-separated parts to run: {', '.join(PARTS)} (default: all)")
@@ -307,7 +357,7 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit("Error: no GPU to run the parts on (--gpus, or a machine with CUDA devices)")
         say(f"{len(names)} parts on GPUs {', '.join(gpus)}, about {sum(map(minutes, names)):.0f} GPU-minutes")
         failed = {name: error for name, error in run_all(names, gpus, stamp(args.commit)).items() if error}
-    for page in pages.render():
+    for page in render():
         say(f"rewrote {page.relative_to(REPO)}")
     for name, error in failed.items():
         say(f"Error: part {name} failed: {error} (its output: {(LOGS / name).with_suffix('.log')})")

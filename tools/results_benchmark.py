@@ -5,6 +5,7 @@ the optimizers, and the kernel time of the 2.7B step and the GPU's idle time und
 from __future__ import annotations
 
 from results_pages import (
+    COMPILED_PARTS,
     GRAPH_PARTS,
     MODELS,
     NS_PER_MS,
@@ -270,8 +271,6 @@ def render_host_cpu_summary() -> str:
 
 
 def compiled_rows() -> list[dict]:
-    from results_pages import COMPILED_PARTS
-
     return read_rows(*COMPILED_PARTS)
 
 

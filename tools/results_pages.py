@@ -1,22 +1,18 @@
-"""The figures of README.md and docs/ from the rows `tools/results.py` stores: one renderer per results block.
+"""The rows `tools/results.py` stores (docs/data/results/PART.jsonl), the formats every figure shares, and the
+renderers of the attention, memory and provenance blocks (the benchmark page's are in `results_benchmark.py`).
 
-A block `<!-- results:NAME -->...<!-- /results -->` is rewritten by `RENDERERS[NAME]()`, which reads the rows of
-the parts it shows from docs/data/results/PART.jsonl. Every block says the commit its figures come from: tables
-in a `commit` column, sentences at their end. A part with no rows yet renders as "not measured yet" with the
-command that measures it.
+A renderer reads the rows of the parts it shows and returns a block's text. Every block says the commit its figures
+come from: tables in a `commit` column, sentences at their end. A part with no rows raises `NotMeasured`.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "docs" / "data" / "results"
-PAGES = ("README.md", "docs/*.md", "docs/results/*.md")
-BLOCK = re.compile(r"(<!-- results:([\w.-]+) -->)(.*?)(<!-- /results -->)", re.DOTALL)
 MIB_PER_GIB = 1024
 NS_PER_MS = 1e6
 MODELS = ("xl", "2.7B")
@@ -202,52 +198,6 @@ def render_benchmark_environment() -> str:
             f"{values(rows, 'commit')}.")
 
 
-def render_text(text: str) -> str:
-    known = renderers()
-
-    def replace(match: re.Match) -> str:
-        name = match.group(2)
-        if name not in known:
-            raise SystemExit(f"Error: unknown results block {name!r}; known: {', '.join(known)}")
-        try:
-            body = known[name]()
-        except NotMeasured as missing:
-            body = f"not measured yet: `make results ONLY={missing.args[0]}`"
-        return match.group(1) + body + match.group(4)
-
-    return BLOCK.sub(replace, text)
-
-
-def render() -> list[Path]:
-    """Rewrite every results block in the pages; return the pages that changed."""
-    changed = []
-    for pattern in PAGES:
-        for page in sorted(REPO.glob(pattern)):
-            text = page.read_text()
-            new = render_text(text)
-            if new != text:
-                page.write_text(new)
-                changed.append(page)
-    return changed
-
-
 def measured_all() -> str:
     """The GPU, torch, dates and commits of every stored part."""
     return measured(tuple(p.stem for p in sorted(DATA.glob("*.jsonl"))))()
-
-
-def renderers() -> dict[str, Callable[[], str]]:
-    """Every block's renderer by name (the benchmark page's live in `results_benchmark.py`, beside this file)."""
-    from results_benchmark import BENCHMARK_RENDERERS
-
-    return {
-        "leaderboard": render_leaderboard,
-        "attention-d128": render_attention_d128,
-        "leaderboard-table": render_leaderboard_table,
-        "attention-d128-table": render_attention_d128_table,
-        "memory": render_memory,
-        "measured": measured_all,
-        "measured-attention": measured(("leaderboard", "attention-d128")),
-        "benchmark-environment": render_benchmark_environment,
-        **BENCHMARK_RENDERERS,
-    }
