@@ -36,13 +36,13 @@ import torch
 from profiler_kit.device import device_label, resolve_device, synchronize
 from profiler_kit.errors import ProfilerKitError, first_line
 from profiler_kit.flops import mfu_pct, step_flops
-from profiler_kit.names import STABLE_WINDOW
+from profiler_kit.names import BACKWARD, FORWARD, OPTIMIZER_STEP, STABLE_WINDOW
 from profiler_kit.presets import count_parameters
 from profiler_kit.workload import Workload, WorkloadConfig, release
 
 # Row columns, in display order. Times are milliseconds per step; *_ms is the mean. Per step: each phase, the
 # step's wall time (`total`), and the CPU time the process spent on the step until it returned (`host_cpu`).
-TIME_COLUMNS = {"forward": "forward", "backward": "backward", "optimizer_step": "optimizer", "total": "total",
+TIME_COLUMNS = {FORWARD: "forward", BACKWARD: "backward", OPTIMIZER_STEP: "optimizer", "total": "total",
                 "host_cpu": "host_cpu"}
 STAT_SUFFIXES = ("", "_std", "_median", "_p10", "_p90")
 CONFIG_COLUMNS = ("model", "ctx", "mode", "batch_size", "mixed_precision", "compile", "cuda_graphs", "attention",

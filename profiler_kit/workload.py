@@ -28,7 +28,15 @@ from profiler_kit import distributed
 from profiler_kit.device import free_memory, resolve_device
 from profiler_kit.errors import ProfilerKitError
 from profiler_kit.model import ATTENTION_IMPLS, TransformerLM
-from profiler_kit.names import MASTER_WEIGHTS, OPTIMIZER_KWARGS, OPTIMIZERS, phases_for
+from profiler_kit.names import (
+    BACKWARD,
+    FORWARD,
+    MASTER_WEIGHTS,
+    OPTIMIZER_KWARGS,
+    OPTIMIZER_STEP,
+    OPTIMIZERS,
+    phases_for,
+)
 from profiler_kit.names import MODES as MODES  # re-exported: the workload's names, also read from here
 from profiler_kit.names import PHASES as PHASES
 from profiler_kit.nvtx_ranges import nvtx_range, set_enabled
@@ -143,7 +151,7 @@ class Workload:
         self.optimizer = None
         self.blocks: BlockOptimizers | None = None
         self.optimizer_step: Callable[[], object] | None = None
-        if "optimizer_step" in self.phases:
+        if OPTIMIZER_STEP in self.phases:
             make = self._optimizer_factory(capturable=whole_graph)
             if cfg.optimizer_overlap:
                 self.blocks = BlockOptimizers(block_groups(model), make)
@@ -206,20 +214,20 @@ class Workload:
 
     def _step(self, on_phase_end: Callable[[str], None] | None) -> torch.Tensor:
         self.model.zero_grad(set_to_none=True)
-        with nvtx_range("forward", marked=True):
+        with nvtx_range(FORWARD, marked=True):
             with self.autocast():
                 loss = self.model(self.inputs, self.targets)
         if on_phase_end:
-            on_phase_end("forward")
-        if "backward" in self.phases:
+            on_phase_end(FORWARD)
+        if BACKWARD in self.phases:
             if self.beside_backward:
                 self.blocks.arm()
-            with nvtx_range("backward", marked=True):
+            with nvtx_range(BACKWARD, marked=True):
                 loss.backward()
             if on_phase_end:
-                on_phase_end("backward")
+                on_phase_end(BACKWARD)
         if self.optimizer_step is not None:
-            with nvtx_range("optimizer_step", marked=True):
+            with nvtx_range(OPTIMIZER_STEP, marked=True):
                 if self.beside_backward:
                     self.blocks.finish()
                 else:
@@ -227,7 +235,7 @@ class Workload:
                         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_grad_norm)
                     self.optimizer_step()
             if on_phase_end:
-                on_phase_end("optimizer_step")
+                on_phase_end(OPTIMIZER_STEP)
         return loss.detach()
 
 

@@ -17,7 +17,7 @@ from profiler_kit.memory.roles import (
     PARAMETER,
     STEP_COUNTER_BYTES,
 )
-from profiler_kit.names import phases_for
+from profiler_kit.names import BACKWARD, OPTIMIZER_STEP, phases_for
 from profiler_kit.presets import count_parameters, from_name
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2}
@@ -85,9 +85,9 @@ def expected_tensors(config: dict) -> list[ExpectedTensor]:
     n_params, n_tensors = count_parameters(mc), parameter_tensor_count(mc.num_layers)
     fp32 = DTYPE_BYTES["fp32"]
     state = [("parameters", PARAMETER, 1)]
-    if "backward" in phases:
+    if BACKWARD in phases:
         state.append(("gradients", GRADIENT, 1))
-    if "optimizer_step" in phases:
+    if OPTIMIZER_STEP in phases:
         state.append(("AdamW state (exp_avg, exp_avg_sq)", OPTIMIZER_STATE, 2))
     out = [
         ExpectedTensor(name, "fp32", f"{k}×{n_params:,} params × {fp32} B", role,

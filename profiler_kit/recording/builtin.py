@@ -23,7 +23,7 @@ from profiler_kit import distributed
 from profiler_kit.device import resolve_device
 from profiler_kit.errors import ProfilerKitError
 from profiler_kit.files import replaced_when_complete
-from profiler_kit.names import DEFAULT_MAX_ENTRIES, DEFAULT_OUTPUT_DIR
+from profiler_kit.names import BACKWARD, DEFAULT_MAX_ENTRIES, DEFAULT_OUTPUT_DIR, FORWARD
 from profiler_kit.nsys_tool import hint_for
 from profiler_kit.recording.runner import BACKENDS, MEMORY, ProgramRun, Window, cuda_device_present, run_program
 from profiler_kit.workload import WorkloadConfig, phases_for
@@ -82,7 +82,7 @@ class AttentionProfileConfig:
         return f"attention_{self.dtype}_{shape}" + ("_causal" if self.causal else "")
 
     def phases(self) -> tuple[str, ...]:
-        return tuple(f"{impl}.{phase}" for impl in self.impls for phase in ("forward", "backward"))
+        return tuple(f"{impl}.{phase}" for impl in self.impls for phase in (FORWARD, BACKWARD))
 
 
 def profile(cfg: WorkloadConfig, warmup: int, steps: int, backend: str, output_dir: Path,
@@ -105,7 +105,7 @@ def workload_flops(cfg: WorkloadConfig) -> tuple[dict[str, float], float | None]
     from profiler_kit.presets import from_name
 
     fwd = forward_flops(from_name(cfg.model, cfg.ctx), cfg.batch_size, cfg.ctx)
-    per_phase = {"forward": fwd, "backward": fwd * BACKWARD_FACTOR}
+    per_phase = {FORWARD: fwd, BACKWARD: fwd * BACKWARD_FACTOR}
     device = resolve_device(cfg.device)
     peak = gpu_peak(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
     if peak is None:
