@@ -33,10 +33,11 @@ from typing import Any
 import pandas as pd
 import torch
 
+from profiler_kit.defaults import STABLE_WINDOW
 from profiler_kit.device import device_label, resolve_device, synchronize
 from profiler_kit.errors import ProfilerKitError, first_line
 from profiler_kit.flops import mfu_pct, step_flops
-from profiler_kit.names import BACKWARD, FORWARD, OPTIMIZER_STEP, STABLE_WINDOW
+from profiler_kit.names import BACKWARD, FORWARD, OPTIMIZER_STEP
 from profiler_kit.presets import count_parameters
 from profiler_kit.workload import Workload, WorkloadConfig, release
 

@@ -1,16 +1,16 @@
-"""The names and defaults the command line offers, importable without torch, pandas or numpy (every `--help` reads
-them): the workload's modes, phases and optimizers, the attention implementations, the recorders and
-data-parallel modes, the memory recorder's defaults, the kernel and memory reports' defaults and the phase rule;
-and the vocabulary of ranges that recorders write and readers read (the phase names, the range kinds, the NVTX
-domain of profiler-kit's own ranges, the ranges PyTorch and libraries open). `workload`, `attention.registry`,
-`nvtx_ranges`, the recorders, `recording.runner`, `kernels`, the memory analysis and `benchmark` build on
-them."""
+"""The names the command line offers, importable without torch, pandas or numpy (every `--help` reads them): the
+workload's modes, phases and optimizers, the attention implementations, the recorders and data-parallel modes,
+the gates of `kernels compare` and the phase rule; and the vocabulary of ranges that recorders write and readers
+read (the phase names, the range kinds, the NVTX domain of profiler-kit's own ranges, the ranges PyTorch and
+libraries open). `workload`, `attention.registry`, `nvtx_ranges`, the recorders, `recording.runner`, `kernels`,
+the memory analysis and `benchmark` build on them; the defaults are in `defaults`."""
 
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
+# kernels.summary and kernels.compare read these defaults from here.
+from profiler_kit.defaults import DEFAULT_GATES, DEFAULT_MIN_DELTA_SHARE, KERNELS_TOP  # noqa: F401
 from profiler_kit.errors import ProfilerKitError
 
 MODES = ("forward", "forward-backward", "train")
@@ -51,23 +51,12 @@ OPTIMIZERS = (*OPTIMIZER_KWARGS, MASTER_WEIGHTS)
 ATTENTION_IMPLS = ("naive", "compiled", "sdpa", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "flash",
                    "flash-torch", "flash-triton", "flash-op")
 
-# One train step of xl at ctx 512 logs a few tens of thousands of events; this keeps a couple of steps.
-DEFAULT_MAX_ENTRIES = 100_000
-DEFAULT_OUTPUT_DIR = Path("memory_snapshots")
-# Rows of the largest allocations a memory report lists, and of the kernels a kernel summary lists.
-MEMORY_TOP = 10
-KERNELS_TOP = 10
-
 # The recorders of `profiler-kit nsys` and the data-parallel modes of the built-in workload.
 RECORDING_BACKENDS = ("nsys", "torch")
 PARALLEL_MODES = ("none", "ddp", "fsdp")
-# Warm-up settles when the median of this many steps is within --stable-pct of the median of as many before.
-STABLE_WINDOW = 5
 
-# What `kernels compare --fail-above` checks; a check fails only when B is also this share of A's total above A.
+# What `kernels compare --fail-above` can check.
 GATES = ("total", "phases", "categories", "kernels")
-DEFAULT_GATES = ("total", "phases")
-DEFAULT_MIN_DELTA_SHARE = 0.01
 
 PHASE_RULE = (
     "Phases: the --phase ranges when given (asked); else the ranges opened with profiler_kit.phase (marked); "

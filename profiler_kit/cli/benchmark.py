@@ -12,7 +12,8 @@ import click
 
 from profiler_kit.cli.common import format_option, non_negative_int, positive_float, positive_int, workload_options
 from profiler_kit.cli.parallel import baseline_option, parallel_option
-from profiler_kit.names import OPTIMIZERS, STABLE_WINDOW
+from profiler_kit.defaults import STABLE_WINDOW
+from profiler_kit.names import OPTIMIZERS
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -16,7 +16,8 @@ from profiler_kit.cli.common import (
     positive_float,
     positive_int,
 )
-from profiler_kit.names import DEFAULT_GATES, DEFAULT_MIN_DELTA_SHARE, GATES, KERNELS_TOP, PHASE_RULE
+from profiler_kit.defaults import DEFAULT_GATES, DEFAULT_MIN_DELTA_SHARE, KERNELS_TOP
+from profiler_kit.names import GATES, PHASE_RULE
 
 if TYPE_CHECKING:
     from profiler_kit.render import Report

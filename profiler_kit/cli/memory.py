@@ -19,8 +19,8 @@ from profiler_kit.cli.common import (
     positive_int,
     workload_options,
 )
+from profiler_kit.defaults import DEFAULT_MAX_ENTRIES, DEFAULT_OUTPUT_DIR, MEMORY_TOP
 from profiler_kit.errors import ProfilerKitError
-from profiler_kit.names import DEFAULT_MAX_ENTRIES, DEFAULT_OUTPUT_DIR, MEMORY_TOP
 
 if TYPE_CHECKING:
     from profiler_kit.memory import MemoryReport

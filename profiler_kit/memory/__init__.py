@@ -4,6 +4,7 @@ merge several ranks' snapshots (`ranks`), and render it as a PNG (`plot`), a sel
 beside another snapshot (`compare`). Recording lives in `profiler_kit.recording` (`history`, the recorder inside
 the program; `builtin.record_memory`, the built-in workload)."""
 
+from profiler_kit.defaults import DEFAULT_MAX_ENTRIES, DEFAULT_OUTPUT_DIR
 from profiler_kit.memory.analyze import Reconstruction, reconstruct
 from profiler_kit.memory.compare import MemoryComparison, compare
 from profiler_kit.memory.html import report_html, write_html
@@ -11,7 +12,6 @@ from profiler_kit.memory.plot import plot_timeline
 from profiler_kit.memory.report import DEFAULT_TOP, MemoryReport, analyze, analyze_file
 from profiler_kit.memory.roles import ROLES, assign_roles
 from profiler_kit.memory.snapshot import load_sidecar, load_snapshot
-from profiler_kit.names import DEFAULT_MAX_ENTRIES, DEFAULT_OUTPUT_DIR
 
 __all__ = [
     "DEFAULT_MAX_ENTRIES",

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from profiler_kit.defaults import MEMORY_TOP
 from profiler_kit.memory.analyze import MIB, Reconstruction, reconstruct
 from profiler_kit.memory.evidence import ZERO_GRAD, allocation_marks
 from profiler_kit.memory.phases import (
@@ -33,7 +34,6 @@ from profiler_kit.memory.roles import (
 )
 from profiler_kit.memory.snapshot import load_metadata, load_snapshot
 from profiler_kit.memory.tables import expected_vs_measured, frame_with_optional_ints, top_allocations
-from profiler_kit.names import MEMORY_TOP
 from profiler_kit.render import records
 
 DEFAULT_TOP = MEMORY_TOP

@@ -20,10 +20,11 @@ from pathlib import Path
 import torch
 
 from profiler_kit import distributed
+from profiler_kit.defaults import DEFAULT_MAX_ENTRIES, DEFAULT_OUTPUT_DIR
 from profiler_kit.device import resolve_device
 from profiler_kit.errors import ProfilerKitError
 from profiler_kit.files import replaced_when_complete
-from profiler_kit.names import BACKWARD, DEFAULT_MAX_ENTRIES, DEFAULT_OUTPUT_DIR, FORWARD
+from profiler_kit.names import BACKWARD, FORWARD
 from profiler_kit.nsys_tool import hint_for
 from profiler_kit.recording.runner import BACKENDS, MEMORY, ProgramRun, Window, cuda_device_present, run_program
 from profiler_kit.workload import WorkloadConfig, phases_for
