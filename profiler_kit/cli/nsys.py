@@ -32,7 +32,7 @@ from profiler_kit.names import RECORDING_BACKENDS
 if TYPE_CHECKING:
     from profiler_kit.kernels.summary import KernelSummary
     from profiler_kit.recording.builtin import ProfileResult
-    from profiler_kit.recording.runner import ProgramRun, Window
+    from profiler_kit.recording.runner import ParentWindow, ProgramRun
 
 def _recording_options(fn: Callable) -> Callable:
     """Options of both commands: steps, recorder, where the files go, how the summary is shown."""
@@ -204,7 +204,7 @@ def _report(result: ProfileResult, fmt: str, top: int, with_flops: Callable | No
     emit_report(summary, fmt)
 
 
-def _refuse_empty(summary: KernelSummary, backend: str, window: Window) -> None:
+def _refuse_empty(summary: KernelSummary, backend: str, window: ParentWindow) -> None:
     """A recording without kernels and without operators is an error that says why."""
     from profiler_kit.recording.runner import nothing_recorded
 

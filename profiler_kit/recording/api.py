@@ -22,7 +22,6 @@ the memory history under `profiler-kit memory`), and its steps are the program's
 from __future__ import annotations
 
 import contextlib
-import sys
 import warnings
 from collections.abc import Iterator
 from typing import Protocol
@@ -55,9 +54,11 @@ class phase(contextlib.ContextDecorator):  # noqa: N801 (used like a function: `
         pop_range()
 
 
-class Recorder(Protocol):
-    """What records the program: told that a capture exists (its steps are then the program's), then when the
-    marked steps start and stop (`stop` with how many steps were recorded)."""
+class Listener(Protocol):
+    """What `capture` and `describe` tell: that a capture exists (its steps are then the program's), when the
+    marked steps start and stop (`stop` with how many steps were recorded), and the program's own metadata. In a
+    process profiler-kit records, its recorder under the guard (`child.Guarded`; the contract is
+    `recorder.Recorder`); elsewhere `NoRecorder`."""
 
     def declare(self) -> None: ...
 
@@ -68,42 +69,41 @@ class Recorder(Protocol):
     def describe(self, fields: dict) -> None: ...
 
 
-class CudaProfilerRecorder:
-    """The `cudaProfilerApi` range that `nsys profile --capture-range=cudaProfilerApi` records; without CUDA,
-    nothing. `whole_run` is set by a runner that opened the range for the whole run already."""
+def profiler_range(opened: bool) -> None:
+    """Open (`opened`) or close the `cudaProfilerApi` range once the GPU has run what was launched; without
+    CUDA, nothing."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        (cuda_profiler_start if opened else cuda_profiler_stop)()
 
-    def __init__(self) -> None:
-        self.whole_run = False
+
+class NoRecorder:
+    """Where profiler-kit records nothing in the process (a program run by hand, perhaps under `nsys profile
+    --capture-range=cudaProfilerApi`): the marked steps open and close the `cudaProfilerApi` range."""
 
     def declare(self) -> None:
-        if self.whole_run:
-            print("profiler-kit: CUDA was in use before profiler_kit.capture was made, so the whole run is "
-                  "recorded; make the capture before the first CUDA call to record the marked steps only",
-                  file=sys.stderr)
+        return None
 
     def start(self) -> None:
-        if not self.whole_run and torch.cuda.is_available():
-            torch.cuda.synchronize()
-            cuda_profiler_start()
+        profiler_range(True)
 
     def stop(self, steps: int) -> None:
-        if not self.whole_run and torch.cuda.is_available():
-            torch.cuda.synchronize()
-            cuda_profiler_stop()
+        profiler_range(False)
 
     def describe(self, fields: dict) -> None:
         return None
 
 
-_recorder: list[Recorder] = [CudaProfilerRecorder()]
+_recorder: list[Listener] = [NoRecorder()]
 
 
-def set_recorder(recorder: Recorder) -> None:
-    """Route `capture` to `recorder` (the runners of `profiler-kit nsys` call this in the profiled program)."""
+def set_recorder(recorder: Listener) -> None:
+    """Route `capture` and `describe` to `recorder` (`child` calls this in every process profiler-kit
+    records)."""
     _recorder[0] = recorder
 
 
-def recorder() -> Recorder:
+def recorder() -> Listener:
     return _recorder[0]
 
 

@@ -26,7 +26,7 @@ from profiler_kit.errors import ProfilerKitError
 from profiler_kit.files import replaced_when_complete
 from profiler_kit.names import BACKWARD, FORWARD
 from profiler_kit.nsys_tool import hint_for
-from profiler_kit.recording.runner import BACKENDS, MEMORY, ProgramRun, Window, cuda_device_present, run_program
+from profiler_kit.recording.runner import BACKENDS, MEMORY, ParentWindow, ProgramRun, cuda_device_present, run_program
 from profiler_kit.workload import WorkloadConfig, phases_for
 
 
@@ -38,7 +38,7 @@ class ProfileResult:
     backend: str
     tag: str
     device: str
-    window: Window
+    window: ParentWindow
     phases: tuple[str, ...]
     paths: tuple[Path, ...] = ()
     sources: tuple[Path, ...] = ()

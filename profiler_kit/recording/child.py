@@ -17,8 +17,9 @@ them once, in the `sitecustomize` that the parent puts first on PYTHONPATH:
 
 Every instrument is installed the same way whatever records: the guard and notes (`notes`), the window and its
 step clock (`window`), the automatic marks (`marks`), the mirrors of the program's own ranges (`mirror`), the
-pause before the program closes its process group (`teardown`); then the recorder the parent asked for. They
-all hear the one stream of range events (`nvtx_ranges.observe`).
+pause before the program closes its process group (`teardown`); then the recorder the parent asked for (the
+contract every recorder keeps: `recorder.Recorder`). They all hear the one stream of range events
+(`nvtx_ranges.observe`).
 Each recorded process writes its window file when it is done (what it recorded, its steps and their times,
 what it could not record), which the parent reads (`channel`).
 """
@@ -46,8 +47,9 @@ from profiler_kit.recording.channel import (
 )
 from profiler_kit.recording.marks import Marks
 from profiler_kit.recording.notes import RECORDING_WINDOW, Notes
+from profiler_kit.recording.recorder import Recorder
 from profiler_kit.recording.recorders import JobStop, NsysRecorder, TorchRecorder
-from profiler_kit.recording.window import Window
+from profiler_kit.recording.window import ChildWindow
 
 # Where a process sits in its job, as torchrun tells it: the metadata key for each variable.
 PLACE = {"RANK": "rank", "WORLD_SIZE": "world_size", "LOCAL_RANK": "local_rank", "GROUP_RANK": "node"}
@@ -77,13 +79,14 @@ def install_from_environment(env: Mapping[str, str]) -> None:
     for key in ENV_KEYS:  # processes this one starts are not recorded again
         os.environ.pop(key, None)
     notes, place = Notes(), place_of(env)
-    window = Window(notes, env.get(JOB_DIR), place.get("rank"))
+    window = ChildWindow(notes, env.get(JOB_DIR), place.get("rank"))
     window.nvtx_dropped = not nvtx_reaches_tool()
     marks = Marks(notes)
     warnings.filterwarnings("ignore", message=_COMPILE_WARNING)
     marks.install()
     mirror.install(notes)
     teardown.install(notes)
+    recorder: Recorder
     if backend == "torch":
         recorder = TorchRecorder(trace_path(env[TRACE], rank), window, marks, notes, place, env.get(CUDA) == "1")
     elif backend == "nsys":
@@ -108,7 +111,7 @@ class Guarded:
     each call under the guard (`notes`), so that a recorder failing to start or stop its window never stops
     the program."""
 
-    def __init__(self, recorder: object, notes: Notes) -> None:
+    def __init__(self, recorder: Recorder, notes: Notes) -> None:
         for name in ("declare", "start", "stop", "describe", "program_start", "program_stop"):
             setattr(self, name, notes.guard(RECORDING_WINDOW, getattr(recorder, name)))
 

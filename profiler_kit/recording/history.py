@@ -50,8 +50,8 @@ from profiler_kit.names import KIND_AUTO, KIND_PHASE, KIND_PROGRAM, LIBRARY_RANG
 from profiler_kit.recording.channel import CAPTURE, WHOLE_RUN
 from profiler_kit.recording.marks import Marks
 from profiler_kit.recording.notes import RECORDING_WINDOW, Notes
-from profiler_kit.recording.recorders import WindowRecorder
-from profiler_kit.recording.window import Window
+from profiler_kit.recording.recorder import Recorder
+from profiler_kit.recording.window import ChildWindow
 
 SNAPSHOT_PICKLE_PROTOCOL = 4  # what memory_viz reads; pinned because Python 3.14 defaults to protocol 5
 STACKS = "python"
@@ -159,10 +159,10 @@ class PhaseLog:
         return self.step, None
 
 
-class MemoryRecorder(WindowRecorder):
+class MemoryRecorder(Recorder):
     """Records the allocator's history over the window into `path` (see the module docstring)."""
 
-    def __init__(self, path: Path, max_entries: int, window: Window, marks: Marks, notes: Notes,
+    def __init__(self, path: Path, max_entries: int, window: ChildWindow, marks: Marks, notes: Notes,
                  place: dict[str, int]) -> None:
         super().__init__(window, marks, notes, place)
         self.path = path

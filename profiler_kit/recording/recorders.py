@@ -1,7 +1,7 @@
 """The recorders a profiled program runs under: torch.profiler (`TorchRecorder`) and Nsight Systems
 (`NsysRecorder`); the memory history is `history.MemoryRecorder`. Each is told by `profiler_kit.capture` (through
 `api`) or by the program's `torch.cuda.profiler.start()`/`stop()` (through `mirror`) when its window opens and
-closes, and keeps the window (`window.Window`) up to date.
+closes, and keeps the window (`window.ChildWindow`) up to date; `recorder.Recorder` is the contract they keep.
 
 torch.profiler records from start-up and drops what it recorded once a window opens; the Chrome trace lists
 in its metadata (`profiler_kit`) the phases the program opened, the notes of what could not be recorded, the
@@ -30,14 +30,14 @@ from pathlib import Path
 import torch
 
 from profiler_kit import nvtx_ranges
-from profiler_kit.errors import literal
 from profiler_kit.names import KIND_PHASE
 from profiler_kit.nvtx_ranges import process_mark
 from profiler_kit.recording import api
 from profiler_kit.recording.channel import CAPTURE, PROGRAM_WINDOW, WHOLE_RUN
 from profiler_kit.recording.marks import Marks
 from profiler_kit.recording.notes import RECORDING_WINDOW, Notes
-from profiler_kit.recording.window import Window
+from profiler_kit.recording.recorder import Recorder
+from profiler_kit.recording.window import ChildWindow
 
 # The start of the warning torch.profiler gives at every start in torch 2.10-2.11 (a regular expression).
 PROFILER_CYCLE_WARNING = r"Warning: Profiler clears events at the end of each cycle"
@@ -61,61 +61,13 @@ class PhaseNames:
             self.names.setdefault(name, None)
 
 
-class WindowRecorder:
-    """What the recorders that live in the program (torch.profiler, the memory history) share: the window, the
-    marks and notes they keep up to date, the metadata the program describes itself with, and the program's
-    own window calls."""
-
-    def __init__(self, window: Window, marks: Marks, notes: Notes, place: dict[str, int]) -> None:
-        self.window = window
-        self.marks = marks
-        self.notes = notes
-        self.place = place
-        self.described: dict = {}
-        self.done = False
-
-    def declare(self) -> None:
-        self.marks.capture_steps()
-
-    def describe(self, fields: dict) -> None:
-        self.described.update(fields)
-
-    def start(self, kind: str = CAPTURE) -> None:
-        raise NotImplementedError
-
-    def stop(self, steps: int | None = None) -> None:
-        raise NotImplementedError
-
-    def program_start(self) -> None:
-        self.start(PROGRAM_WINDOW)
-
-    def program_stop(self) -> None:
-        self.stop()
-
-    def _end_window(self, steps: int | None) -> None:
-        """The window closes: `steps` recorded (None: at the program's exit or its own stop(), where the marks
-        still open are closed first)."""
-        self.done = True
-        if steps is None:
-            self.marks.finish()
-        self.window.close(steps)
-
-    @staticmethod
-    def _write(path: Path, write) -> None:
-        """`write()` the recording to `path`; failing at the program's exit: one line on its stderr."""
-        try:
-            write()
-        except OSError as exc:
-            print(f"profiler-kit: {literal(path)}: could not be written ({exc.strerror or exc})", file=sys.stderr)
-
-
-class TorchRecorder(WindowRecorder):
+class TorchRecorder(Recorder):
     """torch.profiler (CPU operators, and CUDA kernels when CUDA is available) over the whole run, or over the
     window the program opens. It starts with the program; on a machine with CUDA (`cuda`) a whole run starts
     again at the program's first CUDA call, as under nsys (what ran before is start-up, and a profiler started
     before CUDA was is not the one a program would start)."""
 
-    def __init__(self, trace: Path, window: Window, marks: Marks, notes: Notes, place: dict[str, int],
+    def __init__(self, trace: Path, window: ChildWindow, marks: Marks, notes: Notes, place: dict[str, int],
                  cuda: bool = False) -> None:
         super().__init__(window, marks, notes, place)
         self.trace = trace
@@ -196,23 +148,18 @@ class JobStop:
         return len(list(self.folder.glob("stopped.*"))) >= self.processes
 
 
-class NsysRecorder(api.CudaProfilerRecorder):
+class NsysRecorder(Recorder):
     """The `cudaProfilerApi` range of `nsys profile --capture-range=cudaProfilerApi` (see the module
-    docstring); `ranged` False when nsys records the whole run without one."""
+    docstring); `ranged` False when nsys records the whole run without one. `whole_run`: the range is open for
+    the whole run (opened at the first CUDA call, or nsys records without one)."""
 
-    def __init__(self, window: Window, marks: Marks, notes: Notes, place: dict[str, int], ranged: bool,
+    def __init__(self, window: ChildWindow, marks: Marks, notes: Notes, place: dict[str, int], ranged: bool,
                  job: JobStop) -> None:
-        super().__init__()
-        self.window = window
-        self.marks = marks
-        self.notes = notes
-        self.place = place
+        super().__init__(window, marks, notes, place)
         self.ranged = ranged
         self.job = job
         self.declared = False
-
-    def observers(self) -> list:
-        return []
+        self.whole_run = False
 
     def begin(self) -> None:
         atexit.register(self.notes.guard(RECORDING_WINDOW, self._at_exit))
@@ -234,8 +181,11 @@ class NsysRecorder(api.CudaProfilerRecorder):
 
     def declare(self) -> None:
         self.declared = True
-        self.marks.capture_steps()
         super().declare()
+        if self.whole_run:
+            print("profiler-kit: CUDA was in use before profiler_kit.capture was made, so the whole run is "
+                  "recorded; make the capture before the first CUDA call to record the marked steps only",
+                  file=sys.stderr)
 
     def on_cuda_init(self) -> None:
         if self.declared:
@@ -248,13 +198,14 @@ class NsysRecorder(api.CudaProfilerRecorder):
         self.whole_run = True
         self._mark_place()
 
-    def start(self) -> None:
-        super().start()
-        if not self.whole_run:
-            self.window.open(CAPTURE)
-            self._mark_place()
+    def start(self, kind: str = CAPTURE) -> None:
+        if self.whole_run:
+            return
+        api.profiler_range(True)
+        self.window.open(kind)
+        self._mark_place()
 
-    def stop(self, steps: int) -> None:
+    def stop(self, steps: int | None = None) -> None:
         if not self.whole_run:
             self.window.close(steps)
             if self.ranged and torch.cuda.is_available() and self.job.last():

@@ -7,7 +7,7 @@ so the program needs no change. nsys backend: `nsys profile --trace=cuda,nvtx CO
 `cudaProfilerApi` capture range on a machine with CUDA (the program's window, see `recorders`), one report
 for the whole job, then the SQLite export. torch backend: torch.profiler in each process, one trace per rank.
 memory backend: the CUDA memory history instead (`history`), one snapshot per rank. Each recorded process
-says what it recorded in its window file (`channel`), which becomes the run's `Window`. This side of the
+says what it recorded in its window file (`channel`), which becomes the run's `ParentWindow`. This side of the
 recording never imports torch.
 
 The program runs in a process group of its own: a signal this process gets (Ctrl-C, SIGTERM, SIGHUP) goes to
@@ -84,10 +84,11 @@ TAIL_LINES = 20
 
 
 @dataclass(frozen=True)
-class Window:
-    """What a recording holds: the whole run, the steps `profiler_kit.capture` marked, or the program's own
-    `torch.cuda.profiler` window; how many steps (None when the program has no steps); and what each recorded
-    process said of it: its rank, its steps' times (`[number, ms, recorded]`) and what it could not record."""
+class ParentWindow:
+    """The parent's half of the window (the child's is `window.ChildWindow`): what a recording holds, the whole
+    run, the steps `profiler_kit.capture` marked, or the program's own `torch.cuda.profiler` window; how many
+    steps (None when the program has no steps); and what each recorded process said of it: its rank, its steps'
+    times (`[number, ms, recorded]`) and what it could not record."""
 
     kind: str
     steps: int | None = None
@@ -127,7 +128,7 @@ class ProgramRun:
     command: tuple[str, ...]
     backend: str
     exit_code: int
-    window: Window
+    window: ParentWindow
     files: tuple[Path, ...]
     sources: tuple[Path, ...]
     errors: tuple[str, ...] = field(default=())
@@ -218,18 +219,18 @@ class _Output:
             sys.stderr.write(line)
             sys.stderr.flush()
 
-    def window(self) -> Window:
+    def window(self) -> ParentWindow:
         """What the first recorded process (rank 0 when ranks are known) said it recorded, with every
         process's notes; the whole run when none said."""
         if not self.windows:
-            return Window(WHOLE_RUN)
+            return ParentWindow(WHOLE_RUN)
         ranked = len(self.windows) > 1
         first = min(self.windows, key=lambda w: w.get("rank") if isinstance(w.get("rank"), int) else 1 << 30)
         steps = first.get("steps")
         times = tuple((int(n), float(ms), bool(on)) for n, ms, on in _triples(first.get("step_ms")))
         notes = [f"rank {w.get('rank')}: {line}" if ranked else line
                  for w in self.windows for line in w.get("notes") or [] if isinstance(line, str)]
-        return Window(str(first.get("kind", WHOLE_RUN)), steps if isinstance(steps, int) else None,
+        return ParentWindow(str(first.get("kind", WHOLE_RUN)), steps if isinstance(steps, int) else None,
                       first.get("nvtx_dropped") is True, times, tuple(dict.fromkeys(notes)))
 
     def result(self, cmd: list[str], backend: str, code: int, files: tuple[Path, ...],
@@ -405,7 +406,7 @@ def _run_nsys(cmd: list[str], output: Path, nsys: NsysInstall, nsys_args: tuple[
     return out.result(cmd, "nsys", code, (report, exported), (exported,))
 
 
-def nothing_recorded(backend: str, window: Window) -> str:
+def nothing_recorded(backend: str, window: ParentWindow) -> str:
     """Why a recording holds no kernels and no operators, in one line."""
     if backend == "torch":
         why = (f"no PyTorch operator ran in {window.describe().removeprefix('recorded ')} (the program did no "

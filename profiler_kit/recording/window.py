@@ -100,8 +100,9 @@ class StepClock:
         return out[:MAX_STEP_TIMES]
 
 
-class Window:
-    """What this process records, said once for the parent (`channel.write_window` into the job's `folder`)."""
+class ChildWindow:
+    """The child's half of the window (the parent's is `runner.ParentWindow`): what this process records, said
+    once for the parent (`channel.write_window` into the job's `folder`)."""
 
     def __init__(self, notes: Notes, folder: str | None, rank: int | None = None) -> None:
         self.folder = folder

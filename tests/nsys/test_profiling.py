@@ -16,7 +16,7 @@ from profiler_kit.errors import ProfilerKitError
 from profiler_kit.kernels import load
 from profiler_kit.nsys_tool import NsysError, NsysInstall
 from profiler_kit.recording.builtin import AttentionProfileConfig, ProfileResult, profile, target_command
-from profiler_kit.recording.runner import Window, nsys_command
+from profiler_kit.recording.runner import ParentWindow, nsys_command
 from profiler_kit.workload import WorkloadConfig
 
 STEPS = 2
@@ -133,9 +133,9 @@ def test_library_checks(tmp_path):
     assert AttentionProfileConfig(("naive", "sdpa-flash")).phases() == (
         "naive.forward", "naive.backward", "sdpa-flash.forward", "sdpa-flash.backward")
     with pytest.raises(ProfilerKitError, match="nothing was recorded"):
-        _ = ProfileResult("nsys", "t", "cpu", Window("whole run"), ()).summary_source
+        _ = ProfileResult("nsys", "t", "cpu", ParentWindow("whole run"), ()).summary_source
     trace = tmp_path / "t.json.gz"
-    assert ProfileResult("torch", "t", "cpu", Window("whole run"), (), (trace,), (trace,)).summary_source == trace
+    assert ProfileResult("torch", "t", "cpu", ParentWindow("whole run"), (), (trace,), (trace,)).summary_source == trace
 
 
 def test_nsys_command_capture_range_only_with_cuda(tmp_path):
