@@ -326,10 +326,14 @@ def _rank_of(path: Path) -> int:
 def _run_in_process(cmd: list[str], output: Path, force: bool, backend: str, suffix: str,
                     settings: dict[str, str]) -> ProgramRun:
     """Run `cmd` with a recorder inside each of its Python processes (torch or memory), each writing
-    `<output><suffix>` or `<output>.rank<R><suffix>`."""
-    single = trace_path(output, None, suffix)
-    ranked = tuple(output.parent.glob(f"{glob.escape(output.name)}.rank*{suffix}"))
-    with reserve_output(single, force, ranked), tempfile.TemporaryDirectory(prefix="profiler-kit-job-") as job:
+    `<output><suffix>`, or, under a launcher, `<output>.rank<R><suffix>`: only the files of that kind are
+    refused when they exist (a one-process run writes no rank's file)."""
+    if _is_launcher(cmd):
+        ranked = sorted(output.parent.glob(f"{glob.escape(output.name)}.rank*{suffix}"), key=_rank_of)
+        first, others = trace_path(output, 0, suffix), tuple(p for p in ranked if _rank_of(p) != 0)
+    else:
+        first, others = trace_path(output, None, suffix), ()
+    with reserve_output(first, force, others), tempfile.TemporaryDirectory(prefix="profiler-kit-job-") as job:
         partial = _partial(output)
         extra = {RECORD: backend, TRACE: str(partial.absolute()), JOB_DIR: job, **settings}
         if cuda_device_present():
