@@ -394,7 +394,8 @@ def _pick(tables: list[tuple[str, pd.DataFrame]], wanted: str | None) -> pd.Data
     if len(matches) != 1:
         from click import UsageError
 
-        raise UsageError(f"--table {wanted!r}: choose one of {', '.join(names)} (or 1-{len(names)})")
+        raise UsageError(f"--table {wanted!r}: this report has no such table; choose one of {', '.join(names)} "
+                         f"(or 1-{len(names)})")
     return tables[matches[0]][1]
 
 
@@ -437,6 +438,14 @@ def _check_columns(frames: list[pd.DataFrame | Shown], fmt: str) -> None:
         raise UsageError(f"--columns: no table has all of {', '.join(sorted(columns))}; columns: {known}")
 
 
+def _check_output(tables: list[tuple[str, pd.DataFrame | Shown]], fmt: str) -> None:
+    """A usage error, before anything is printed, when --columns names columns no table has or --table names no
+    table there is."""
+    _check_columns([frame for _, frame in tables], fmt)
+    if fmt == "csv" and tables:
+        _pick([(title, _shown(frame, "csv")) for title, frame in tables], getattr(fmt, "table", None))
+
+
 def emit_tables(
     tables: Iterable[tuple[str, pd.DataFrame | Shown]],
     fmt: str,
@@ -451,7 +460,7 @@ def emit_tables(
     wrapped at word boundaries. In every format, the OutputFormat's `csv_dir` also gets each table, every column,
     as `<table_name>.csv`."""
     tables = list(tables)
-    _check_columns([frame for _, frame in tables], fmt)
+    _check_output(tables, fmt)
     if getattr(fmt, "csv_dir", None) is not None:
         _write_csv_dir([(title, _shown(frame, "csv")) for title, frame in tables], fmt.csv_dir)
     tables = [(title, _shown(frame, fmt)) for title, frame in tables]
@@ -517,11 +526,13 @@ class Report(Protocol):
 def emit_report(report: Report, fmt: str) -> None:
     """Print `report` in `fmt`. The table format shows shortened names (`display`) and has the notes in its
     caption; the machine formats print the notes on stderr, so stdout holds only the document."""
+    tables = report.tables(display=fmt == "table")
+    _check_output(tables, fmt)
     if fmt != "table":
         for note in report.notes:
             say(f"note: {note}")
     emit_tables(
-        report.tables(display=fmt == "table"),
+        tables,
         fmt,
         json_obj=report.to_json() if fmt == "json" else None,
         caption=report.caption(),

@@ -20,14 +20,21 @@ from profiler_kit.cli.common import (
     workload_options,
 )
 from profiler_kit.errors import ProfilerKitError
-from profiler_kit.names import DEFAULT_MAX_ENTRIES, DEFAULT_OUTPUT_DIR, MEMORY_TOP
+from profiler_kit.names import (
+    DEFAULT_MAX_ENTRIES,
+    DEFAULT_OUTPUT_DIR,
+    MEMORY_COMPARE_TABLES,
+    MEMORY_REPORT_TABLES,
+    MEMORY_TOP,
+    report_column,
+)
 
 if TYPE_CHECKING:
     from profiler_kit.memory import MemoryReport
 
 
 def _report_options(fn):
-    fn = format_option()(fn)
+    fn = format_option(tables=MEMORY_REPORT_TABLES, columns=report_column)(fn)
     return click.option("--top", type=positive_int, default=MEMORY_TOP, show_default=True,
                         help="How many of the largest allocations alive at the peak to list.")(fn)
 
@@ -204,7 +211,7 @@ def summarize_cmd(snapshots: tuple[str, ...], device_index: int | None, use_side
 @click.argument("snapshot_b", type=click.Path(path_type=Path, readable=False))
 @_DEVICE_INDEX
 @_SIDECAR
-@format_option()
+@format_option(tables=MEMORY_COMPARE_TABLES, columns=report_column)
 def compare_cmd(snapshot_a: Path, snapshot_b: Path, device_index: int | None, use_sidecar: bool,
                 fmt: str) -> None:
     """Two snapshots side by side: peak allocated and reserved, the peak of each phase (by name) and bytes per

@@ -27,7 +27,7 @@ from profiler_kit.cli.common import (
 )
 from profiler_kit.cli.parallel import parallel_option
 from profiler_kit.errors import ProfilerKitError
-from profiler_kit.names import RECORDING_BACKENDS
+from profiler_kit.names import RECORDING_BACKENDS, SUMMARY_TABLES, report_column
 
 if TYPE_CHECKING:
     from profiler_kit.kernels.summary import KernelSummary
@@ -50,7 +50,7 @@ def _recording_options(fn: Callable) -> Callable:
                      help="Replace existing recordings of the same name once the new one is complete."),
         click.option("--top", type=positive_int, default=15, show_default=True,
                      help="Kernels in the summary."),
-        format_option(),
+        format_option(tables=SUMMARY_TABLES, columns=report_column),
     ]
     for option in reversed(options):
         fn = option(fn)
