@@ -146,6 +146,28 @@ def cuda_device_present() -> bool:
     return driver.cuInit(0) == 0 and driver.cuDeviceGetCount(ctypes.byref(count)) == 0 and count.value > 0
 
 
+def choose_recorder(nsys_path: str | os.PathLike | None = None) -> tuple[str, str]:
+    """The best recorder of this machine for any program, and one line that says which and why: nsys when it is
+    found (`nsys_path`, else where `find_nsys` looks) and a CUDA device is present, else torch.profiler (nsys
+    without a GPU records no CPU operators). An nsys named by `nsys_path` or $NSYS that is not one is an error."""
+    gpu = cuda_device_present()
+    try:
+        nsys = find_nsys(nsys_path)
+    except NsysError:
+        if nsys_path or os.environ.get("NSYS"):
+            raise
+        nsys = None
+    if nsys is not None and gpu:
+        return "nsys", f"recorder: Nsight Systems {nsys.version_str} ({nsys.path}): a CUDA device is present"
+    if nsys is not None:
+        return "torch", (f"recorder: torch.profiler: no CUDA device here, and nsys {nsys.version_str} "
+                         f"({nsys.path}) would record no CPU operators; the tables show CPU operator time")
+    if gpu:
+        return "torch", ("recorder: torch.profiler: no nsys found (PATH, $NSYS, $CUDA_HOME, the CUDA and Nsight "
+                         "install folders); install Nsight Systems or pass --nsys PATH to record under it")
+    return "torch", "recorder: torch.profiler: no CUDA device and no nsys here; the tables show CPU operator time"
+
+
 def program_name(command: list[str]) -> str:
     """The name a default output takes: the script's stem for `python x.py` / `torchrun ... x.py`, else
     the executable's name."""
