@@ -81,6 +81,8 @@ GPU_SOURCES_HELP = (
     "time, the most a speedup of it could save)."
 )
 
+ONE_PROCESS_ONLY = "--nvtx and --flops-per-step take the report of one process"
+
 # Several reports (ranks) are read this many at a time, each in a process of its own.
 JOBS = click.option("-j", "--jobs", type=positive_int, default=1, show_default=True,
                     help="Read this many of several reports (ranks) at a time, each in a process of its own.")
@@ -139,10 +141,13 @@ def summarize_command(paths: tuple[Path, ...], top: int, nvtx: str | None, phase
     from profiler_kit.render import emit_report
 
     check_output_paths([plot_path, html_path], paths, force)
+    one_process_only = nvtx is not None or flops_per_step is not None
+    if len(paths) > 1 and one_process_only:  # before any report is read; a report may also hold several
+        raise click.UsageError(ONE_PROCESS_ONLY)
     ranks = rank_traces(list(paths), jobs)
     if len(ranks) > 1:
-        if nvtx is not None or flops_per_step is not None:
-            raise click.UsageError("--nvtx and --flops-per-step take the report of one process")
+        if one_process_only:
+            raise click.UsageError(ONE_PROCESS_ONLY)
         report = summarize_ranks(ranks, top=top, phases=list(phases) or None)
     else:
         report = summarize_trace(ranks[0][1], top=top, phases=list(phases) or None, nvtx=nvtx)

@@ -55,6 +55,7 @@ USAGE = [
     (["kernels", "summarize", BF16, "--table", "phases"], 2),
     (["kernels", "summarize", BF16, "--format", "csv", "--table", "nope"], 2),
     (["kernels", "summarize", BF16, BF16, "--nvtx", "attention"], 2),
+    (["kernels", "summarize", MISSING, MISSING, "--nvtx", "attention"], 2),
     (["kernels", "compare", BF16], 2),
     (["kernels", "compare", BF16, CPU_TRACE], 2),
     (["kernels", "compare", BF16, BF16, "--gate", "nope"], 2),
