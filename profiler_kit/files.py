@@ -316,8 +316,9 @@ def reserve_output(path: str | os.PathLike, force: bool, others: tuple[Path, ...
     try:
         existing = [p for p in (path, *others) if p.exists() or p.is_symlink()]
         if existing and not force:
-            raise UsageProblem(f"{', '.join(map(str, existing))} already exists; pass another --output, or "
-                               "--force to replace it once the new recording is complete")
+            exist, it = ("exists", "it") if len(existing) == 1 else ("exist", "them")
+            raise UsageProblem(f"{', '.join(map(str, existing))} already {exist}; pass another --output, or "
+                               f"--force to replace {it} once the new recording is complete")
         check_output(path)  # only now: it may create and remove `path`, which no other run may then be making
     except ProfilerKitError:
         reservation.release()

@@ -73,3 +73,37 @@ def phases_for(mode: str) -> tuple[str, ...]:
     if mode not in MODES:
         raise ProfilerKitError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
     return PHASES[: MODES.index(mode) + 1]
+
+
+# The tables each report can print, by name (`--table` picks one for CSV, `--csv-dir` names its files, a JSON
+# made of tables keys them): a report prints those it has rows for. `--table` is checked against them before
+# any work.
+KERNEL_TABLES = ("categories", "top_kernels", "phases", "steps", "idle", "sub_ranges", "memory_ops", "nvtx_ranges")
+RANK_TABLES = ("ranks", "categories", "communication", "stragglers", "arrivals")
+COMPARE_TABLES = ("categories", "phases", "top_kernels", "one_side_only", "gate")
+WHATIF_TABLES = ("phases", "steps")
+MEMORY_TABLES = ("peak_memory", "peak_allocated_per_step_and_phase", "peaks_per_phase",
+                 "allocated_at_the_peak_by_role", "largest_allocations_alive_at_the_peak",
+                 "expected_vs_measured_tensor_sizes")
+MEMORY_RANK_TABLES = ("peak_per_rank", "allocated_at_the_highest_rank_s_peak_by_role_against_the_lowest_rank_s")
+MEMORY_COMPARE_TABLES = ("peaks", "peak_allocated_per_phase", "allocated_at_the_peak_by_role")
+# A kernel summary of one process, or of several ranks; a memory report of one snapshot, or of several ranks.
+SUMMARY_TABLES = tuple(dict.fromkeys(KERNEL_TABLES + RANK_TABLES))
+MEMORY_REPORT_TABLES = MEMORY_TABLES + MEMORY_RANK_TABLES
+# The columns of the kernel and memory reports' tables that carry no unit. A name with a unit (UNIT_SUFFIXES)
+# may be a column named after a phase or a category of the report (`fwd_ms`, `matmul_pct`, `forward_peak_mib`).
+REPORT_COLUMNS = frozenset({
+    "#", "allocated_in", "allocs_in_trace", "bytes_each", "bytes_per_param_at_peak", "category", "check",
+    "collective_calls", "collectives", "completed", "count", "count_at_peak", "dtype", "end_event", "evidence",
+    "expected_count", "formula", "function", "instances", "kernel", "kernels", "last_rank", "metric", "name",
+    "names", "node", "operation", "operators", "peak_event", "peak_phase", "phase", "position", "ranges", "rank",
+    "regressed", "role", "size_bytes", "slowest_rank", "source", "speedup", "start_event", "state", "status",
+    "step", "steps", "sub_range", "tensor", "times_last", "user_metadata", "verdict", "verdict_measured",
+    "verdict_predicted", "where",
+})
+UNIT_SUFFIXES = ("_ms", "_us", "_pct", "_mib")
+
+
+def report_column(name: str) -> bool:
+    """Whether `name` may be a column of a kernel or memory report's table (`--columns` before any work)."""
+    return name in REPORT_COLUMNS or name.endswith(UNIT_SUFFIXES)

@@ -182,7 +182,8 @@ def find_nsys(explicit: str | os.PathLike | None = None) -> NsysInstall:
     tried = ", ".join(["--nsys", "$NSYS", "PATH", cuda_home, *SEARCH_GLOBS])
     raise NsysError(
         f"nsys (Nsight Systems) not found; tried {tried}. Install Nsight Systems or pass --nsys PATH, "
-        "or record with torch.profiler instead: --backend torch"
+        "or record with torch.profiler instead: --backend torch (`profiler-kit profile -- COMMAND` picks it "
+        "where there is no nsys)"
     )
 
 

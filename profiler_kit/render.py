@@ -17,7 +17,7 @@ import re
 import shutil
 import sys
 import textwrap
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -36,6 +36,8 @@ DEFAULT_WIDTH = 120
 MIN_TEXT_WIDTH = 24
 # Optional columns give way before a text column is squeezed below this many characters.
 COMFORTABLE_TEXT_WIDTH = 40
+# A cell without a value.
+MISSING = "–"
 # Continuation lines of a wrapped note start with this.
 NOTE_INDENT = "  "
 _MARKDOWN_SPECIAL = re.compile(r"([\\`|<>])")
@@ -97,15 +99,17 @@ class OutputFormat(str):
 
 class Title(str):
     """A table's title (compares equal to its text) with the table's stable `name` (`--table`, the file names of
-    `--csv-dir`, the keys of a JSON made of tables), the same whatever the options and the source, and its `key`
-    columns: a table narrowed to the output width drops its other columns first."""
+    `--csv-dir`, the keys of a JSON made of tables), the same whatever the options and the source; its `key`
+    columns: a table narrowed to the output width drops its other columns first; and its `prose` columns, text
+    in words, which a narrowed table cuts at the end of a word rather than in the middle."""
 
     name: str | None = None
     key: tuple[str, ...] = ()
+    prose: tuple[str, ...] = ()
 
-    def __new__(cls, text: str, name: str | None = None, key: Sequence[str] = ()) -> Title:
+    def __new__(cls, text: str, name: str | None = None, key: Sequence[str] = (), prose: Sequence[str] = ()) -> Title:
         self = super().__new__(cls, text)
-        self.name, self.key = name, tuple(key)
+        self.name, self.key, self.prose = name, tuple(key), tuple(prose)
         return self
 
 
@@ -156,7 +160,7 @@ def format_count(value: int) -> str:
 def format_cell(value: Any, column: str = "") -> str:
     """A cell as a person reads it: separators from 1,000 up in every numeric column, 3 significant digits below 1."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "–"
+        return MISSING
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, float):
@@ -174,13 +178,56 @@ def format_cell(value: Any, column: str = "") -> str:
     return literal(value)
 
 
-def shorten_middle(text: str, width: int) -> str:
-    """`text` cut to `width` characters once, with `…` where the cut is: two thirds of what is kept from its start
-    (where a kernel's name says what it computes), one third from its end."""
+def shorten_middle(text: str, width: int, head: int | None = None) -> str:
+    """`text` cut to `width` characters once, with `…` where the cut is: `head` characters from its start, the rest
+    from its end; by default two thirds from its start (where a kernel's name says what it computes), one third
+    from its end."""
     if len(text) <= width:
         return text
-    head = -(-2 * (width - 1) // 3)
+    if head is None:
+        head = -(-2 * (width - 1) // 3)
     return text[:head] + "…" + text[len(text) - (width - 1 - head):]
+
+
+def shorten_words(text: str, width: int) -> str:
+    """`text` (words) cut to at most `width` characters at the end of a word, `…` after it; a first word longer
+    than that is cut within."""
+    if len(text) <= width:
+        return text
+    kept = text[:width - 1]
+    end = kept.rfind(" ") if text[width - 1] != " " else width - 1
+    if end > 0:
+        kept = kept[:end]
+    return kept.rstrip(" ,;:") + "…"
+
+
+def shorten_distinct(texts: Sequence[str], width: int) -> list[str]:
+    """Each of `texts` cut in its middle to `width` (`shorten_middle`). Where several different texts would read
+    the same, their cut moves, for all of them alike, to the place nearest the usual one that tells them apart,
+    keeping at least a third of the width from their start; where no single cut does (they differ deep inside,
+    as a kernel's template arguments do), each keeps its first third, then, after `…`, what follows the start
+    they share, cut again with `…` where the width ends."""
+    cut = [shorten_middle(t, width) for t in texts]
+    groups: dict[str, set[str]] = {}
+    for text, short in zip(texts, cut, strict=True):
+        groups.setdefault(short, set()).add(text)
+    usual = -(-2 * (width - 1) // 3)
+    least = max(1, (width - 2) // 3)
+    for short, originals in groups.items():
+        if len(originals) < 2 or width < 6:
+            continue
+        heads = sorted(range(least, width - 1), key=lambda h: (abs(h - usual), h))
+        head = next((h for h in heads if len({shorten_middle(t, width, h) for t in originals}) == len(originals)),
+                    None)
+        if head is not None:
+            apart = {t: shorten_middle(t, width, head) for t in originals}
+        else:
+            shared = max(len(os.path.commonprefix(list(originals))), least)
+            window = width - 2 - least
+            apart = {t: t[:least] + "…" + (t[shared:] if len(t) - shared <= window + 1 else t[shared:shared + window]
+                                            + "…") for t in originals}
+        cut = [apart[t] if c == short else c for t, c in zip(texts, cut, strict=True)]
+    return cut
 
 
 def _markdown_cell(text: str) -> str:
@@ -223,56 +270,96 @@ def _cells(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({str(c): [format_cell(v, str(c)) for v in df[c]] for c in df.columns}, index=df.index)
 
 
-def fit_columns(df: pd.DataFrame, width: int, key: Sequence[str] = ()) -> tuple[pd.DataFrame, list[str]]:
-    """`df` as text cells that fit `width` columns of a boxed table, and the names of the columns left out.
+def header_lines(name: str, width: int) -> str:
+    """A column's name on lines of at most `width` characters, broken after its underscores (`collective_` over
+    `calls`): joined again, the lines give the name back; a piece longer than `width` stays whole."""
+    pieces = re.findall(r"[^_]*_|[^_]+$", name) or [name]
+    lines = [""]
+    for piece in pieces:
+        if lines[-1] and len(lines[-1]) + len(piece) > width:
+            lines.append("")
+        lines[-1] += piece
+    return "\n".join(lines)
 
-    Columns other than the first and the `key` ones go first, rightmost first, while the table would not fit
-    with its text columns at COMFORTABLE_TEXT_WIDTH; key columns (never the first) go only when it would not fit
-    with them at MIN_TEXT_WIDTH. Then text columns are shortened once, in their middle, the widest first, to
-    what the width leaves (MIN_TEXT_WIDTH at least, or their header's length)."""
+
+@dataclass
+class Fitted:
+    """A table's text cells as they fit a width, its headers (perhaps on several lines, `header_lines`), and
+    what it leaves out: each column's name, with its value when it is the same in every row."""
+
+    cells: pd.DataFrame
+    headers: dict[str, str]
+    dropped: list[str]
+
+
+def fit_columns(df: pd.DataFrame, width: int, key: Sequence[str] = (), prose: Sequence[str] = ()) -> Fitted:
+    """`df` as text cells that fit `width` columns of a boxed table.
+
+    Columns other than the first and the `key` ones go first, those with one value in every row before the
+    others, rightmost first, while the table would not fit with its text columns at COMFORTABLE_TEXT_WIDTH. If
+    it still would not, headers are broken after their underscores, the ones that gain most first; then key
+    columns (never the first) go, in the same order, until it fits with its text columns at MIN_TEXT_WIDTH.
+    Then text columns are shortened once, the widest first, to what the width leaves (MIN_TEXT_WIDTH at least,
+    or their header's width): `prose` columns at the end of a word, the others in their middle, where texts
+    that would read alike keep the part that tells them apart (`shorten_distinct`)."""
     cells = _cells(df)
     text = {str(c) for c in df.columns if not _numeric(df[c])}
-    natural = {c: max([len(c), *map(len, cells[c])]) for c in cells.columns}
     columns = list(cells.columns)
     keep = {columns[0], *key} if columns else set(key)
+    content = {c: max(map(len, cells[c]), default=0) for c in columns}
+    headers = {c: c for c in columns}
+    constant = {c for c in columns if len(cells) > 1 and cells[c].nunique() == 1}
 
-    def total(widths: dict[str, int]) -> int:
-        return sum(widths[c] for c in columns) + 3 * len(columns) + 1
+    def head(c: str) -> int:
+        return max(map(len, headers[c].split("\n")))
 
-    def narrowed(limit: int) -> dict[str, int]:
-        return {c: max(min(natural[c], limit), len(c)) if c in text else natural[c] for c in columns}
+    def total(limit: int) -> int:
+        widths = [max(min(content[c], limit) if c in text else content[c], head(c)) for c in columns]
+        return sum(widths) + 3 * len(columns) + 1
 
-    for limit, may_go in ((COMFORTABLE_TEXT_WIDTH, lambda c: c not in keep), (MIN_TEXT_WIDTH, lambda c: True)):
-        while total(narrowed(limit)) > width:
+    def drop_until_fits(limit: int, may_go: Callable[[str], bool]) -> None:
+        while total(limit) > width:
             candidates = [c for c in columns[1:] if may_go(c)]
             if not candidates:
-                break
-            columns.remove(candidates[-1])
-    widths = {c: natural[c] for c in columns}
-    for column in sorted((c for c in columns if c in text), key=lambda c: -natural[c]):
-        over = total(widths) - width
+                return
+            columns.remove(([c for c in candidates if c in constant] or candidates)[-1])
+
+    drop_until_fits(COMFORTABLE_TEXT_WIDTH, lambda c: c not in keep)
+    gains = {c: head(c) - max(max(map(len, header_lines(c, 1).split("\n"))),
+                               min(content[c], MIN_TEXT_WIDTH) if c in text else content[c]) for c in columns}
+    for column in sorted((c for c in columns if gains[c] > 0), key=lambda c: -gains[c]):
+        if total(MIN_TEXT_WIDTH) <= width:
+            break
+        headers[column] = header_lines(column, head(column) - gains[column])
+    drop_until_fits(MIN_TEXT_WIDTH, lambda c: True)
+    widths = {c: max(content[c], head(c)) for c in columns}
+    for column in sorted((c for c in columns if c in text), key=lambda c: -widths[c]):
+        over = sum(widths.values()) + 3 * len(columns) + 1 - width
         if over <= 0:
             break
-        widths[column] = max(natural[column] - over, min(natural[column], MIN_TEXT_WIDTH), len(column))
-        cells[column] = [shorten_middle(v, widths[column]) for v in cells[column]]
-    dropped = [c for c in cells.columns if c not in columns]
-    return cells[columns], dropped
+        widths[column] = max(widths[column] - over, min(content[column], MIN_TEXT_WIDTH), head(column))
+        values = list(cells[column])
+        cells[column] = ([shorten_words(v, widths[column]) for v in values] if column in prose
+                         else shorten_distinct(values, widths[column]))
+    dropped = [c if c not in constant else f"{c} (empty)" if cells[c].iloc[0] == MISSING
+               else f"{c} ({cells[c].iloc[0]} in every row)" for c in cells.columns if c not in columns]
+    return Fitted(cells[columns], {c: headers[c] for c in columns}, dropped)
 
 
-def rich_table(df: pd.DataFrame, title: str | None = None, width: int | None = None,
-               key: Sequence[str] = ()) -> tuple[Table, list[str]]:
-    """A boxed table of `df` that fits `width` (None: any width), and the columns left out to fit; every cell and
-    the title are printed literally, never as rich markup."""
+def rich_table(df: pd.DataFrame, width: int | None = None, key: Sequence[str] = (),
+               prose: Sequence[str] = ()) -> tuple[Table, list[str]]:
+    """A boxed table of `df` that fits `width` (None: any width), and the columns left out to fit; every cell is
+    printed literally, never as rich markup."""
     from rich.table import Table
     from rich.text import Text
 
-    cells, dropped = fit_columns(df, width, key) if width else (_cells(df), [])
-    table = Table(title=Text(literal(title)) if title else None, title_justify="left", header_style="bold")
-    for col in cells.columns:
-        table.add_column(Text(col), justify="right" if _numeric(df[col]) else "left", no_wrap=True)
-    for row in cells.itertuples(index=False):
+    fitted = fit_columns(df, width, key, prose) if width else Fitted(_cells(df), {str(c): str(c) for c in df}, [])
+    table = Table(header_style="bold")
+    for col in fitted.cells.columns:
+        table.add_column(Text(fitted.headers[col]), justify="right" if _numeric(df[col]) else "left", no_wrap=True)
+    for row in fitted.cells.itertuples(index=False):
         table.add_row(*(Text(v) for v in row))
-    return table, dropped
+    return table, fitted.dropped
 
 
 def wrap_note(line: str, width: int | None) -> str:
@@ -307,7 +394,8 @@ def _pick(tables: list[tuple[str, pd.DataFrame]], wanted: str | None) -> pd.Data
     if len(matches) != 1:
         from click import UsageError
 
-        raise UsageError(f"--table {wanted!r}: choose one of {', '.join(names)} (or 1-{len(names)})")
+        raise UsageError(f"--table {wanted!r}: this report has no such table; choose one of {', '.join(names)} "
+                         f"(or 1-{len(names)})")
     return tables[matches[0]][1]
 
 
@@ -350,6 +438,14 @@ def _check_columns(frames: list[pd.DataFrame | Shown], fmt: str) -> None:
         raise UsageError(f"--columns: no table has all of {', '.join(sorted(columns))}; columns: {known}")
 
 
+def _check_output(tables: list[tuple[str, pd.DataFrame | Shown]], fmt: str) -> None:
+    """A usage error, before anything is printed, when --columns names columns no table has or --table names no
+    table there is."""
+    _check_columns([frame for _, frame in tables], fmt)
+    if fmt == "csv" and tables:
+        _pick([(title, _shown(frame, "csv")) for title, frame in tables], getattr(fmt, "table", None))
+
+
 def emit_tables(
     tables: Iterable[tuple[str, pd.DataFrame | Shown]],
     fmt: str,
@@ -364,7 +460,7 @@ def emit_tables(
     wrapped at word boundaries. In every format, the OutputFormat's `csv_dir` also gets each table, every column,
     as `<table_name>.csv`."""
     tables = list(tables)
-    _check_columns([frame for _, frame in tables], fmt)
+    _check_output(tables, fmt)
     if getattr(fmt, "csv_dir", None) is not None:
         _write_csv_dir([(title, _shown(frame, "csv")) for title, frame in tables], fmt.csv_dir)
     tables = [(title, _shown(frame, fmt)) for title, frame in tables]
@@ -390,8 +486,8 @@ def emit_tables(
 
 
 def _print_tables(tables: list[tuple[str, pd.DataFrame]], width: int | None, caption: str | None) -> None:
-    """Boxed tables fitted to `width` (None: any width), each followed by the columns it leaves out, then the
-    caption's lines."""
+    """Each title, wrapped at `width` between words, above its boxed table fitted to `width` (None: any width),
+    followed by the columns it leaves out; then the caption's lines."""
     from rich.text import Text
 
     console = _console(False)
@@ -401,7 +497,11 @@ def _print_tables(tables: list[tuple[str, pd.DataFrame]], width: int | None, cap
         console.print(Text(wrap_note(line, width)), soft_wrap=True)
 
     for title, df in tables:
-        table, dropped = rich_table(df, title=title, width=width, key=getattr(title, "key", ()))
+        table, dropped = rich_table(df, width=width, key=getattr(title, "key", ()), prose=getattr(title, "prose", ()))
+        if title:
+            line = literal(title)
+            console.print(Text(textwrap.fill(line, width, break_on_hyphens=False) if width else line,
+                               style="table.title"), soft_wrap=True)
         console.print(table)
         if dropped:
             note(f"not shown: {', '.join(dropped)} (--wide or --columns shows them)")
@@ -426,11 +526,13 @@ class Report(Protocol):
 def emit_report(report: Report, fmt: str) -> None:
     """Print `report` in `fmt`. The table format shows shortened names (`display`) and has the notes in its
     caption; the machine formats print the notes on stderr, so stdout holds only the document."""
+    tables = report.tables(display=fmt == "table")
+    _check_output(tables, fmt)
     if fmt != "table":
         for note in report.notes:
             say(f"note: {note}")
     emit_tables(
-        report.tables(display=fmt == "table"),
+        tables,
         fmt,
         json_obj=report.to_json() if fmt == "json" else None,
         caption=report.caption(),

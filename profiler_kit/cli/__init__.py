@@ -8,7 +8,6 @@ from __future__ import annotations
 import importlib
 
 import click
-from click.utils import make_default_short_help
 
 from profiler_kit.environment import VERSION
 from profiler_kit.errors import ProfilerKitError, UsageProblem, first_line, literal
@@ -42,22 +41,47 @@ def _failure(exc: Exception) -> _Failure:
                     "traceback)", EXIT_INTERNAL)
 
 
-# Each top-level command: the module under profiler_kit.cli that defines it, and the line `profiler-kit --help`
-# lists for it (the first sentence of its docstring). A module is imported only when its command runs or shows
-# its own help, so that `--help`, `--version` and the report readers start without torch.
+# Each top-level command and the module under profiler_kit.cli that defines it. A module is imported only when its
+# command runs or shows its own help, so that `--help`, `--version` and the report readers start without torch.
 COMMANDS = {
-    "attention": ("attention", "Attention implementations side by side: time, TFLOP/s and memory."),
-    "benchmark": ("benchmark", "Time forward, backward and optimizer phases over a sweep of model × ctx × mode × "
-                               "attention × optimizer."),
-    "kernels": ("kernels", "Kernel time by category (matmul, attention, elementwise, ...), per phase and per "
-                           "kernel."),
-    "memory": ("memory", "Record CUDA memory history around one config's steps, or over any program's window, "
-                         "dump the snapshot, and explain its peak."),
-    "models": ("models", "The model presets with exact parameter counts."),
-    "nsys": ("nsys", "Profile one training-step config, or any program given after `--`: kernels per phase, "
-                     "under Nsight Systems or torch.profiler."),
-    "precision": ("models", "Float16 accumulation experiment, and the dtypes seen under bf16 autocast."),
+    "attention": "attention",
+    "benchmark": "benchmark",
+    "kernels": "kernels",
+    "memory": "memory",
+    "models": "models",
+    "nsys": "nsys",
+    "precision": "models",
+    "profile": "profile",
 }
+
+# What `profiler-kit --help` lists: the commands by the question they answer, each entry the words that run it
+# and one line.
+QUESTIONS = (
+    ("My program is slow: where does the time go?", (
+        ("profile -- CMD", "Record any program: time by category, phase and step."),
+        ("kernels summarize", "Read a recording again (nsys, torch traces; ranks)."),
+        ("kernels whatif", "Predict each phase if some kernels ran faster (GPU)."),
+        ("kernels timeline", "The attributed timeline, for ui.perfetto.dev."),
+    )),
+    ("It runs out of memory: what holds it at the peak?", (
+        ("profile --memory", "Record any program's CUDA memory; explain its peak."),
+        ("memory summarize", "Explain a CUDA memory snapshot by role, phase, step."),
+    )),
+    ("Did my change help?", (
+        ("kernels compare", "Two recordings, or runs of each: what moved, past noise."),
+        ("memory compare", "Two snapshots: peaks, phases and roles side by side."),
+    )),
+    ("Which attention kernel is fastest?", (
+        ("attention", "Implementations side by side: time, TFLOP/s, memory."),
+    )),
+    ("The built-in Transformer LM", (
+        ("benchmark", "Time its phases over models, ctx, modes, optimizers."),
+        ("nsys", "Profile one of its configs (any program: as profile)."),
+        ("memory", "Record one config's CUDA memory history, explained."),
+        ("models", "The presets with exact parameter counts."),
+        ("precision", "fp16 accumulation; the dtypes under bf16 autocast."),
+    )),
+)
 
 
 class _Group(click.Group):
@@ -67,14 +91,18 @@ class _Group(click.Group):
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         if name not in COMMANDS:
             return None
-        module = importlib.import_module(f"profiler_kit.cli.{COMMANDS[name][0]}")
+        module = importlib.import_module(f"profiler_kit.cli.{COMMANDS[name]}")
         return next(command for command in module.COMMANDS if command.name == name)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        names = self.list_commands(ctx)
-        limit = formatter.width - 6 - max(map(len, names))  # as click.Group lists loaded commands
-        with formatter.section("Commands"):
-            formatter.write_dl([(name, make_default_short_help(COMMANDS[name][1], limit)) for name in names])
+        """QUESTIONS, each question over its entries, the entries of every question aligned alike."""
+        width = max(len(words) for _question, entries in QUESTIONS for words, _line in entries)
+        with formatter.section("Commands, by the question they answer"):
+            for question, entries in QUESTIONS:
+                formatter.write_paragraph()
+                formatter.write_text(question)
+                with formatter.indentation():
+                    formatter.write_dl([(words.ljust(width), line) for words, line in entries])
 
     def invoke(self, ctx: click.Context):
         try:
@@ -112,4 +140,10 @@ def _set_max_input(_ctx: click.Context, _param: click.Parameter, value: int) -> 
               expose_value=False, callback=_set_max_input,
               help="The most an input file (decompressed) may put in memory.")
 def main() -> None:
-    """Where the time and memory of a Transformer LM training step go on an NVIDIA GPU."""
+    """Where the time and memory of a PyTorch program go, which part is responsible, and what to change. Start
+    with your own program, as it is (any machine; a GPU with Nsight Systems records the most):
+
+    \b
+      profiler-kit profile -- python train.py
+
+    Each command's --help has the details."""

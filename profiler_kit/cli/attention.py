@@ -41,8 +41,17 @@ def dtype_names() -> tuple[str, ...]:
     return DTYPES
 
 
-def _run_options(fn: Callable) -> Callable:
-    """Options shared by both commands: device, do_bench budget, result file, output format."""
+def _attention_column(name: str) -> bool:
+    """Whether `name` may be a column of the attention tables: a result's, an implementation's (the pivot
+    tables), or a speedup of one over another (`flash-triton_vs_sdpa-flash`)."""
+    from profiler_kit.attention.bench import COLUMNS
+
+    return name in (*COLUMNS, *impl_names()) or "_vs_" in name
+
+
+def _run_options(table: str) -> Callable:
+    """Options shared by both commands: device, do_bench budget, result file, output format (whose CSV prints
+    the one table `table`)."""
     options = [
         click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto",
                      show_default=True),
@@ -62,11 +71,15 @@ def _run_options(fn: Callable) -> Callable:
                      help="Append one row per config as soon as it finishes, with --rounds a shape's rows "
                           "after its last round (.jsonl, .csv or .md)."),
         click.option("--resume", is_flag=True, help="Skip configs already in --output (and show them)."),
-        format_option(),
+        format_option(tables=(table,), columns=_attention_column),
     ]
-    for option in reversed(options):
-        fn = option(fn)
-    return fn
+
+    def decorate(fn: Callable) -> Callable:
+        for option in reversed(options):
+            fn = option(fn)
+        return fn
+
+    return decorate
 
 
 def _measure(configs: list, warmup: int, rep: int, rounds: int, backward_on_caller: bool, output: Path | None,
@@ -140,7 +153,7 @@ def attention() -> None:
 @click.option("--dtype", "dtypes", default="fp32,bf16", show_default=True, callback=comma_list(one_of(dtype_names)),
               help="fp32, bf16, fp16 (comma list).")
 @click.option("--causal/--no-causal", default=True, show_default=True)
-@_run_options
+@_run_options("attention")
 def bench_cmd(impls, batch, heads, ds, seqs, dtypes, causal, device, warmup, rep, rounds, backward_on_caller,
               output, resume, fmt) -> None:
     """Forward, backward and forward+backward of each implementation over dtype × d × seq."""
@@ -171,7 +184,7 @@ def bench_cmd(impls, batch, heads, ds, seqs, dtypes, causal, device, warmup, rep
 @click.option("--d", type=positive_int, default=64, show_default=True, help="Head dim.")
 @click.option("--dtype", default="bf16", show_default=True, callback=single(one_of(dtype_names)))
 @click.option("--causal/--no-causal", default=True, show_default=True)
-@_run_options
+@_run_options("leaderboard")
 def leaderboard_cmd(impls, batch, heads, seq, d, dtype, causal, device, warmup, rep, rounds, backward_on_caller,
                     output, resume, fmt) -> None:
     """Forward+backward of flash-triton against the SDPA backends on one config, fastest first."""

@@ -27,6 +27,17 @@ DISPLAY_COLUMNS = ["config", "status", "fwd_ms", "bwd_ms", "opt_ms", "step_ms", 
 STEADY_SPREAD_PCT = 10.0
 
 
+def _benchmark_column(name: str) -> bool:
+    """Whether `name` may be a column of the benchmark's tables: a row's (with the ranks' columns of
+    --parallel), a people's table's, or one of the table across --repeat passes (which carry units)."""
+    from profiler_kit import benchmark as bench
+    from profiler_kit import distributed
+    from profiler_kit.names import UNIT_SUFFIXES
+
+    return name in (*distributed.columns(bench.COLUMNS), *DISPLAY_COLUMNS, "repeats") or name.endswith(
+        (*UNIT_SUFFIXES, "_min", "_max"))
+
+
 def _config_label(row: pd.Series) -> str:
     """One config in a few words: model, ctx, mode, then what differs from the defaults."""
     import pandas as pd
@@ -137,7 +148,7 @@ def unsteady_note(df: pd.DataFrame) -> str | None:
 @click.option("--resume", is_flag=True, help="Skip configs already in --output.")
 @parallel_option
 @baseline_option
-@format_option()
+@format_option(tables=("benchmark",), columns=_benchmark_column)
 def benchmark_cmd(
     model,
     ctx,

@@ -103,46 +103,74 @@ def _check_table_option(fmt: OutputFormat) -> None:
                                "every table; --csv-dir DIR writes each to its own file with any format)")
 
 
-def _output_option(key: str) -> Callable:
-    """A callback that puts an option shaping the output on the command's OutputFormat (made by `--format`,
-    before or after this option)."""
-
-    def remember(ctx: click.Context, _param: click.Parameter, value: Any) -> None:
-        options = ctx.meta.setdefault(("output", id(ctx)), {})
-        options[key] = value
-        if ("format", id(ctx)) in ctx.meta:
-            setattr(ctx.meta[("format", id(ctx))], key, value)
-            _check_table_option(ctx.meta[("format", id(ctx))])
-
-    return remember
+def _check_table_name(wanted: str, tables: Sequence[str]) -> None:
+    """A usage error, before any work, when `--table` names none of the tables the command can print (a name, the
+    start of one, or a number); whether this run's report has that table is known once it is made."""
+    if (wanted.isdigit() and 1 <= int(wanted) <= len(tables)) or any(t.startswith(wanted) for t in tables):
+        return
+    raise click.UsageError(f"--table {wanted!r}: choose one of {', '.join(tables)} (or 1-{len(tables)})")
 
 
-def _output_format(ctx: click.Context, _param: click.Parameter, value: str) -> OutputFormat:
-    fmt = OutputFormat(value, **ctx.meta.get(("output", id(ctx)), {}))
-    ctx.meta[("format", id(ctx))] = fmt
-    _check_table_option(fmt)
-    return fmt
+def _check_column_names(columns: Sequence[str], known: Callable[[str], bool]) -> None:
+    """A usage error, before any work, for `--columns` names that no table of the command can have."""
+    unknown = [c for c in columns if not known(c)]
+    if unknown:
+        raise click.UsageError(f"--columns: no table of this command has {', '.join(unknown)} (--wide shows every "
+                               "column of a report)")
 
 
-def format_option(default: str = "table") -> Callable:
+def format_option(default: str = "table", tables: Sequence[str] = (),
+                  columns: Callable[[str], bool] | None = None) -> Callable:
     """`--format` and the options that shape it (`--columns`, `--wide`, `--table`, `--csv-dir`); the command
-    gets `fmt`, an OutputFormat for render.emit_tables."""
+    gets `fmt`, an OutputFormat for render.emit_tables. `tables` are the names of the tables the command can
+    print and `columns` says whether a name may be a column of one (`names.report_column`): `--table` and
+    `--columns` are checked against them before any work."""
+
+    def check(ctx: click.Context) -> None:
+        fmt = ctx.meta.get(("format", id(ctx)))
+        if fmt is None:
+            return
+        _check_table_option(fmt)
+        if fmt.table is not None and tables:
+            _check_table_name(fmt.table, tables)
+        if fmt.columns and columns is not None:
+            _check_column_names(fmt.columns, columns)
+
+    def remember(key: str) -> Callable:
+        """A callback that puts an option shaping the output on the command's OutputFormat (made by `--format`,
+        before or after this option)."""
+
+        def callback(ctx: click.Context, _param: click.Parameter, value: Any) -> None:
+            ctx.meta.setdefault(("output", id(ctx)), {})[key] = value
+            if ("format", id(ctx)) in ctx.meta:
+                setattr(ctx.meta[("format", id(ctx))], key, value)
+                check(ctx)
+
+        return callback
+
+    def output_format(ctx: click.Context, _param: click.Parameter, value: str) -> OutputFormat:
+        fmt = OutputFormat(value, **ctx.meta.get(("output", id(ctx)), {}))
+        ctx.meta[("format", id(ctx))] = fmt
+        check(ctx)
+        return fmt
+
+    table_help = ", ".join(tables[:5]) + (", ..." if len(tables) > 5 else "") if tables else "categories, ..."
     options = [
         click.option("--format", "fmt", type=click.Choice(FORMATS), default=default, show_default=True,
-                     callback=_output_format,
+                     callback=output_format,
                      help="table for people (as wide as the terminal, else $COLUMNS, else 120 columns); "
                           "json/csv/markdown (md) print only that on stdout; csv prints one table (--table).",),
         click.option("--columns", metavar="A,B,...", default=None, expose_value=False,
-                     callback=lambda ctx, param, value: _output_option("columns")(
+                     callback=lambda ctx, param, value: remember("columns")(
                          ctx, param, tuple(comma_list()(ctx, param, value) or ())),
                      help="The columns a table or Markdown shows (default: the main ones, fitted to the width)."),
-        click.option("--wide", is_flag=True, expose_value=False, callback=_output_option("wide"),
+        click.option("--wide", is_flag=True, expose_value=False, callback=remember("wide"),
                      help="Show every column, however wide."),
-        click.option("--table", metavar="NAME", default=None, expose_value=False, callback=_output_option("table"),
-                     help="With --format csv: the table to print, by name (categories, top_kernels, phases, "
-                          "steps, idle, ...) or number [default: the first]."),
+        click.option("--table", metavar="NAME", default=None, expose_value=False, callback=remember("table"),
+                     help=f"With --format csv: the table to print, by name ({table_help}) or number "
+                          "[default: the first]."),
         click.option("--csv-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-                     expose_value=False, callback=_output_option("csv_dir"),
+                     expose_value=False, callback=remember("csv_dir"),
                      help="Also write every table, every column, to DIR/<name>.csv (with any --format)."),
     ]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -17,7 +18,7 @@ from profiler_kit.cli.common import (
     positive_int,
 )
 from profiler_kit.defaults import DEFAULT_GATES, DEFAULT_MIN_DELTA_SHARE, KERNELS_TOP
-from profiler_kit.names import GATES, PHASE_RULE
+from profiler_kit.names import COMPARE_TABLES, GATES, PHASE_RULE, SUMMARY_TABLES, WHATIF_TABLES, report_column
 
 if TYPE_CHECKING:
     from profiler_kit.render import Report
@@ -28,33 +29,50 @@ SOURCES_HELP = (
 )
 
 
-# The options summarize and compare share, in the order --help lists them.
-_ANALYSIS_OPTIONS = (
-    click.option(
-        "--top", type=positive_int, default=KERNELS_TOP, show_default=True, help="How many kernels to list."
-    ),
-    click.option(
-        "--nvtx",
-        metavar="RANGE",
-        default=None,
-        help="Only kernels launched inside NVTX ranges of this name, split by its sub-ranges.",
-    ),
-    click.option(
-        "--phase",
-        "phases",
-        metavar="NAME",
-        multiple=True,
-        help=f"An NVTX range to report as a phase (repeatable). {PHASE_RULE}",
-    ),
-    format_option(),
-    click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                 metavar="FILE.png", help="Also draw the report's charts into this PNG."),
-    click.option("--html", "html_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                 metavar="FILE.html", help="Also write the charts and tables as one self-contained HTML file "
-                                           "(opens offline)."),
-    FORCE,
+def _analysis_options(tables: tuple[str, ...]) -> Callable:
+    """The options summarize and compare share, in the order --help lists them; `tables`: those the command can
+    print."""
+    options = (
+        click.option(
+            "--top", type=positive_int, default=KERNELS_TOP, show_default=True, help="How many kernels to list."
+        ),
+        click.option(
+            "--nvtx",
+            metavar="RANGE",
+            default=None,
+            help="Only kernels launched inside NVTX ranges of this name, split by its sub-ranges.",
+        ),
+        click.option(
+            "--phase",
+            "phases",
+            metavar="NAME",
+            multiple=True,
+            help=f"An NVTX range to report as a phase (repeatable). {PHASE_RULE}",
+        ),
+        format_option(tables=tables, columns=report_column),
+        click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                     metavar="FILE.png", help="Also draw the report's charts into this PNG."),
+        click.option("--html", "html_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                     metavar="FILE.html", help="Also write the charts and tables as one self-contained HTML file "
+                                               "(opens offline)."),
+        FORCE,
+    )
+
+    def decorate(fn: Callable) -> Callable:
+        for option in reversed(options):
+            fn = option(fn)
+        return fn
+
+    return decorate
+
+# What-if replays GPU kernels on their streams: a CPU recording has no streams, launches or queues to replay.
+GPU_SOURCES_HELP = (
+    "GPU reports only: an nsys .nsys-rep or its .sqlite export, or a torch.profiler Chrome trace (.json, "
+    ".json.gz) of a GPU run; a CPU trace is refused (`kernels summarize` gives each category's share of its "
+    "time, the most a speedup of it could save)."
 )
 
+ONE_PROCESS_ONLY = "--nvtx and --flops-per-step take the report of one process"
 
 # Several reports (ranks) are read this many at a time, each in a process of its own.
 JOBS = click.option("-j", "--jobs", type=positive_int, default=1, show_default=True,
@@ -79,12 +97,6 @@ def _write_pictures(report: Report, plot_path: Path | None, html_path: Path | No
         say(f"wrote {write_html(report, charts, title, html_path)}")
 
 
-def _analysis_options(fn):
-    for option in reversed(_ANALYSIS_OPTIONS):
-        fn = option(fn)
-    return fn
-
-
 @click.group("kernels")
 def kernels() -> None:
     """Kernel time by category (matmul, attention, elementwise, ...), per phase and per kernel."""
@@ -92,7 +104,7 @@ def kernels() -> None:
 
 @kernels.command("summarize", epilog=SOURCES_HELP)
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path, readable=False))
-@_analysis_options
+@_analysis_options(SUMMARY_TABLES)
 @click.option("--flops-per-step", type=positive_float, default=None, metavar="FLOPS",
               help="The model FLOPs of one step: TFLOP/s (and MFU with --peak-tflops) over the phases' GPU span.")
 @click.option("--peak-tflops", type=positive_float, default=None,
@@ -120,10 +132,13 @@ def summarize_command(paths: tuple[Path, ...], top: int, nvtx: str | None, phase
     from profiler_kit.render import emit_report
 
     check_output_paths([plot_path, html_path], paths, force)
+    one_process_only = nvtx is not None or flops_per_step is not None
+    if len(paths) > 1 and one_process_only:  # before any report is read; a report may also hold several
+        raise click.UsageError(ONE_PROCESS_ONLY)
     ranks = rank_traces(list(paths), jobs)
     if len(ranks) > 1:
-        if nvtx is not None or flops_per_step is not None:
-            raise click.UsageError("--nvtx and --flops-per-step take the report of one process")
+        if one_process_only:
+            raise click.UsageError(ONE_PROCESS_ONLY)
         report = summarize_ranks(ranks, top=top, phases=list(phases) or None)
     else:
         report = summarize_trace(ranks[0][1], top=top, phases=list(phases) or None, nvtx=nvtx)
@@ -156,7 +171,7 @@ class _CompareCommand(click.Command):
 @click.option("--baseline", type=click.Path(path_type=Path, readable=False), default=None, metavar="JSON",
               help="Side A from a saved JSON: the B side of an earlier `kernels compare --format json`, or a "
                    "`kernels summarize --format json`; the reports given are then side B.")
-@_analysis_options
+@_analysis_options(COMPARE_TABLES)
 @click.option("--fail-above", "fail_above", type=non_negative_float, metavar="PCT", default=None,
               help="Exit 1 when a check of --gate regressed: B's median is above A's by more than both sides' "
                    "range over their runs, --min-delta-ms and PCT percent. The failure lists each failed check "
@@ -224,7 +239,7 @@ def compare_command(ctx: click.Context, reports: tuple[Path, ...], against: tupl
         ctx.exit(1)
 
 
-@kernels.command("whatif", epilog=SOURCES_HELP)
+@kernels.command("whatif", epilog=GPU_SOURCES_HELP)
 @click.argument("path", type=click.Path(path_type=Path, readable=False))
 @click.option("--speedup", "speedups", metavar="CATEGORY_OR_KERNEL=FACTOR", multiple=True,
               help="Kernels of this category (matmul, attention, ...), launched inside NVTX ranges named NAME "
@@ -235,10 +250,11 @@ def compare_command(ctx: click.Context, reports: tuple[Path, ...], against: tupl
                    "kernel is ready when the step's first one is.")
 @click.option("--phase", "phases", metavar="NAME", multiple=True,
               help="An NVTX range to report as a phase (repeatable) [default: as `kernels summarize`].")
-@format_option()
+@format_option(tables=WHATIF_TABLES, columns=report_column)
 def whatif_command(path: Path, speedups: tuple[str, ...], no_launch_gaps: bool, phases: tuple[str, ...],
                    fmt: str) -> None:
-    """Predict the time of each phase and step if some kernels ran faster, or launches left no gaps.
+    """Predict the time of each phase and step if some kernels ran faster, or launches left no gaps (GPU
+    reports only).
 
     Each stream's kernels are replayed in their measured order: a kernel starts at the latest of its launch
     (as measured) plus the launch latency, the end of the previous kernel on its stream plus the queue gap, and

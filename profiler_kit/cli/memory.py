@@ -21,13 +21,14 @@ from profiler_kit.cli.common import (
 )
 from profiler_kit.defaults import DEFAULT_MAX_ENTRIES, DEFAULT_OUTPUT_DIR, MEMORY_TOP
 from profiler_kit.errors import ProfilerKitError
+from profiler_kit.names import MEMORY_COMPARE_TABLES, MEMORY_REPORT_TABLES, report_column
 
 if TYPE_CHECKING:
     from profiler_kit.memory import MemoryReport
 
 
 def _report_options(fn):
-    fn = format_option()(fn)
+    fn = format_option(tables=MEMORY_REPORT_TABLES, columns=report_column)(fn)
     return click.option("--top", type=positive_int, default=MEMORY_TOP, show_default=True,
                         help="How many of the largest allocations alive at the peak to list.")(fn)
 
@@ -37,6 +38,9 @@ def _plot(report: MemoryReport, path: Path) -> Path:
 
     return plot_timeline(report.recon, report.roles, report.spans, path, report.title())
 
+
+MAX_ENTRIES = click.option("--max-entries", type=positive_int, default=DEFAULT_MAX_ENTRIES, show_default=True,
+                           help="Allocator events kept (a ring buffer: older ones are dropped beyond this).")
 
 # The options `-- COMMAND` takes; every other one is the built-in workload's.
 PROGRAM_OPTIONS = ("output", "force", "max_entries", "top", "fmt")
@@ -48,8 +52,7 @@ PROGRAM_OPTIONS = ("output", "force", "max_entries", "top", "fmt")
 @click.option("--warmup", type=non_negative_int, default=1, show_default=True,
               help="Unrecorded steps first (they allocate AdamW state and settle the allocator's cache).")
 @click.option("--steps", type=positive_int, default=1, show_default=True, help="Recorded steps.")
-@click.option("--max-entries", type=positive_int, default=DEFAULT_MAX_ENTRIES, show_default=True,
-              help="Allocator events kept (a ring buffer: older ones are dropped beyond this).")
+@MAX_ENTRIES
 @click.option("--output-dir", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_OUTPUT_DIR,
               show_default=True, help="Where <model>_ctx<ctx>_<mode>[_bf16].pickle/.json/.png/.html go.")
 @click.option("--plot/--no-plot", default=True, show_default=True,
@@ -69,7 +72,9 @@ def memory_cmd(click_ctx: click.Context, model, ctx, mode, batch_size, mixed_pre
     and explain its peak.
 
     \b
-    Any program: profiler-kit memory [-o OUT] [--max-entries N] -- python train.py ARGS (or torchrun ...).
+    Any program (or `profiler-kit profile --memory -- ...`):
+      profiler-kit memory [-o OUT] [--max-entries N] -- python train.py ARGS
+
     Records the program's window: the steps it marks with profiler_kit.capture, else what it opens with
     torch.cuda.profiler.start() and stop(), else from CUDA's start-up to exit; the storages of its parameters,
     gradients and optimizer state are listed in the snapshot at the window's start and after each optimizer
@@ -90,7 +95,7 @@ def memory_cmd(click_ctx: click.Context, model, ctx, mode, batch_size, mixed_pre
         builtin = [p.opts[0] for p in given if p.name not in PROGRAM_OPTIONS]
         if builtin:
             raise click.UsageError(f"{', '.join(builtin)}: options of the built-in workload, not of -- COMMAND")
-        click_ctx.exit(_record_program(command, output, max_entries, force, top, fmt))
+        click_ctx.exit(record_program(command, output, max_entries, force, top, fmt))
     misplaced = [p.opts[0] for p in given if p.name in ("output", "force")]
     if misplaced:
         raise click.UsageError(f"{', '.join(misplaced)}: options of -- COMMAND")
@@ -120,7 +125,7 @@ def memory_cmd(click_ctx: click.Context, model, ctx, mode, batch_size, mixed_pre
                                f"was saved anyway: {result.snapshot_path}")
 
 
-def _record_program(command: list[str], output: Path | None, max_entries: int, force: bool, top: int,
+def record_program(command: list[str], output: Path | None, max_entries: int, force: bool, top: int,
                     fmt: str) -> int:
     """Record `command`'s memory history (`recording.runner`), print each snapshot's report; the program's exit
     status."""
@@ -174,7 +179,6 @@ def summarize_cmd(snapshots: tuple[str, ...], device_index: int | None, use_side
     snapshot pickle. Phases come from the recorder's metadata (its sidecar <stem>.json, or stored in the pickle),
     else from the record_function ranges the snapshot holds, else from its stacks.
 
-    \b
     Several snapshots of one job's ranks (files, their stem OUT for OUT.rank<R>.pickle, or a quoted glob) give the
     merged view: each rank's peak and roles, which rank peaks highest and by what."""
     from profiler_kit.files import check_output_paths
@@ -204,7 +208,7 @@ def summarize_cmd(snapshots: tuple[str, ...], device_index: int | None, use_side
 @click.argument("snapshot_b", type=click.Path(path_type=Path, readable=False))
 @_DEVICE_INDEX
 @_SIDECAR
-@format_option()
+@format_option(tables=MEMORY_COMPARE_TABLES, columns=report_column)
 def compare_cmd(snapshot_a: Path, snapshot_b: Path, device_index: int | None, use_sidecar: bool,
                 fmt: str) -> None:
     """Two snapshots side by side: peak allocated and reserved, the peak of each phase (by name) and bytes per

@@ -27,12 +27,18 @@ from profiler_kit.cli.common import (
 )
 from profiler_kit.cli.parallel import parallel_option
 from profiler_kit.errors import ProfilerKitError
-from profiler_kit.names import RECORDING_BACKENDS
+from profiler_kit.names import RECORDING_BACKENDS, SUMMARY_TABLES, report_column
 
 if TYPE_CHECKING:
     from profiler_kit.kernels.summary import KernelSummary
     from profiler_kit.recording.builtin import ProfileResult
     from profiler_kit.recording.runner import ParentWindow, ProgramRun
+
+NSYS_PATH = click.option("--nsys", "nsys_path", type=click.Path(path_type=Path),
+                         help="The nsys executable (default: $NSYS, PATH, CUDA and Nsight install folders).")
+REPLACE = click.option("-f", "--force", is_flag=True,
+                       help="Replace existing recordings of the same name once the new one is complete.")
+
 
 def _recording_options(fn: Callable) -> Callable:
     """Options of both commands: steps, recorder, where the files go, how the summary is shown."""
@@ -42,44 +48,49 @@ def _recording_options(fn: Callable) -> Callable:
         click.option("--steps", type=positive_int, default=1, show_default=True, help="Steps recorded."),
         click.option("--backend", type=click.Choice(RECORDING_BACKENDS), default="nsys", show_default=True,
                      help="nsys: Nsight Systems report + SQLite; torch: torch.profiler trace (.json.gz)."),
-        click.option("--nsys", "nsys_path", type=click.Path(path_type=Path),
-                     help="The nsys executable (default: $NSYS, PATH, CUDA and Nsight install folders)."),
+        NSYS_PATH,
         click.option("--output-dir", type=click.Path(file_okay=False, path_type=Path),
                      default=Path("profiles"), show_default=True),
-        click.option("-f", "--force", is_flag=True,
-                     help="Replace existing recordings of the same name once the new one is complete."),
+        REPLACE,
         click.option("--top", type=positive_int, default=15, show_default=True,
                      help="Kernels in the summary."),
-        format_option(),
+        format_option(tables=SUMMARY_TABLES, columns=report_column),
     ]
     for option in reversed(options):
         fn = option(fn)
     return fn
 
 
-def _program_options(fn: Callable) -> Callable:
-    """Options that apply only with `-- COMMAND`."""
+def program_options(within: str = "With -- COMMAND: ") -> Callable:
+    """The options of recording a program (`nsys -- COMMAND`, `profile`), each help starting with `within`."""
+
+    def said(text: str) -> str:
+        return f"{within}{text}" if within else text[:1].upper() + text[1:]
+
     options = [
         click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                     help="With -- COMMAND: the report's path without extension [default: "
-                          "profiles/<program>_<timestamp>]."),
+                     help=said("the report's path without extension [default: profiles/<program>_<timestamp>].")),
         click.option("--nsys-args", default="", metavar="ARGS",
-                     help="With -- COMMAND: more `nsys profile` flags, one string (e.g. '--trace=cuda,nvtx,osrt')."),
+                     help=said("more `nsys profile` flags, one string (e.g. '--trace=cuda,nvtx,osrt').")),
         click.option("--capture/--no-capture", default=True, show_default=True,
-                     help="With -- COMMAND under nsys on a GPU: record only the steps profiler_kit.capture marks "
-                          "(else all from the first CUDA call); --no-capture records the whole run."),
+                     help=said("under nsys on a GPU, record only the steps profiler_kit.capture marks (else all "
+                               "from the first CUDA call); --no-capture records the whole run.")),
         click.option("--phase", "phases", metavar="NAME", multiple=True,
-                     help="With -- COMMAND: an NVTX range to report as a phase (repeatable) [default: the "
-                          "ranges the report holds, see `kernels summarize --help`]."),
-        click.option("--flops-per-step", type=positive_float, default=None,
-                     metavar="FLOPS", help="With -- COMMAND: the model FLOPs of one step, for TFLOP/s (and MFU "
-                                           "with --peak-tflops) over the phases' GPU span."),
+                     help=said("an NVTX range to report as a phase (repeatable) [default: the ranges the report "
+                               "holds, see `kernels summarize --help`].")),
+        click.option("--flops-per-step", type=positive_float, default=None, metavar="FLOPS",
+                     help=said("the model FLOPs of one step, for TFLOP/s (and MFU with --peak-tflops) over the "
+                               "phases' GPU span.")),
         click.option("--peak-tflops", type=positive_float, default=None,
-                     help="With -- COMMAND: the GPU's peak TFLOP/s at the program's precision, for MFU."),
+                     help=said("the GPU's peak TFLOP/s at the program's precision, for MFU.")),
     ]
-    for option in reversed(options):
-        fn = option(fn)
-    return fn
+
+    def decorate(fn: Callable) -> Callable:
+        for option in reversed(options):
+            fn = option(fn)
+        return fn
+
+    return decorate
 
 
 PROGRAM_ONLY = ("output", "nsys_args", "capture", "phases", "flops_per_step", "peak_tflops")
@@ -90,7 +101,7 @@ PROGRAM_ONLY = ("output", "nsys_args", "capture", "phases", "flops_per_step", "p
 @workload_options(sweep=False)
 @parallel_option
 @_recording_options
-@_program_options
+@program_options()
 @click.pass_context
 def nsys(click_ctx: click.Context, model: str, ctx: int, mode: str, batch_size: int, mixed_precision: bool,
          compile_: bool, cuda_graphs: bool, attention: str, device: str, seed: int, memory_limit_gib: float | None,
@@ -100,13 +111,14 @@ def nsys(click_ctx: click.Context, model: str, ctx: int, mode: str, batch_size: 
     """Profile one training-step config, or any program given after `--`: kernels per phase, under Nsight
     Systems or torch.profiler.
 
-    \b
     Built-in workload: writes <output-dir>/<model>_ctx<ctx>_<mode>[_bf16].nsys-rep and .sqlite (or .json.gz
     with --backend torch). It is recorded as a program, the same way as -- COMMAND: only the profiled steps
     (under nsys on a CPU, which has no capture range, the whole run).
 
     \b
-    Any program: profiler-kit nsys [--backend torch] [-o OUT] -- python train.py ARGS (or torchrun ...).
+    Any program (`profiler-kit profile` picks the recorder for you):
+      profiler-kit nsys [--backend torch] [-o OUT] -- python train.py ARGS
+
     Records the program's window: the steps it marks with profiler_kit.capture, else what it opens with
     torch.cuda.profiler.start() and stop(), else the whole run; the summary says which, and how many steps.
     With --backend torch the program runs under torch.profiler without a change to its code (one
@@ -131,12 +143,8 @@ def nsys(click_ctx: click.Context, model: str, ctx: int, mode: str, batch_size: 
             raise click.UsageError(f"{', '.join(builtin)}: options of the built-in workload, not of -- COMMAND")
         from profiler_kit.recording.runner import run_program
 
-        try:
-            extra = tuple(shlex.split(nsys_args))
-        except ValueError as exc:  # an unbalanced quote
-            raise click.BadParameter(f"{exc} in {nsys_args!r}", param_hint="--nsys-args") from None
-        run = run_program(command, backend, output, nsys_path, extra, capture, force)
-        click_ctx.exit(_report_program(run, fmt, top, list(phases) or None, flops_per_step, peak_tflops))
+        run = run_program(command, backend, output, nsys_path, nsys_words(nsys_args), capture, force)
+        click_ctx.exit(report_program(run, fmt, top, list(phases) or None, flops_per_step, peak_tflops))
     misplaced = [p.opts[0] for p in given if p.name in PROGRAM_ONLY]
     if misplaced:
         raise click.UsageError(f"{', '.join(misplaced)}: options of -- COMMAND")
@@ -204,6 +212,14 @@ def _report(result: ProfileResult, fmt: str, top: int, with_flops: Callable | No
     emit_report(summary, fmt)
 
 
+def nsys_words(nsys_args: str) -> tuple[str, ...]:
+    """The words of --nsys-args (a usage error for an unbalanced quote)."""
+    try:
+        return tuple(shlex.split(nsys_args))
+    except ValueError as exc:
+        raise click.BadParameter(f"{exc} in {nsys_args!r}", param_hint="--nsys-args") from None
+
+
 def _refuse_empty(summary: KernelSummary, backend: str, window: ParentWindow) -> None:
     """A recording without kernels and without operators is an error that says why."""
     from profiler_kit.recording.runner import nothing_recorded
@@ -212,7 +228,7 @@ def _refuse_empty(summary: KernelSummary, backend: str, window: ParentWindow) ->
         raise ProfilerKitError(f"{summary.path}: {nothing_recorded(backend, window)}")
 
 
-def _report_program(run: ProgramRun, fmt: str, top: int, phases: list[str] | None, flops_per_step: float | None,
+def report_program(run: ProgramRun, fmt: str, top: int, phases: list[str] | None, flops_per_step: float | None,
                     peak_tflops: float | None) -> int:
     """Summarize what a program's run recorded; the exit status to leave with: the program's."""
     from profiler_kit.render import emit_report, say

@@ -56,6 +56,9 @@ def rank_of(path: Path, position: int) -> int:
     return int(match.group(1)) if match else position
 
 
+# The per-rank table's columns that a narrow terminal keeps: each rank's time and its communication.
+RANK_KEY = ("wall_ms", "total_ms", "collective_calls", "comm_ms", "exposed_comm_ms", "times_last", "waited_ms")
+
 @dataclass
 class Rank:
     """One rank: its summary (the whole recording) and its figures over the job's steady steps (`steady`: their
@@ -170,7 +173,7 @@ class RankedSummary:
             comm[f"{column}_ms"] = comm.pop(f"{column}_ns") / NS_PER_MS
         tables = [
             (Title(f"Per rank ({len(self.ranks)} ranks, over {self.scope()}; {first.timed})", "ranks",
-                   ("total_ms", "exposed_comm_ms")), self.rank_table()),
+                   RANK_KEY), self.rank_table()),
             (Title("All ranks merged: time by category", "categories"), merged[merged["total_ms"] > 0]),
             (Title("Communication per phase, all ranks: overlapped by compute elsewhere, and exposed",
                    "communication", ("exposed_ms", "overlap_pct")), comm),

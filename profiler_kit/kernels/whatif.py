@@ -237,7 +237,14 @@ class WhatIf:
 def what_if(summary: KernelSummary, speedups: list[Speedup], launch_gaps: bool = True) -> WhatIf:
     """Replay the kernels of a summarized report with `speedups` (and without launch gaps if asked)."""
     kernels = summary.attributed
-    if kernels is None or "start_ns" not in kernels.columns or summary.basis != "gpu_kernels":
+    if summary.basis != "gpu_kernels":
+        # CPU operators run on their calling thread, nested and in turn: no stream, launch or queue to replay;
+        # what a faster operator saves there is at most its share of the time, which the summary gives.
+        raise ProfilerKitError(f"{summary.path}: a CPU trace (no GPU kernels); what-if replays GPU kernels on "
+                               "their streams and takes GPU reports only (an nsys report or export, or a "
+                               "torch.profiler trace of a GPU run); `kernels summarize` gives each CPU operator "
+                               "category's share of the time, the most a speedup of it could save")
+    if kernels is None or "start_ns" not in kernels.columns:
         raise ProfilerKitError(f"{summary.path}: what-if needs GPU kernel timestamps and launch times "
                                "(an nsys report or export, or a torch.profiler trace of a GPU run)")
     if not (kernels["launch_ns"] != NO_LAUNCH).any():

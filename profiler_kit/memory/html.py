@@ -117,7 +117,7 @@ def _stacks_html(report: MemoryReport) -> str:
     frames_of = report.recon.allocations["frames"]
     for idx, row in report.top.iterrows():
         frames = frames_of[idx]
-        summary = (f"#{row['rank']}: {format_cell(row['size_mib'])} MiB, {row['role']} ({row['evidence']}), "
+        summary = (f"#{row['position']}: {format_cell(row['size_mib'])} MiB, {row['role']} ({row['evidence']}), "
                    "allocated in "
                    f"{row['allocated_in'] or 'unknown phase'}, at {row['where'] or 'no Python frame'}")
         if not frames:

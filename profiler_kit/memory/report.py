@@ -33,8 +33,13 @@ from profiler_kit.memory.roles import (
     sizes_are_rounded,
 )
 from profiler_kit.memory.snapshot import load_metadata, load_snapshot
-from profiler_kit.memory.tables import expected_vs_measured, frame_with_optional_ints, top_allocations
-from profiler_kit.render import records
+from profiler_kit.memory.tables import (
+    DISPLAY_POSITION,
+    expected_vs_measured,
+    frame_with_optional_ints,
+    top_allocations,
+)
+from profiler_kit.render import Title, records
 
 DEFAULT_TOP = MEMORY_TOP
 
@@ -86,14 +91,18 @@ class MemoryReport:
         return "\n".join(lines + [f"note: {n}" for n in self.notes])
 
     def tables(self, display: bool = False) -> list[tuple[str, pd.DataFrame]]:
-        """The report's tables; the same for every format (`display` is part of the render layer's protocol)."""
+        """The report's tables; for people (`display`) the largest allocations' ordinal is `#`. Narrowed to a
+        terminal, the evidence is cut at a word (JSON and HTML hold it whole)."""
         out = [("peak memory", self.summary)]
         if self.step_peaks is not None:
             out.append(("peak allocated per step and phase", self.step_peaks))
         if self.phases is not None:
             out.append(("peaks per phase", self.phases.drop(columns=["peak_allocated_bytes"])))
-        out.append(("allocated at the peak by role", self.roles_at_peak.drop(columns=["size_bytes"])))
-        out.append((f"largest {len(self.top)} allocations alive at the peak", self.top))
+        out.append((Title("allocated at the peak by role", key=("size_mib", "share_pct", "evidence"),
+                          prose=("evidence",)), self.roles_at_peak.drop(columns=["size_bytes"])))
+        top = self.top.rename(columns={"position": DISPLAY_POSITION}) if display else self.top
+        out.append((Title(f"largest {len(self.top)} allocations alive at the peak",
+                          key=("size_mib", "role", "evidence"), prose=("evidence",)), top))
         if self.expected is not None:
             out.append(("expected vs measured tensor sizes", self.expected))
         return out

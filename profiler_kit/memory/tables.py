@@ -21,7 +21,9 @@ from profiler_kit.names import BACKWARD, OPTIMIZER_STEP, phases_for
 from profiler_kit.presets import count_parameters, from_name
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2}
-TOP_COLUMNS = ["rank", "size_mib", "size_bytes", "role", "evidence", "allocated_in", "where", "function",
+DISPLAY_POSITION = "#"
+# `position`: 1 for the largest (people's tables call it `#`, DISPLAY_POSITION).
+TOP_COLUMNS = ["position", "size_mib", "size_bytes", "role", "evidence", "allocated_in", "where", "function",
                "user_metadata"]
 
 
@@ -31,10 +33,10 @@ def top_allocations(recon: Reconstruction, roles: pd.DataFrame, phases: Phases, 
     set when they were made."""
     alive = recon.alive_at(recon.peak_index).sort_values("size_bytes", ascending=False, kind="stable").head(n)
     rows = []
-    for rank, (idx, row) in enumerate(alive.iterrows(), start=1):
+    for position, (idx, row) in enumerate(alive.iterrows(), start=1):
         frame = first_user_frame(row["frames"])
         rows.append({
-            "rank": rank,
+            "position": position,
             "size_mib": row["size_bytes"] / MIB,
             "size_bytes": int(row["size_bytes"]),
             "role": roles.at[idx, "role"],

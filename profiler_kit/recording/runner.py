@@ -147,6 +147,28 @@ def cuda_device_present() -> bool:
     return driver.cuInit(0) == 0 and driver.cuDeviceGetCount(ctypes.byref(count)) == 0 and count.value > 0
 
 
+def choose_recorder(nsys_path: str | os.PathLike | None = None) -> tuple[str, str]:
+    """The best recorder of this machine for any program, and one line that says which and why: nsys when it is
+    found (`nsys_path`, else where `find_nsys` looks) and a CUDA device is present, else torch.profiler (nsys
+    without a GPU records no CPU operators). An nsys named by `nsys_path` or $NSYS that is not one is an error."""
+    gpu = cuda_device_present()
+    try:
+        nsys = find_nsys(nsys_path)
+    except NsysError:
+        if nsys_path or os.environ.get("NSYS"):
+            raise
+        nsys = None
+    if nsys is not None and gpu:
+        return "nsys", f"recorder: Nsight Systems {nsys.version_str} ({nsys.path}): a CUDA device is present"
+    if nsys is not None:
+        return "torch", (f"recorder: torch.profiler: no CUDA device here, and nsys {nsys.version_str} "
+                         f"({nsys.path}) would record no CPU operators; the tables show CPU operator time")
+    if gpu:
+        return "torch", ("recorder: torch.profiler: no nsys found (PATH, $NSYS, $CUDA_HOME, the CUDA and Nsight "
+                         "install folders); install Nsight Systems or pass --nsys PATH to record under it")
+    return "torch", "recorder: torch.profiler: no CUDA device and no nsys here; the tables show CPU operator time"
+
+
 def program_name(command: list[str]) -> str:
     """The name a default output takes: the script's stem for `python x.py` / `torchrun ... x.py`, else
     the executable's name."""
@@ -327,10 +349,14 @@ def _rank_of(path: Path) -> int:
 def _run_in_process(cmd: list[str], output: Path, force: bool, backend: str, suffix: str,
                     settings: dict[str, str]) -> ProgramRun:
     """Run `cmd` with a recorder inside each of its Python processes (torch or memory), each writing
-    `<output><suffix>` or `<output>.rank<R><suffix>`."""
-    single = trace_path(output, None, suffix)
-    ranked = tuple(output.parent.glob(f"{glob.escape(output.name)}.rank*{suffix}"))
-    with reserve_output(single, force, ranked), tempfile.TemporaryDirectory(prefix="profiler-kit-job-") as job:
+    `<output><suffix>`, or, under a launcher, `<output>.rank<R><suffix>`: only the files of that kind are
+    refused when they exist (a one-process run writes no rank's file)."""
+    if _is_launcher(cmd):
+        ranked = sorted(output.parent.glob(f"{glob.escape(output.name)}.rank*{suffix}"), key=_rank_of)
+        first, others = trace_path(output, 0, suffix), tuple(p for p in ranked if _rank_of(p) != 0)
+    else:
+        first, others = trace_path(output, None, suffix), ()
+    with reserve_output(first, force, others), tempfile.TemporaryDirectory(prefix="profiler-kit-job-") as job:
         partial = _partial(output)
         extra = {RECORD: backend, TRACE: str(partial.absolute()), JOB_DIR: job, **settings}
         if cuda_device_present():

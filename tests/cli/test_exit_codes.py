@@ -55,6 +55,7 @@ USAGE = [
     (["kernels", "summarize", BF16, "--table", "phases"], 2),
     (["kernels", "summarize", BF16, "--format", "csv", "--table", "nope"], 2),
     (["kernels", "summarize", BF16, BF16, "--nvtx", "attention"], 2),
+    (["kernels", "summarize", MISSING, MISSING, "--nvtx", "attention"], 2),
     (["kernels", "compare", BF16], 2),
     (["kernels", "compare", BF16, CPU_TRACE], 2),
     (["kernels", "compare", BF16, BF16, "--gate", "nope"], 2),
@@ -86,6 +87,14 @@ USAGE = [
     (["nsys", "--top", "3", "attention"], 2),
     (["nsys", "attention", "--impl", "nope"], 2),
     (["precision", "--device", "tpu"], 2),
+    (["profile"], 2),
+    (["profile", "--"], 2),
+    (["profile", "--backend", "perf", "--", sys.executable, PROGRAM], 2),
+    (["profile", "--memory", "--phase", "x", "--", sys.executable, PROGRAM], 2),
+    (["profile", "--nsys-args", "'unbalanced", "--", sys.executable, PROGRAM], 2),
+    (["profile", "--format", "csv", "--table", "nope", "--", sys.executable, PROGRAM], 2),
+    (["profile", "--columns", "nope", "--", sys.executable, PROGRAM], 2),
+    (["profile", "--backend", "torch", "-o", "{tmp}/rec", "--", sys.executable, PROGRAM], 2),
 ]
 
 FAILED = [
@@ -109,6 +118,9 @@ FAILED = [
     (["nsys", "--backend", "torch", "-o", "{tmp}/p", "--", sys.executable, "{tmp}/missing.py"], 1),
     (["nsys", "attention", "--impl", "naive", "--seq", "16", "--d", "16", "--device", "cpu", "--nsys", MISSING,
       "--output-dir", "{tmp}/p"], 1),
+    (["profile", "--nsys", MISSING, "-o", "{tmp}/p", "--", sys.executable, PROGRAM], 1),
+    (["profile", "-o", "{tmp}/p", "--", "no-such-program-anywhere"], 1),
+    pytest.param(["profile", "--memory", "-o", "{tmp}/m", "--", sys.executable, PROGRAM], 1, marks=NO_CUDA),
 ]
 
 # A bug inside each command: the library call it makes first raises KeyError (module, attribute, command line).
@@ -129,6 +141,7 @@ BUGS = [
     ("profiler_kit.recording.runner", "run_program", ["nsys", "--", sys.executable, PROGRAM]),
     ("profiler_kit.recording.builtin", "profile_attention", ["nsys", "attention", "--device", "cpu"]),
     ("profiler_kit.precision", "accumulation_experiment", ["precision", "--device", "cpu"]),
+    ("profiler_kit.recording.runner", "run_program", ["profile", "--", sys.executable, PROGRAM]),
 ]
 
 

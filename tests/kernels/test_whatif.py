@@ -162,3 +162,20 @@ def test_cli_json_has_measured_and_predicted_per_phase_and_step():
                           str(FIXTURES / "h100_example_mlp.sqlite"), "--speedup", "matmul"],
                          capture_output=True, text=True, cwd=REPO)
     assert bad.returncode == 2 and "--speedup" in bad.stderr
+
+
+def test_a_cpu_recording_is_refused_in_one_line_that_says_gpu_reports_only():
+    """CPU operators run in turn on their calling thread, nested: there is no stream, launch or queue to replay, so
+    what-if takes GPU reports only, says so in its --help, and points at the summary's category shares."""
+    from click.testing import CliRunner
+
+    from profiler_kit.cli import main
+
+    cpu = FIXTURES / "cpu_example_mlp_torch.json.gz"
+    result = CliRunner().invoke(main, ["kernels", "whatif", str(cpu), "--speedup", "matmul=2"])
+    assert result.exit_code == 1 and result.stdout == ""
+    error = result.stderr.strip()
+    assert len(error.splitlines()) == 1 and error.startswith(f"Error: {cpu}: a CPU trace (no GPU kernels)")
+    assert "takes GPU reports only" in error and "kernels summarize" in error
+    helptext = " ".join(CliRunner().invoke(main, ["kernels", "whatif", "--help"], env={"COLUMNS": "80"}).stdout.split())
+    assert "(GPU reports only)" in helptext and "GPU reports only: an nsys .nsys-rep" in helptext

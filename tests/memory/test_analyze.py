@@ -355,7 +355,7 @@ def test_summarize_cli_formats_and_plot(tmp_path):
     args = ["memory", "summarize", str(path), "--format", "markdown", "--plot", str(png)]
     result = runner.invoke(main, args)
     assert result.exit_code == 0, result.output
-    assert result.stdout.lstrip().startswith("### peak memory") and "| rank |" in result.stdout
+    assert result.stdout.lstrip().startswith("### peak memory") and "| position |" in result.stdout
     assert "wrote" not in result.stdout and "wrote" in result.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size < 300_000
 

@@ -131,3 +131,16 @@ def test_nsys_around_torchrun_records_each_ranks_window(tmp_path, gpu_nsys):
         steps = mine[(mine["kind"] == "auto") & (mine["name"] == "step")]
         assert steps["number"].tolist() == [2, 3, 4]  # the marked steps on every rank, the last one whole
         assert (mine["end_ns"] > mine["start_ns"]).all()
+
+
+def test_profile_picks_nsys_on_a_gpu_and_memory_history_with_memory(tmp_path, gpu_nsys):
+    """`profile` on a GPU machine with nsys: Nsight Systems, said in its first line, GPU kernels per phase and
+    step; `profile --memory`: the CUDA memory history's report, as `memory --` gives it."""
+    result, doc = record(tmp_path, "auto", "profile", "--nsys", str(gpu_nsys.path), "--", sys.executable, *PLAIN)
+    assert result.stderr.splitlines()[0].startswith(f"recorder: Nsight Systems {gpu_nsys.version_str}")
+    assert (tmp_path / "auto.nsys-rep").is_file() and (tmp_path / "auto.sqlite").is_file()
+    assert doc["time_basis"] == "gpu_kernels" and list(doc["phases"]) == PHASES
+    assert len(doc["steps"]) == 4
+    _, report = record(tmp_path, "mem", "profile", "--memory", "--", sys.executable, *PLAIN)
+    assert (tmp_path / "mem.pickle").is_file() and report["peak"]["allocated_bytes"] > 0
+    assert {p["name"].split(", ")[-1] for p in report["phases"]} >= set(PHASES)

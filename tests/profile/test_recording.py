@@ -243,6 +243,25 @@ def test_reserve_output_holds_a_recording_for_one_run(tmp_path):
     assert not lock.exists() and out.read_bytes() == b"earlier"
 
 
+def test_only_the_files_a_run_would_write_are_refused(tmp_path):
+    """A one-process run writes OUT.json.gz: the ranks' files of an earlier torchrun job with the same -o stay and
+    do not stop it; a launcher writes OUT.rank<R>.json.gz: those that exist are refused, each named, in one line."""
+    out = tmp_path / "ddp"
+    ranks = [tmp_path / f"ddp.rank{r}.json.gz" for r in (0, 1)]
+    for path in ranks:
+        path.write_bytes(b"earlier")
+    script = program(tmp_path, "one", "import torch\nprint(float((torch.ones(4, 4) @ torch.ones(4, 4)).sum()))\n")
+    result = nsys_cli("--backend", "torch", "-o", out, "--format", "json", "--", sys.executable, script)
+    assert result.exit_code == 0, result.stderr
+    assert (tmp_path / "ddp.json.gz").is_file() and all(p.read_bytes() == b"earlier" for p in ranks)
+    job = nsys_cli("--backend", "torch", "-o", out, "--", sys.executable, "-m", "torch.distributed.run",
+                   "--nproc-per-node", "2", script)
+    assert job.exit_code == 2
+    assert job.stderr.strip().splitlines()[-1] == (
+        f"Error: {ranks[0]}, {ranks[1]} already exist; pass another --output, or --force to replace them once "
+        "the new recording is complete")
+
+
 def test_a_main_script_that_opens_its_own_cuda_profiler_window_is_recognised(tmp_path):
     """Under nsys on a GPU the cudaProfilerApi range then waits for the program's own start()."""
     assert opens_own_window(REPO / "examples" / "train_window.py")
