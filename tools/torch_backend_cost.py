@@ -17,10 +17,14 @@ same machine load:
 
 Per run a step's time is the lower quartile of the steps after `--warmup` (the steps other processes disturbed
 least); per variant the median of its runs, the runs' range beside it, and the cost against `plain` and against
-`profile` in percent, for the thread's CPU time and for the wall time. A second table gives, in this process, what
-each piece costs once, with and without torch.profiler on: a `record_function` range, one of the recorder's marks
-(`nvtx_ranges.mark_start`/`mark_end`, a `record_function` under torch.profiler), and a module call without and with
-the marks' global module hooks (each the fastest of `--trials` trials). Prints Markdown tables.
+`profile` in percent, for the thread's CPU time and for the wall time. Processes apart see different load: on a
+shared machine that table is as noisy as the runs' ranges say. A second table runs the loop in this process under
+one torch.profiler session, the recorder's automatic marks installed and taken off in alternating blocks of
+steps (`--blocks-of` steps each), so both sides see the same load: the lower quartile of each side's steps. A third
+table gives, in this process, what each piece costs once, with and without torch.profiler on: a `record_function`
+range, one of the recorder's marks (`nvtx_ranges.mark_start`/`mark_end`, a `record_function` under
+torch.profiler), and a module call without and with the marks' global module hooks (each the fastest of `--trials`
+trials). Prints Markdown tables.
 Run it from the repository root with the project's python (PYTHONPATH=$PWD where the package is not installed):
 
     python tools/torch_backend_cost.py --rounds 5 --steps 300
@@ -50,11 +54,35 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=50, help="leading steps of a run left out (default: 50)")
     parser.add_argument("--blocks", type=int, default=8, help="Linear + ReLU blocks of the model (default: 8)")
     parser.add_argument("--width", type=int, default=64, help="width of each Linear (default: 64)")
+    parser.add_argument("--alternations", type=int, default=20, help="blocks of each side in the second table "
+                        "(default: 20)")
+    parser.add_argument("--blocks-of", type=int, default=10, help="steps per block in the second table (default: 10)")
     parser.add_argument("--trials", type=int, default=30, help="trials of each piece (default: 30)")
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}")
     parser.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     return parser.parse_args()
+
+
+def loop(args: argparse.Namespace):
+    """The launch-bound training step: a function that runs one and returns [CPU ms of this thread, wall ms]."""
+    import torch
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(args.width, args.width), torch.nn.ReLU())
+                                  for _ in range(args.blocks)])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randn(8, args.width)
+
+    def step() -> list[float]:
+        began, cpu = time.perf_counter(), time.thread_time()
+        model(x).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        return [(time.thread_time() - cpu) * 1000, (time.perf_counter() - began) * 1000]
+
+    return step
 
 
 def child(args: argparse.Namespace) -> None:
@@ -65,26 +93,38 @@ def child(args: argparse.Namespace) -> None:
     from profiler_kit.recording.marks import Marks
     from profiler_kit.recording.notes import Notes
 
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(args.width, args.width), torch.nn.ReLU())
-                                  for _ in range(args.blocks)])
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    x = torch.randn(8, args.width)
+    step = loop(args)
     if args.child == "profile+marks":
         Marks(Notes()).install()
     if args.child == "profile+mirror":
         mirror.install(Notes())
     profiled = args.child.startswith("profile")
-    times = []
     with torch.profiler.profile() if profiled else contextlib.nullcontext():
-        for _ in range(args.steps):
-            began, cpu = time.perf_counter(), time.thread_time()
-            model(x).square().mean().backward()
-            optimizer.step()
-            optimizer.zero_grad()
-            times.append([(time.thread_time() - cpu) * 1000, (time.perf_counter() - began) * 1000])
+        times = [step() for _ in range(args.steps)]
     args.out.write_text(json.dumps(times))
+
+
+def alternating(args: argparse.Namespace) -> dict[str, float]:
+    """CPU ms of a step (lower quartile) under one torch.profiler session, without and with the marks, in
+    alternating blocks after `args.warmup` steps."""
+    import torch
+
+    from profiler_kit.recording.marks import Marks
+    from profiler_kit.recording.notes import Notes
+
+    step, marks = loop(args), Marks(Notes())
+    sides: dict[str, list[float]] = {"profile": [], "profile+marks": []}
+    with torch.profiler.profile():
+        for _ in range(args.warmup):
+            step()
+        for block in range(2 * args.alternations):
+            on = block % 2 == 1
+            if on:
+                marks.install()
+            sides["profile+marks" if on else "profile"] += [step()[0] for _ in range(args.blocks_of)]
+            if on:
+                marks.remove()
+    return {side: lower_quartile(times) for side, times in sides.items()}
 
 
 def run(variant: str, args: argparse.Namespace, folder: Path) -> tuple[float, float]:
@@ -181,6 +221,10 @@ def main() -> None:
             cells += [f"{(step[variant] / step[base] - 1) * 100:+.1f}%" if base in step and base != variant else ""
                       for base in ("plain", "profile")]
         print(f"| {variant} | " + " | ".join(cells) + " |")
+    within = alternating(args)
+    print("\n| in one process, alternating blocks | CPU ms a step | against profile |\n|---|---:|---:|")
+    for side, ms in within.items():
+        print(f"| {side} | {ms:.3f} | {(ms / within['profile'] - 1) * 100:+.1f}% |")
     print("\n| piece | µs without torch.profiler | µs under torch.profiler |\n|---|---:|---:|")
     for name, plain, profiled in pieces(args.trials):
         print(f"| {name} | {plain:.2f} | {profiled:.2f} |")
