@@ -12,16 +12,19 @@ rather than its steady state, and whether two sets of steps (or runs) differ bey
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    Values = float | np.ndarray | pd.Series
 
 # A leading step slower than this many times the later steps' median is warm-up.
 WARMUP_FACTOR = 1.5
 # A step this many times the steady median or slower is a one-off.
 ONE_OFF_FACTOR = 3.0
-
-Values = TypeVar("Values")
 
 
 def warmup_steps(walls: np.ndarray) -> int:
