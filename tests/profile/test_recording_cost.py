@@ -95,3 +95,35 @@ def test_seeded_runs_never_give_a_negative_or_thin_cost(seed):
         assert len(counts) == 2 and min(counts) >= MIN_STEADY, line
         assert "within noise" in line or re.match(r"recording cost: \+\d+\.\d% ± \d+\.\d% of a step", line), line
         assert not re.search(r"[-−]\d", line), line
+
+
+PROGRAM = """
+import time, torch, profiler_kit
+cap = profiler_kit.capture(warmup=4, steps=3)
+x = torch.ones(8, 8)
+with cap:
+    for i in range(11):
+        with cap.step():
+            x = (x @ x).clamp(max=1.0)
+            time.sleep(0.02 if 4 <= i < 7 else 0.06)
+"""
+
+
+def test_a_recorded_program_whose_unrecorded_steps_are_slower_gets_no_cost_line(tmp_path):
+    """The whole path: the program's step clock, its window file, the run's notes. Its unrecorded steps sleep 60 ms
+    and the recorded ones 20 ms: recording did not make it faster, so no cost is said."""
+    import json
+    import sys
+
+    from click.testing import CliRunner
+
+    from profiler_kit.cli import main
+
+    script = tmp_path / "prog.py"
+    script.write_text(PROGRAM)
+    result = CliRunner().invoke(main, ["nsys", "--backend", "torch", "-o", str(tmp_path / "p"), "--format", "json",
+                                       "--", sys.executable, str(script)])
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["steps"], result.stdout
+    assert "recorded the steps profiler_kit.capture marks, 3 steps" in result.stderr
+    assert "recording cost" not in result.stderr, result.stderr
