@@ -19,7 +19,7 @@ Per run a step's time is the lower quartile of the steps after `--warmup` (the s
 least); per variant the median of its runs, the runs' range beside it, and the cost against `plain` and against
 `profile` in percent, for the thread's CPU time and for the wall time. Processes apart see different load: on a
 shared machine that table is as noisy as the runs' ranges say. A second table runs the loop in this process under
-one torch.profiler session, the recorder's automatic marks installed and taken off in alternating blocks of
+one torch.profiler recording, the recorder's automatic marks installed and taken off in alternating blocks of
 steps (`--blocks-of` steps each), so both sides see the same load: the lower quartile of each side's steps. A third
 table gives, in this process, what each piece costs once, with and without torch.profiler on: a `record_function`
 range, one of the recorder's marks (`nvtx_ranges.mark_start`/`mark_end`, a `record_function` under
@@ -105,7 +105,7 @@ def child(args: argparse.Namespace) -> None:
 
 
 def alternating(args: argparse.Namespace) -> dict[str, float]:
-    """CPU ms of a step (lower quartile) under one torch.profiler session, without and with the marks, in
+    """CPU ms of a step (lower quartile) under one torch.profiler recording, without and with the marks, in
     alternating blocks after `args.warmup` steps."""
     import torch
 
