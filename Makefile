@@ -15,10 +15,11 @@ MODE ?= forward
 MIXED ?= 0
 MIXED_FLAG := $(if $(filter 1 yes true,$(MIXED)),--mixed-precision,)
 
-.PHONY: help install test test-gpu test-gpu-slow test-gpu-all results demo bench lint nsys memory attention leaderboard clean
+.PHONY: help install test test-gpu test-gpu-slow test-gpu-all results demo bench lint mutants nsys memory attention leaderboard clean
 
 help:
 	@echo "make demo | test | install | bench | bench-scale | lint | nsys MODEL=xl CTX=256 [MODE=train] [MIXED=1]"
+	@echo "make mutants [ROOM=kernels] [MODULE=profiler_kit/kernels/noise.py] [TESTS=tests/kernels/test_noise.py]"
 	@echo "make test-gpu | test-gpu-slow | test-gpu-all [ARGS='tests/attention -x']   (GPU box without the venv: PY=python3)"
 	@echo "make results [ONLY=leaderboard,optimizers] [GPUS=0,1]   (GPU; ONLY=render rewrites the docs from docs/data/results)"
 	@echo "make memory MODEL=xl CTX=256 [MODE=train] [MIXED=1] | attention | leaderboard"
@@ -95,6 +96,15 @@ attention: $(ENV)
 
 leaderboard: $(ENV)
 	$(PY) -m profiler_kit attention leaderboard
+
+# Mutation testing with mutmut, outside `make test`: each room (recording, kernels, memory; ROOM picks one) against
+# its own tests, in a copy under MUTANTS_DIR (kept, so that a run resumes); MODULE and TESTS narrow a run.
+# Hours for all three rooms on 2 cores; README's Development section says how to read the result.
+MUTANTS_DIR ?= /tmp/profiler-kit-mutants
+mutants: $(ENV)
+	$(PY) -m pip install -q -e '.[dev,mutants]'
+	$(PY) tools/mutants.py --workdir $(MUTANTS_DIR) $(if $(ROOM),--room $(ROOM)) $(foreach m,$(MODULE),--module $(m)) \
+		$(foreach t,$(TESTS),--tests $(t))
 
 lint: $(ENV)
 	$(PY) -m ruff check profiler_kit tests

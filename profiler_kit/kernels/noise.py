@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from profiler_kit.errors import ProfilerKitError
+from profiler_kit.steady import beyond_noise
 
 RUN_COLUMNS = ("run", "quantity", "value_ns")
 VERDICT_COLUMNS = ("quantity", "a_runs", "a_median_ms", "a_range_ms", "b_runs", "b_median_ms", "b_range_ms",
@@ -55,8 +56,7 @@ def verdicts(a: pd.DataFrame, b: pd.DataFrame, min_delta_ns: float,
     quantities = pd.Index(list(dict.fromkeys([*a["quantity"], *b["quantity"]])), name="quantity")
     sa, sb = _side(a, quantities), _side(b, quantities)
     delta = sb["median"] - sa["median"]
-    noise = np.maximum(sa["range"], sb["range"])
-    real = (delta.abs() > noise) & (delta.abs() > min_delta_ns)
+    real = beyond_noise(delta, sa["range"], sb["range"], min_delta_ns)
     verdict = np.select([real & (delta > 0), real & (delta < 0)], [REGRESSED, IMPROVED], WITHIN)
     pct = 100.0 * delta / sa["median"].where(sa["median"] > 0)
     failed = np.zeros(len(quantities), dtype=bool)

@@ -149,6 +149,7 @@ def _load(con: sqlite3.Connection, path: Path) -> KernelTrace:
         if missing:
             raise ProfilerKitError(f"{path}: table {table} has no {', '.join(missing)} column")
     check_fields(con, schema)
+    check_strings(con, schema, path)
     cuda_traced = KERNEL_TABLE in schema or RUNTIME_TABLE in schema
     notes: list[str] = []
     ranges, ranks, nodes = (_ranges(con, schema, notes) if NVTX_TABLE in schema
@@ -163,6 +164,22 @@ def _load(con: sqlite3.Connection, path: Path) -> KernelTrace:
         process_ranks=ranks,
         process_nodes=nodes,
     )
+
+
+def check_strings(con: sqlite3.Connection, schema: dict[str, set[str]], path: Path) -> None:
+    """Refuse an export whose kernel, launch or range names are ids into a StringIds table it does not have (a
+    damaged or cut-down export): read on, every name would be an id and every kernel `other`."""
+    if "StringIds" in schema:
+        return
+    referring = [(KERNEL_TABLE, f"typeof({quoted(kernel_name_column(schema[KERNEL_TABLE]))}) = 'integer'")
+                 ] if KERNEL_TABLE in schema else []
+    referring += [(table, f"{column} IS NOT NULL") for table, column in ((RUNTIME_TABLE, "nameId"),
+                                                                          (NVTX_TABLE, "textId"))
+                  if column in schema.get(table, ())]
+    for table, refers in referring:
+        if con.execute(f"SELECT 1 FROM {table} WHERE {refers} LIMIT 1").fetchone():
+            raise ProfilerKitError(f"{path}: an Nsight Systems export whose {table} names are ids into a StringIds "
+                                   "table it does not have; export the report again (nsys export --type sqlite)")
 
 
 def _time(column: str) -> str:

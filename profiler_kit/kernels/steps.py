@@ -12,9 +12,9 @@ the recorder's step mark inside each of the program's own step ranges, else torc
 report that says none of these is numbered from 0 at its first recorded step, with a note.
 
 The first steps of a run are slower (CUDA and allocator start-up, `torch.compile`, autotuning): leading steps
-whose wall time is more than WARMUP_FACTOR times the median of the later half are warm-up, the rest steady,
-and where the GPU idles is judged on the steady ones. The table has a `state` column only where a warm-up
-step was seen.
+whose wall time is more than WARMUP_FACTOR times the median of the later half are warm-up (`profiler_kit.steady`),
+the rest steady, and where the GPU idles is judged on the steady ones. The table has a `state` column only where
+a warm-up step was seen.
 """
 
 from __future__ import annotations
@@ -27,10 +27,9 @@ import pandas as pd
 from profiler_kit.kernels.attribution import RangeIndex, launches_by_group
 from profiler_kit.kernels.idle import spans_by_owner
 from profiler_kit.names import KIND_AUTO, STEP
+from profiler_kit.steady import WARMUP_FACTOR, warmup_steps
 
 PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
-# A leading step slower than this many times the later steps' median is warm-up.
-WARMUP_FACTOR = 1.5
 WARMUP, STEADY = "warm-up", "steady"
 NS_PER_MS = 1_000_000
 # The ranges frame's column of step numbers the recorder gave (nullable; NA on other ranges).
@@ -105,14 +104,6 @@ def _numbers_of_marks_inside(all_ranges: pd.DataFrame, steps: pd.DataFrame) -> n
             return None
         out[mine] = numbers[first]
     return out
-
-
-def warmup_steps(walls: np.ndarray) -> int:
-    """How many leading steps (walls in run order) are warm-up: slower than WARMUP_FACTOR times the median of
-    the later half."""
-    reference = float(np.median(walls[len(walls) // 2:]))
-    slow = walls > WARMUP_FACTOR * reference
-    return len(walls) if slow.all() else int(np.argmin(slow))
 
 
 def warm_rows(table: pd.DataFrame) -> np.ndarray:

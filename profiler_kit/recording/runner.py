@@ -30,7 +30,6 @@ import re
 import shlex
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -59,6 +58,7 @@ from profiler_kit.recording.channel import (
     read_windows,
     trace_path,
 )
+from profiler_kit.recording.cost import recording_cost
 from profiler_kit.render import say
 
 BACKENDS = RECORDING_BACKENDS
@@ -103,16 +103,8 @@ class ParentWindow:
         return f"recorded {what.get(self.kind, self.kind)}{steps}"
 
     def cost(self) -> str | None:
-        """How much longer the recorded steps took than the others (the program's first step, its start-up,
-        left out), when the window left steps out."""
-        recorded = [ms for number, ms, on in self.step_ms if on]
-        others = [ms for number, ms, on in self.step_ms if not on and number > 0]
-        if not recorded or not others:
-            return None
-        a, b = statistics.median(recorded), statistics.median(others)
-        return (f"recording cost: the recorded steps took {(a / b - 1) * 100:+.1f}% against the unrecorded ones "
-                f"(median {a:.2f} ms over {len(recorded)} against {b:.2f} ms over {len(others)}, the program's "
-                "first step left out)")
+        """What recording cost the program, when its recorded and unrecorded steps tell (`cost`)."""
+        return recording_cost(self.step_ms)
 
     def summary_notes(self) -> list[str]:
         """The lines a summary of this recording shows."""

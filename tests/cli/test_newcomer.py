@@ -78,7 +78,7 @@ def test_a_fresh_clone_the_demo_and_profile_of_a_program_of_ones_own(fresh_clone
         pytest.skip("needs make")
     python = str(python_without_nsys / "python")
     path = os.pathsep.join([str(python_without_nsys), "/usr/bin", "/bin"])
-    found = _run([python, "-c", "from profiler_kit.recording.nsys import search_candidates as s; print(len(s()))"],
+    found = _run([python, "-c", "from profiler_kit.nsys_tool import search_candidates as s; print(len(s()))"],
                  fresh_clone, path)
     if found.stdout.strip() != "0":
         pytest.skip("this machine has an nsys where profiler-kit looks: a machine without one cannot be arranged")

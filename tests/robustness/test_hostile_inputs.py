@@ -8,6 +8,7 @@ import json
 import os
 import pickle
 import shutil
+import sqlite3
 import tempfile
 import time
 from pathlib import Path
@@ -70,6 +71,14 @@ def frames_not_a_list(tmp):
     return snapshot(tmp, {"segments": [], "device_traces": [[entry]]})
 
 
+def without_strings(tmp):
+    """A real nsys export with its StringIds table dropped: its kernels' and ranges' names are ids into nothing."""
+    path = shutil.copyfile(KERNELS / "h100_tiny_train_bf16.sqlite", tmp / "no_strings.sqlite")
+    with sqlite3.connect(path) as con:
+        con.execute("DROP TABLE StringIds")
+    return path
+
+
 # case → (command, how to make the input in a temporary folder, a phrase of the one-line error)
 CASES = {
     "/dev/zero": ("kernels", lambda tmp: "/dev/zero", "a character device, not a regular file"),
@@ -85,6 +94,7 @@ CASES = {
     "gzip bomb": ("kernels", lambda tmp: gzip_bomb(tmp / "trace.json.gz", 300), "premature EOF"),
     "deep JSON": ("kernels", lambda tmp: (tmp / "t.json").write_text("[" * 100_000 + "]" * 100_000) and tmp / "t.json",
                   "nested deeper"),
+    "export without StringIds": ("kernels", without_strings, "ids into a StringIds table it does not have"),
     "snapshot FIFO": ("memory", fifo, "a FIFO (named pipe)"),
     "snapshot with shared references": ("memory", shared_references, "by repeating shared objects"),
     "allocation of 10^30 bytes": ("memory", huge_allocation, "outside 0 to 2^63 - 1"),
