@@ -6,24 +6,31 @@ FlopCounterMode counts them, compiled modules as one entry without recompiles.""
 from __future__ import annotations
 
 import contextlib
+import gzip
+import json
 import statistics
+import sys
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
 import torch._dynamo
 import torch._dynamo.utils
+from click.testing import CliRunner
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 from torch.utils.flop_counter import FlopCounterMode
 
 from profiler_kit import nvtx_ranges
+from profiler_kit.cli import main
 from profiler_kit.recording.marks import Marks
 from profiler_kit.recording.module_flops import StepFlops
 from profiler_kit.recording.modules import ModuleMarks, Tree
 from profiler_kit.recording.notes import Notes
 
+REPO = Path(__file__).resolve().parents[2]
 B, T, D, H = 4, 8, 32, 96  # batch, tokens, width, hidden width
 
 
@@ -292,3 +299,124 @@ def test_a_model_compiled_in_place_gets_one_forward_per_call(dynamo_counters):
     assert count["profiler_kit::forward"] == 3 and count["profiler_kit::backward"] == 3
     assert not any("module" in name for name in count) and modules.metadata["compiled"] == [""]
     assert dynamo_counters()["graph_break"] == {}
+
+
+# Through the command line: the recording's ranges and metadata
+
+PROGRAM = """
+import sys, torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+torch.manual_seed(0)
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up, self.down = nn.Linear(32, 96), nn.Linear(96, 32)
+
+    def forward(self, x):
+        return x + self.down(torch.relu(self.up(x)))
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(Block() for _ in range(2))
+        self.head = nn.Linear(32, 4)
+
+    def forward(self, x):
+        x = checkpoint(self.blocks[0], x, use_reentrant=False)
+        return self.head(self.blocks[1](x))
+
+model = Net()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+def step():
+    model(torch.randn(4, 8, 32)).square().mean().backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+def trace_of(path) -> tuple[Counter, dict]:
+    with gzip.open(path, "rt") as fh:
+        trace = json.load(fh)
+    names = Counter(e["name"] for e in trace["traceEvents"] if e.get("name", "").startswith("profiler_kit::module"))
+    return names, trace["profiler_kit"]
+
+
+@pytest.mark.parametrize("setting", [None, "depth:1", "none"])
+def test_torch_backend_records_module_ranges_and_metadata(tmp_path, setting):
+    script = tmp_path / "prog.py"
+    script.write_text(PROGRAM + "for _ in range(3):\n    step()\n")
+    out = tmp_path / "prog"
+    options = ["--modules", setting] if setting else []
+    result = CliRunner().invoke(main, ["nsys", "--backend", "torch", "-o", str(out), "--format", "json", *options,
+                                       "--", sys.executable, str(script)])
+    assert result.exit_code == 0, result.output
+    names, meta = trace_of(tmp_path / "prog.json.gz")
+    if setting == "none":
+        assert names == Counter() and "modules" not in meta
+        return
+    if setting == "depth:1":  # the ModuleList is never called: the head alone
+        assert set(names) == {"profiler_kit::module::head", "profiler_kit::module_backward::head"}
+        assert meta["modules"]["depth"] == 1
+        return
+    paths = ("blocks.0", "blocks.0.up", "blocks.0.down", "blocks.1", "blocks.1.up", "blocks.1.down", "head")
+    assert {name: n for name, n in names.items() if "recompute" not in name} == {
+        f"profiler_kit::{kind}::{path}": 3 for kind in ("module", "module_backward") for path in paths}
+    assert {name.rsplit("::", 1)[1] for name in names if "recompute" in name} <= {"blocks.0", "blocks.0.up",
+                                                                                  "blocks.0.down"}
+    modules = meta["modules"]
+    assert modules["depth"] == 3 and modules["compiled"] == []
+    assert {path: modules["types"][path] for path in ("", "blocks.0", "blocks.1.up")} == {
+        "": "Net", "blocks.0": "Block", "blocks.1.up": "Linear"}
+    flops = modules["flops"]
+    assert flops["step"] == 0 and flops["modules"]["blocks.1.up"] == {"forward": 2 * 4 * 8 * 32 * 96,
+                                                                      "backward": 2 * 2 * 4 * 8 * 32 * 96}
+    assert flops["modules"]["blocks.0"]["recompute"] == 2 * 4 * 8 * 32 * 96  # up only: the recompute stops early
+
+
+# The memory recorder on a CPU: torch's memory history calls are fakes, the snapshot a real H100 one; the
+# program records its own torch.profiler around a step to see the recorder's record_function ranges, which
+# the memory history keeps as annotations on a GPU.
+MEMORY_FAKES = """
+import pickle
+torch.cuda.synchronize = lambda *a: None
+torch.cuda.get_device_name = lambda *a: "fake"
+torch.cuda.memory._record_memory_history = lambda *a, **kw: None
+with open(sys.argv[1], "rb") as f:
+    SNAPSHOT = pickle.load(f)
+torch.cuda.memory._snapshot = lambda: dict(SNAPSHOT)
+step()
+torch.cuda.profiler.start()
+with torch.profiler.profile() as prof:
+    step()
+torch.cuda.profiler.stop()
+print("ranges", sorted({e.name for e in prof.events() if e.name.startswith("profiler_kit::module")}))
+"""
+
+
+def test_memory_recorder_annotates_modules_and_keeps_their_metadata(tmp_path, monkeypatch):
+    from profiler_kit.memory import load_snapshot
+    from profiler_kit.recording import runner
+
+    script = tmp_path / "prog.py"
+    script.write_text(PROGRAM + MEMORY_FAKES)
+    monkeypatch.setattr(runner, "cuda_device_present", lambda: True)  # the parent's check; the child fakes CUDA
+    snapshot = REPO / "tests" / "fixtures" / "memory" / "h100_plain_phases.pickle"
+    result = CliRunner().invoke(main, ["memory", "-o", str(tmp_path / "run"), "--modules", "depth:2", "--",
+                                       sys.executable, str(script), str(snapshot)])
+    assert result.exit_code == 0, result.output
+    seen = result.stderr[result.stderr.index("ranges "):].splitlines()[0]
+    for name in ("module::blocks.0", "module::head", "module_backward::blocks.1", "module_recompute::blocks.0"):
+        assert f"'profiler_kit::{name}'" in seen, seen
+    assert "blocks.0.up" not in seen  # depth 2
+    modules = load_snapshot(tmp_path / "run.pickle")["profiler_kit"]["modules"]
+    assert modules["depth"] == 2 and modules["types"]["blocks.1"] == "Block"
+    assert modules["flops"]["modules"]["head"] == {"forward": 2 * 4 * 8 * 32 * 4, "backward": 2 * 2 * 4 * 8 * 32 * 4}
+
+
+def test_the_modules_option_is_checked_before_anything_runs(tmp_path):
+    bad = CliRunner().invoke(main, ["nsys", "--backend", "torch", "--modules", "depth:0", "--", "python", "x.py"])
+    assert bad.exit_code == 2 and "'depth:0': expected depth:N (N at least 1), all or none" in bad.stderr
+    builtin = CliRunner().invoke(main, ["memory", "--modules", "all"])
+    assert builtin.exit_code == 2 and "--modules: options of -- COMMAND" in builtin.stderr
