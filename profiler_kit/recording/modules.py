@@ -125,17 +125,21 @@ class Tree:
                     same = name == holds
                     todo.append((child, parts if same else (*parts, name), inside or compiled, same))
         for key, places in self.places.items():
-            if len(places) == 1:
-                (self.ranged.__setitem__(key, places[0]) if places[0].ranged else self.quiet.add(key))
+            if len(places) == 1 and places[0].ranged:
+                self.ranged[key] = places[0]
+            elif len(places) == 1:
+                self.quiet.add(key)
 
 
 class _Call:
     """A module call open on its thread: `first` the number of the first node it may make (-1 without
-    gradients), `lead` the node numbered `first` when a call inside it found it (its earliest, then)."""
+    gradients), `lead` the node numbered `first` when a call inside it found it (its earliest, then). A call
+    without a mark is a scout: a module without ranges that begins its caller, there only to find that node; it
+    stands for its caller (its place, whether it recomputes)."""
 
     __slots__ = ("module", "place", "recompute", "first", "mark", "lead")
 
-    def __init__(self, module: int, place: Place, recompute: bool, first: int, mark: Mark) -> None:
+    def __init__(self, module: int, place: Place, recompute: bool, first: int, mark: Mark | None) -> None:
         self.module, self.place, self.recompute, self.first, self.mark = module, place, recompute, first, mark
         self.lead = None
 
@@ -299,6 +303,7 @@ class ModuleMarks:
             place = tree.ranged.get(key)
             if place is None:
                 if key in tree.quiet:
+                    self._scout(key)
                     return
                 place = self._place(module)  # at several places, or not in the tree
                 if place is None or not place.ranged:
@@ -310,6 +315,13 @@ class ModuleMarks:
         except Exception as exc:
             self.lost(exc)
 
+    def _scout(self, key: int) -> None:
+        """A call without ranges that begins the call around it (no node made since that one began) finds the
+        first node for it (see `_follow`)."""
+        stack = self.stack()
+        if stack and (caller := stack[-1]).lead is None and caller.first >= 0 and caller.first == _sequence():
+            stack.append(_Call(key, caller.place, caller.recompute, caller.first, None))
+
     def leave(self, module: nn.Module, output: object) -> None:
         try:
             stack = self.local.stack
@@ -319,7 +331,8 @@ class ModuleMarks:
             return
         call = stack.pop()
         try:
-            module_end(call.mark)
+            if call.mark is not None:
+                module_end(call.mark)
             if call.first >= 0 and _grad_enabled():
                 self._follow(call, output, stack[-1] if stack else None)
         except Exception as exc:
@@ -328,7 +341,8 @@ class ModuleMarks:
     def _follow(self, call: _Call, output: object, caller: _Call | None) -> None:
         """Hook the nodes the call made (see the module docstring). A call whose first node a call inside it
         found needs no search; one that finds its own first node hands it to its caller when they begin
-        together (a block and its first layer), so that nested calls search the graph about once."""
+        together (a block and its first layer, ranged or a scout), so that nested calls search the graph about
+        once and a block searches only its first layer's nodes."""
         last = _sequence()
         if last <= call.first:
             return
@@ -338,6 +352,8 @@ class ModuleMarks:
         earliest = call.lead or earliest_node(nodes, call.first, last)
         if caller is not None and caller.first == call.first and earliest._sequence_nr() == call.first:
             caller.lead = earliest
+        if call.mark is None:  # a scout
+            return
         backward = _Backward(self, call.place)
         for node in nodes.values():
             node.register_prehook(backward.open)
