@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import sqlite3
 import sys
 from collections import Counter
@@ -17,7 +16,6 @@ import pytest
 from click.testing import CliRunner
 
 from profiler_kit.cli import main
-from profiler_kit.recording.nsys import NsysError, find_nsys
 
 pytestmark = [pytest.mark.gpu, pytest.mark.gpu_slow]
 B, T, D, HEADS = 8, 256, 512, 8
@@ -69,14 +67,6 @@ for _ in range(4):
     opt.step()
     opt.zero_grad()
 """
-
-
-@pytest.fixture(scope="module")
-def gpu_nsys():
-    try:
-        return find_nsys(os.environ.get("PK_TEST_NSYS"))
-    except NsysError as exc:
-        pytest.skip(str(exc))
 
 
 def record(tmp_path: Path, how: str, *options: str) -> Path:
