@@ -92,6 +92,8 @@ class Marks:
         def compile(module, *args, **kwargs):  # noqa: A001 (stands in for Module.compile)
             compile_(module, *args, **kwargs)
             guard(WHAT, self._hook_compiled_call)(module)
+            if self.modules is not None:
+                self.modules.forget()  # its insides get no ranges from now on
 
         nn.Module.compile = compile
 

@@ -72,7 +72,7 @@ class Place:
 
     def __init__(self, path: str, type_name: str, ranged: bool) -> None:
         self.path, self.type, self.ranged = path, type_name, ranged
-        self.names = {category: auto_name(path, None, category) for category in MODULE_CATEGORIES}
+        self.names = {category: auto_name(path, None, category) for category in MODULE_CATEGORIES} if ranged else {}
 
 
 def held_child(module: nn.Module) -> str | None:
@@ -104,6 +104,7 @@ class Tree:
         self.places: dict[int, tuple[Place, ...]] = {}
         self.ranged: dict[int, Place] = {}  # the modules at one place, which gets ranges
         self.quiet: set[int] = set()  # the modules at one place, which gets none
+        self.missed: set[int] = set()  # modules called but not in the tree when it was walked again
         self.types: dict[str, str] = {}
         self.compiled: list[str] = []
         # module, its path's parts, inside a compiled module, held by the wrapper whose path it shares
@@ -264,6 +265,10 @@ class ModuleMarks:
         except Exception as exc:
             self.lost(exc)
 
+    def forget(self) -> None:
+        """The trees are walked again at the next outermost call (a module was compiled in place)."""
+        self.trees.clear()
+
     def _walk(self, root: nn.Module) -> Tree:
         tree = self.trees[root] = Tree(root, self.depth)
         self.metadata["types"].update(tree.types)
@@ -276,14 +281,16 @@ class ModuleMarks:
         if tree is None:
             return None
         places = tree.places.get(id(module))
-        if places is None:
+        if places is None:  # made since the walk, or outside the tree (made during the forward: at most a walk)
             root = self.root() if self.root is not None else None
-            if self.walked or root is None:
+            if self.walked or root is None or id(module) in tree.missed:
                 return None
             self.walked = True
+            missed = tree.missed
             tree = self.tree = self._walk(root)
             places = tree.places.get(id(module))
             if places is None:
+                tree.missed = missed | {id(module)}
                 return None
         if len(places) == 1:
             return places[0]
