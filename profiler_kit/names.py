@@ -44,7 +44,6 @@ MODULE_CATEGORIES = (MODULE_CATEGORY, MODULE_BACKWARD_CATEGORY, MODULE_RECOMPUTE
 MODULES_KEY = "modules"
 # `--modules`: module marks down to a depth (`blocks` is depth 1, `blocks.3.attn` depth 3), at every depth, or none.
 MODULE_DEPTH_ALL, MODULE_DEPTH_NONE = "all", "none"
-DEFAULT_MODULES = "depth:3"
 # Ranges PyTorch and libraries open by themselves, never a program's phases: the optimizer's methods, the
 # profiler's steps, DDP/FSDP wrappers, operators, autograd nodes, collectives (NCCL's own NVTX ranges, c10d,
 # gloo), CUB's and Thrust's algorithms (CCCL's NVTX ranges, e.g. around an embedding's backward sort), compiled

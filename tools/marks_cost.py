@@ -22,9 +22,10 @@ import time
 
 import torch
 
+from profiler_kit.defaults import DEFAULT_MODULES
 from profiler_kit.device import synchronize
 from profiler_kit.errors import ProfilerKitError
-from profiler_kit.names import DEFAULT_MODULES, module_depth
+from profiler_kit.names import module_depth
 from profiler_kit.presets import PRESETS
 from profiler_kit.recording import modules
 from profiler_kit.recording.marks import Marks

@@ -11,8 +11,9 @@ from typing import Any
 
 import click
 
+from profiler_kit.defaults import DEFAULT_MODULES
 from profiler_kit.errors import ProfilerKitError
-from profiler_kit.names import DEFAULT_MODULES, module_depth
+from profiler_kit.names import module_depth
 from profiler_kit.render import FORMATS, OutputFormat
 
 

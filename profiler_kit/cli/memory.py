@@ -21,9 +21,9 @@ from profiler_kit.cli.common import (
     positive_int,
     workload_options,
 )
-from profiler_kit.defaults import DEFAULT_MAX_ENTRIES, DEFAULT_OUTPUT_DIR, MEMORY_TOP
+from profiler_kit.defaults import DEFAULT_MAX_ENTRIES, DEFAULT_MODULES, DEFAULT_OUTPUT_DIR, MEMORY_TOP
 from profiler_kit.errors import ProfilerKitError
-from profiler_kit.names import DEFAULT_MODULES, MEMORY_COMPARE_TABLES, MEMORY_REPORT_TABLES, report_column
+from profiler_kit.names import MEMORY_COMPARE_TABLES, MEMORY_REPORT_TABLES, report_column
 
 if TYPE_CHECKING:
     from profiler_kit.memory import MemoryReport

@@ -14,7 +14,7 @@ them once, in the `sitecustomize` that the parent puts first on PYTHONPATH:
     PROFILER_KIT_JOB_DIR      the run's folder: each process's window file; under nsys, the count of closed windows
     PROFILER_KIT_CUDA         torch: 1 when the machine has a CUDA device (a whole run starts again at the first
                               CUDA call)
-    PROFILER_KIT_MODULES      the module marks: depth:N, all or none (`modules`; default names.DEFAULT_MODULES)
+    PROFILER_KIT_MODULES      the module marks: depth:N, all or none (`modules`; default defaults.DEFAULT_MODULES)
 
 Every instrument is installed the same way whatever records: the guard and notes (`notes`), the window and its
 step clock (`window`), the automatic marks (`marks`) with the module marks and their FLOPs (`modules`,
@@ -33,8 +33,9 @@ import warnings
 from collections.abc import Mapping
 
 from profiler_kit import nvtx_ranges
+from profiler_kit.defaults import DEFAULT_MODULES
 from profiler_kit.errors import ProfilerKitError
-from profiler_kit.names import DEFAULT_MODULES, MODULES_KEY, module_depth
+from profiler_kit.names import MODULES_KEY, module_depth
 from profiler_kit.recording import api, mirror, module_flops, teardown
 from profiler_kit.recording.channel import (
     CUDA,

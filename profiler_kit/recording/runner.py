@@ -40,10 +40,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from profiler_kit.defaults import DEFAULT_MODULES
 from profiler_kit.environment import note
 from profiler_kit.errors import ProfilerKitError
 from profiler_kit.files import publish, reserve_output
-from profiler_kit.names import DEFAULT_MODULES, RECORDING_BACKENDS
+from profiler_kit.names import RECORDING_BACKENDS
 from profiler_kit.nsys_tool import NsysError, NsysInstall, export_sqlite, find_nsys, kill_group, output_tail
 from profiler_kit.recording.channel import (
     CUDA,
