@@ -32,6 +32,18 @@ PROCESS_CATEGORY = "process"
 # Where no domain can carry them (torch.profiler traces, memory snapshots, torch.cuda.nvtx), automatic marks are
 # named with this prefix, a step's number after `#`: `profiler_kit::forward`, `profiler_kit::step#3`.
 AUTO_PREFIX = "profiler_kit::"
+# The module marks (`recording.modules`): each module call is a start/end range of the domain, its path in the
+# outermost module's `named_modules()` as the message (`blocks.3.attn`), in the category of what ran: the
+# module's forward, its backward (on the autograd thread), or its forward run again inside a backward
+# (activation-checkpoint recomputation). Where no domain carries them: `profiler_kit::<category>::<path>`.
+MODULE_CATEGORY, MODULE_BACKWARD_CATEGORY, MODULE_RECOMPUTE_CATEGORY = "module", "module_backward", "module_recompute"
+MODULE_CATEGORIES = (MODULE_CATEGORY, MODULE_BACKWARD_CATEGORY, MODULE_RECOMPUTE_CATEGORY)
+# The recording's module metadata (each path's type, the compiled modules, FLOPs per module), one JSON object:
+# the `modules` entry of a trace's or snapshot's `profiler_kit` metadata; under nsys the text of the latest mark
+# of the domain's category `modules` in each process (`profiler_kit::modules <JSON>` where no domain carries it).
+MODULES_KEY = "modules"
+# `--modules`: module marks down to a depth (`blocks` is depth 1, `blocks.3.attn` depth 3), at every depth, or none.
+MODULE_DEPTH_ALL, MODULE_DEPTH_NONE = "all", "none"
 # Ranges PyTorch and libraries open by themselves, never a program's phases: the optimizer's methods, the
 # profiler's steps, DDP/FSDP wrappers, operators, autograd nodes, collectives (NCCL's own NVTX ranges, c10d,
 # gloo), CUB's and Thrust's algorithms (CCCL's NVTX ranges, e.g. around an embedding's backward sort), compiled
@@ -66,6 +78,19 @@ PHASE_RULE = (
     "ranges (Optimizer.*, ProfilerStep#…, aten::…, autograd::…, nccl…, c10d::…, DDP's, FSDP's) are never "
     "phases; `warmup` is never a phase."
 )
+
+
+def module_depth(setting: str) -> int | None:
+    """The depth a `--modules` setting asks for: `depth:N` → N (at least 1), `all` → None (every depth),
+    `none` → 0 (no module marks)."""
+    if setting == MODULE_DEPTH_ALL:
+        return None
+    if setting == MODULE_DEPTH_NONE:
+        return 0
+    number = setting.removeprefix("depth:")
+    if number == setting or not number.isdigit() or int(number) < 1:
+        raise ProfilerKitError(f"--modules {setting!r}: expected depth:N (N at least 1), all or none")
+    return int(number)
 
 
 def phases_for(mode: str) -> tuple[str, ...]:

@@ -16,10 +16,12 @@ Two shapes of range:
   They open in one hook and close in another, so they are NVTX start/end ranges (process-wide, never popped by
   the program's own pops) of the domain `profiler_kit`, category `auto`, a step's number as the int64 payload;
   a `record_function` named `profiler_kit::<name>` (`profiler_kit::step#<number>`) is ended by its handle.
+- `module_start`/`module_end`: the recorder's module marks, start/end ranges of the same domain in the module
+  categories (`names.MODULE_CATEGORIES`), a `record_function` `profiler_kit::<category>::<path>`.
 
-Every range opened or closed here, or by the recorder's mirrors of the program's own ranges, is told to the
-observers as `observer(opened, name, kind, token, number)`: the kind is `phase`, `auto` or `program`
-(`names.RANGE_KINDS`), the token tells one range's close from another's, the number is a step's.
+Every range opened or closed here but the module marks, or by the recorder's mirrors of the program's own ranges,
+is told to the observers as `observer(opened, name, kind, token, number)`: the kind is `phase`, `auto` or
+`program` (`names.RANGE_KINDS`), the token tells one range's close from another's, the number is a step's.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from profiler_kit.names import (
     KIND_PHASE,
     KIND_PROGRAM,
     MARK_DOMAIN,
+    MODULES_KEY,
     PROCESS_CATEGORY,
     STEP,
 )
@@ -56,9 +59,9 @@ try:
     def _pop(marked: bool = False) -> None:
         _nvtx_pop(domain=PHASE_DOMAIN if marked else None)
 
-    def _start(name: str, number: int | None) -> object:
+    def _start(name: str, number: int | None, category: str = AUTO_CATEGORY) -> object:
         domain = _nvtx.get_domain(MARK_DOMAIN)
-        attributes = domain.get_event_attributes(name, None, AUTO_CATEGORY, number)
+        attributes = domain.get_event_attributes(name, None, category, number)
         return domain.start_range(attributes)
 
     def _end(handle: object) -> None:
@@ -80,8 +83,8 @@ except ImportError:  # the GPU image has no nvtx package unless it is carried
         def _pop(marked: bool = False) -> None:
             _cuda_pop()
 
-        def _start(name: str, number: int | None) -> object:
-            return _cuda_start(auto_name(name, number))
+        def _start(name: str, number: int | None, category: str = AUTO_CATEGORY) -> object:
+            return _cuda_start(auto_name(name, number, category))
 
         def _end(handle: object) -> None:
             _cuda_end(handle)
@@ -98,7 +101,7 @@ except ImportError:  # the GPU image has no nvtx package unless it is carried
         def _pop(marked: bool = False) -> None:
             return None
 
-        def _start(name: str, number: int | None) -> object:
+        def _start(name: str, number: int | None, category: str = AUTO_CATEGORY) -> object:
             return None
 
         def _end(handle: object) -> None:
@@ -185,8 +188,12 @@ def resume_records() -> None:
                 _records[token] = (name, _rf_enter(name, None))
 
 
-def auto_name(name: str, number: int | None = None) -> str:
-    """An automatic mark's name where no NVTX domain carries it: `profiler_kit::forward`, `profiler_kit::step#3`."""
+def auto_name(name: str, number: int | None = None, category: str = AUTO_CATEGORY) -> str:
+    """A name of the domain `profiler_kit` where no NVTX domain carries it: an automatic mark's
+    (`profiler_kit::forward`, `profiler_kit::step#3`), or a range of another category
+    (`profiler_kit::module::blocks.3`)."""
+    if category != AUTO_CATEGORY:
+        return f"{AUTO_PREFIX}{category}::{name}"
     return f"{AUTO_PREFIX}{name}" + ("" if number is None else f"#{number}")
 
 
@@ -266,9 +273,29 @@ def mark_end(mark: Mark) -> None:
     close_record(mark.token)
 
 
+def module_start(path: str, category: str, record_name: str) -> Mark:
+    """Open a module mark (`recording.modules`): a start/end range `path` of the domain's `category` and, while
+    ranges are recorded, a `record_function` named `record_name` (`auto_name(path, None, category)`). The
+    instruments are not told of it: module marks are no phases and no steps."""
+    token = next(_tokens)
+    open_record(token, record_name)
+    return Mark(path, None, token, _start(path, None, category))
+
+
+def module_end(mark: Mark) -> None:
+    _end(mark.nvtx)
+    close_record(mark.token)
+
+
 def step_mark(number: int) -> Mark:
     """Open the mark of the program's step `number` (0-based, counted from its first step)."""
     return mark_start(STEP, number)
+
+
+def modules_mark(text: str) -> None:
+    """An NVTX mark holding the recording's module metadata (JSON `text`), in the domain `profiler_kit`,
+    category `modules`: what a report of nsys, which has no other metadata, says of the process's modules."""
+    _mark(text, MODULES_KEY)
 
 
 def process_mark(fields: dict[str, int]) -> None:

@@ -11,6 +11,9 @@ from typing import Any
 
 import click
 
+from profiler_kit.defaults import DEFAULT_MODULES
+from profiler_kit.errors import ProfilerKitError
+from profiler_kit.names import module_depth
 from profiler_kit.render import FORMATS, OutputFormat
 
 
@@ -217,6 +220,25 @@ class Number(click.ParamType):
 
 FORCE = click.option("-f", "--force", is_flag=True,
                      help="Replace output files that exist (never an input of this command).")
+
+
+
+def _module_setting(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
+    try:
+        module_depth(value)
+    except ProfilerKitError:
+        raise click.BadParameter(f"{value!r}: expected depth:N (N at least 1), all or none") from None
+    return value
+
+
+MODULES_HELP = ("a range for every module call down to depth N (`blocks` is 1, `blocks.3.attn` 3), at every "
+                "depth (all), or none; with each module's backward, recomputation and FLOPs.")
+
+
+def modules_option(help_text: str) -> Callable:
+    """`--modules depth:N|all|none`, checked before anything runs."""
+    return click.option("--modules", default=DEFAULT_MODULES, show_default=True, metavar="depth:N|all|none",
+                        callback=_module_setting, help=help_text)
 
 positive_int = Number(int, min=1)
 non_negative_int = Number(int, min=0)

@@ -13,13 +13,15 @@ from click.core import ParameterSource
 from profiler_kit.cli.common import (
     COMMAND_KEY,
     FORCE,
+    MODULES_HELP,
     CommandGroup,
     format_option,
+    modules_option,
     non_negative_int,
     positive_int,
     workload_options,
 )
-from profiler_kit.defaults import DEFAULT_MAX_ENTRIES, DEFAULT_OUTPUT_DIR, MEMORY_TOP
+from profiler_kit.defaults import DEFAULT_MAX_ENTRIES, DEFAULT_MODULES, DEFAULT_OUTPUT_DIR, MEMORY_TOP
 from profiler_kit.errors import ProfilerKitError
 from profiler_kit.names import MEMORY_COMPARE_TABLES, MEMORY_REPORT_TABLES, report_column
 
@@ -43,7 +45,7 @@ MAX_ENTRIES = click.option("--max-entries", type=positive_int, default=DEFAULT_M
                            help="Allocator events kept (a ring buffer: older ones are dropped beyond this).")
 
 # The options `-- COMMAND` takes; every other one is the built-in workload's.
-PROGRAM_OPTIONS = ("output", "force", "max_entries", "top", "fmt")
+PROGRAM_OPTIONS = ("output", "force", "max_entries", "modules", "top", "fmt")
 
 
 @click.group("memory", cls=CommandGroup, invoke_without_command=True,
@@ -63,11 +65,12 @@ PROGRAM_OPTIONS = ("output", "force", "max_entries", "top", "fmt")
               help="With -- COMMAND: the snapshot's path without extension [default: "
                    "memory_snapshots/<program>_<timestamp>].")
 @FORCE
+@modules_option("With -- COMMAND: " + MODULES_HELP)
 @_report_options
 @click.pass_context
 def memory_cmd(click_ctx: click.Context, model, ctx, mode, batch_size, mixed_precision, compile_, cuda_graphs,
                attention, device, seed, memory_limit_gib, nvtx, optimizer, warmup, steps, max_entries, output_dir,
-               plot, html, output, force, top, fmt) -> None:
+               plot, html, output, force, modules, top, fmt) -> None:
     """Record CUDA memory history around one config's steps, or over any program's window, dump the snapshot,
     and explain its peak.
 
@@ -95,8 +98,8 @@ def memory_cmd(click_ctx: click.Context, model, ctx, mode, batch_size, mixed_pre
         builtin = [p.opts[0] for p in given if p.name not in PROGRAM_OPTIONS]
         if builtin:
             raise click.UsageError(f"{', '.join(builtin)}: options of the built-in workload, not of -- COMMAND")
-        click_ctx.exit(record_program(command, output, max_entries, force, top, fmt))
-    misplaced = [p.opts[0] for p in given if p.name in ("output", "force")]
+        click_ctx.exit(record_program(command, output, max_entries, force, top, fmt, modules))
+    misplaced = [p.opts[0] for p in given if p.name in ("output", "force", "modules")]
     if misplaced:
         raise click.UsageError(f"{', '.join(misplaced)}: options of -- COMMAND")
     from profiler_kit.memory import analyze_file, write_html
@@ -125,8 +128,8 @@ def memory_cmd(click_ctx: click.Context, model, ctx, mode, batch_size, mixed_pre
                                f"was saved anyway: {result.snapshot_path}")
 
 
-def record_program(command: list[str], output: Path | None, max_entries: int, force: bool, top: int,
-                    fmt: str) -> int:
+def record_program(command: list[str], output: Path | None, max_entries: int, force: bool, top: int, fmt: str,
+                   modules: str = DEFAULT_MODULES) -> int:
     """Record `command`'s memory history (`recording.runner`), print each snapshot's report; the program's exit
     status."""
     from profiler_kit.memory import analyze_file
@@ -136,7 +139,7 @@ def record_program(command: list[str], output: Path | None, max_entries: int, fo
     from profiler_kit.render import emit_report, say
 
     output = output if output is not None else default_output(command, DEFAULT_OUTPUT_DIR)
-    run = run_program(command, MEMORY, output, force=force, max_entries=max_entries)
+    run = run_program(command, MEMORY, output, force=force, max_entries=max_entries, modules=modules)
     if run.files:
         say(f"{run.window.describe()}: {', '.join(map(str, run.files))} (the pickle also opens at {MEMORY_VIZ_URL})")
     if run.exit_code != 0:

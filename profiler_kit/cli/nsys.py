@@ -15,9 +15,11 @@ from click.core import ParameterSource
 from profiler_kit.cli.attention import dtype_names, impl_names
 from profiler_kit.cli.common import (
     COMMAND_KEY,
+    MODULES_HELP,
     CommandGroup,
     comma_list,
     format_option,
+    modules_option,
     non_negative_int,
     one_of,
     positive_float,
@@ -83,6 +85,7 @@ def program_options(within: str = "With -- COMMAND: ") -> Callable:
                                "phases' GPU span.")),
         click.option("--peak-tflops", type=positive_float, default=None,
                      help=said("the GPU's peak TFLOP/s at the program's precision, for MFU.")),
+        modules_option(said(MODULES_HELP)),
     ]
 
     def decorate(fn: Callable) -> Callable:
@@ -93,7 +96,7 @@ def program_options(within: str = "With -- COMMAND: ") -> Callable:
     return decorate
 
 
-PROGRAM_ONLY = ("output", "nsys_args", "capture", "phases", "flops_per_step", "peak_tflops")
+PROGRAM_ONLY = ("output", "nsys_args", "capture", "phases", "flops_per_step", "peak_tflops", "modules")
 
 
 @click.group("nsys", cls=CommandGroup, invoke_without_command=True,
@@ -107,7 +110,7 @@ def nsys(click_ctx: click.Context, model: str, ctx: int, mode: str, batch_size: 
          compile_: bool, cuda_graphs: bool, attention: str, device: str, seed: int, memory_limit_gib: float | None,
          nvtx: bool, optimizer: str, parallel: str, warmup: int, steps: int, backend: str, nsys_path: Path | None,
          output_dir: Path, force: bool, top: int, fmt: str, output: Path | None, nsys_args: str, capture: bool,
-         phases: tuple[str, ...], flops_per_step: float | None, peak_tflops: float | None) -> None:
+         phases: tuple[str, ...], flops_per_step: float | None, peak_tflops: float | None, modules: str) -> None:
     """Profile one training-step config, or any program given after `--`: kernels per phase, under Nsight
     Systems or torch.profiler.
 
@@ -143,7 +146,7 @@ def nsys(click_ctx: click.Context, model: str, ctx: int, mode: str, batch_size: 
             raise click.UsageError(f"{', '.join(builtin)}: options of the built-in workload, not of -- COMMAND")
         from profiler_kit.recording.runner import run_program
 
-        run = run_program(command, backend, output, nsys_path, nsys_words(nsys_args), capture, force)
+        run = run_program(command, backend, output, nsys_path, nsys_words(nsys_args), capture, force, modules=modules)
         click_ctx.exit(report_program(run, fmt, top, list(phases) or None, flops_per_step, peak_tflops))
     misplaced = [p.opts[0] for p in given if p.name in PROGRAM_ONLY]
     if misplaced:

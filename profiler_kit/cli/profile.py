@@ -41,7 +41,7 @@ KERNEL_ONLY = ("backend", "nsys_path", "nsys_args", "capture", "phases", "flops_
 @click.pass_context
 def profile_cmd(ctx: click.Context, backend: str, nsys_path: Path | None, output: Path | None, nsys_args: str,
                 capture: bool, phases: tuple[str, ...], flops_per_step: float | None, peak_tflops: float | None,
-                memory: bool, max_entries: int, force: bool, top: int | None, fmt: str,
+                modules: str, memory: bool, max_entries: int, force: bool, top: int | None, fmt: str,
                 command: tuple[str, ...]) -> None:
     """Record any program as it is and show where its time goes: kernels (on a CPU, operators) by category,
     per phase (forward, backward, optimizer_step, found by the recorder) and per step.
@@ -65,7 +65,7 @@ def profile_cmd(ctx: click.Context, backend: str, nsys_path: Path | None, output
         kernel_only = [p.opts[0] for p in given if p.name in KERNEL_ONLY]
         if kernel_only:
             raise click.UsageError(f"{', '.join(kernel_only)}: options of a kernel recording, not of --memory", ctx)
-        ctx.exit(record_program(list(command), output, max_entries, force, top or MEMORY_TOP, fmt))
+        ctx.exit(record_program(list(command), output, max_entries, force, top or MEMORY_TOP, fmt, modules))
     from profiler_kit.recording.runner import choose_recorder, run_program
     from profiler_kit.render import say
 
@@ -73,7 +73,7 @@ def profile_cmd(ctx: click.Context, backend: str, nsys_path: Path | None, output
     if backend == AUTO:
         backend, why = choose_recorder(nsys_path)
         say(why)
-    run = run_program(list(command), backend, output, nsys_path, words, capture, force)
+    run = run_program(list(command), backend, output, nsys_path, words, capture, force, modules=modules)
     ctx.exit(report_program(run, fmt, top or KERNELS_TOP, list(phases) or None, flops_per_step, peak_tflops))
 
 

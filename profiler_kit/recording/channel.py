@@ -31,7 +31,9 @@ JOB_DIR = "PROFILER_KIT_JOB_DIR"
 # 1: the machine has a CUDA device (the parent asked the driver): a whole run under torch.profiler starts again at
 # the first CUDA call, as nsys records it.
 CUDA = "PROFILER_KIT_CUDA"
-ENV_KEYS = (RECORD, TRACE, WINDOW, RANKS_ONLY, MAX_ENTRIES, JOB_DIR, CUDA)
+# The module marks: `depth:N`, `all` or `none` (`names.module_depth`; without it, `defaults.DEFAULT_MODULES`).
+MODULES = "PROFILER_KIT_MODULES"
+ENV_KEYS = (RECORD, TRACE, WINDOW, RANKS_ONLY, MAX_ENTRIES, JOB_DIR, CUDA, MODULES)
 TRACE_SUFFIX = ".json.gz"
 SNAPSHOT_SUFFIX = ".pickle"
 # What a recording holds.

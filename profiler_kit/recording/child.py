@@ -14,12 +14,13 @@ them once, in the `sitecustomize` that the parent puts first on PYTHONPATH:
     PROFILER_KIT_JOB_DIR      the run's folder: each process's window file; under nsys, the count of closed windows
     PROFILER_KIT_CUDA         torch: 1 when the machine has a CUDA device (a whole run starts again at the first
                               CUDA call)
+    PROFILER_KIT_MODULES      the module marks: depth:N, all or none (`modules`; default defaults.DEFAULT_MODULES)
 
 Every instrument is installed the same way whatever records: the guard and notes (`notes`), the window and its
-step clock (`window`), the automatic marks (`marks`), the mirrors of the program's own ranges (`mirror`), the
-pause before the program closes its process group (`teardown`); then the recorder the parent asked for (the
-contract every recorder keeps: `recorder.Recorder`). They all hear the one stream of range events
-(`nvtx_ranges.observe`).
+step clock (`window`), the automatic marks (`marks`) with the module marks and their FLOPs (`modules`,
+`module_flops`), the mirrors of the program's own ranges (`mirror`), the pause before the program closes its
+process group (`teardown`); then the recorder the parent asked for (the contract every recorder keeps:
+`recorder.Recorder`). They all hear the one stream of range events (`nvtx_ranges.observe`).
 Each recorded process writes its window file when it is done (what it recorded, its steps and their times,
 what it could not record), which the parent reads (`channel`).
 """
@@ -32,12 +33,16 @@ import warnings
 from collections.abc import Mapping
 
 from profiler_kit import nvtx_ranges
-from profiler_kit.recording import api, mirror, teardown
+from profiler_kit.defaults import DEFAULT_MODULES
+from profiler_kit.errors import ProfilerKitError
+from profiler_kit.names import MODULES_KEY, module_depth
+from profiler_kit.recording import api, mirror, module_flops, teardown
 from profiler_kit.recording.channel import (
     CUDA,
     ENV_KEYS,
     JOB_DIR,
     MAX_ENTRIES,
+    MODULES,
     RANKS_ONLY,
     RECORD,
     SNAPSHOT_SUFFIX,
@@ -46,6 +51,7 @@ from profiler_kit.recording.channel import (
     trace_path,
 )
 from profiler_kit.recording.marks import Marks
+from profiler_kit.recording.modules import ModuleMarks
 from profiler_kit.recording.notes import RECORDING_WINDOW, Notes
 from profiler_kit.recording.recorder import Recorder
 from profiler_kit.recording.recorders import JobStop, NsysRecorder, TorchRecorder
@@ -81,7 +87,8 @@ def install_from_environment(env: Mapping[str, str]) -> None:
     notes, place = Notes(), place_of(env)
     window = ChildWindow(notes, env.get(JOB_DIR), place.get("rank"))
     window.nvtx_dropped = not nvtx_reaches_tool()
-    marks = Marks(notes)
+    modules = module_marks(env.get(MODULES, DEFAULT_MODULES), notes, announce=backend == "nsys")
+    marks = Marks(notes, modules)
     warnings.filterwarnings("ignore", message=_COMPILE_WARNING)
     marks.install()
     mirror.install(notes)
@@ -97,13 +104,33 @@ def install_from_environment(env: Mapping[str, str]) -> None:
 
         recorder = MemoryRecorder(trace_path(env[TRACE], rank, SNAPSHOT_SUFFIX), int(env[MAX_ENTRIES]), window,
                                   marks, notes, place)
-    for observer in [*window.observers(), *recorder.observers()]:
+    for observer in [*window.observers(), *recorder.observers(), *module_observers(modules, notes)]:
         nvtx_ranges.observe(observer)
+    if modules is not None:  # kept up to date in place until the recording is written
+        recorder.describe({MODULES_KEY: modules.metadata})
     guarded = Guarded(recorder, notes)
     api.set_recorder(guarded)
     mirror.patch_cuda_profiler(guarded.program_start, guarded.program_stop)
     atexit.register(window.report)  # last at exit: says the window even when the recorder failed to
     recorder.begin()
+
+
+def module_marks(setting: str, notes: Notes, announce: bool) -> ModuleMarks | None:
+    """The module marks `setting` asks for (`depth:N`, `all`, `none`: None); a setting the parent should have
+    refused is a note, not an error in the program."""
+    try:
+        depth = module_depth(setting)
+    except ProfilerKitError as exc:
+        notes.add(f"no module marks: {exc}")
+        return None
+    return ModuleMarks(notes, depth, announce) if depth != 0 else None
+
+
+def module_observers(modules: ModuleMarks | None, notes: Notes) -> list:
+    """The range-event observers of the module marks: the FLOP count, then the metadata mark at a step's end."""
+    if modules is None:
+        return []
+    return [notes.guard(module_flops.WHAT, module_flops.StepFlops(modules, notes)), *modules.observers()]
 
 
 class Guarded:

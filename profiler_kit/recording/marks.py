@@ -19,7 +19,10 @@ PyTorch's own global hooks, without a change to the program.
 The marks are `nvtx_ranges.mark_start`/`mark_end` ranges, so each recorder gets them in its own form (NVTX under
 nsys, `record_function` under torch.profiler and the memory history) and every instrument hears of them
 through the range events. Inside a `torch.compile`d region the hooks return at once, leaving no trace in the
-graph. Each hook runs under the recorder's guard (`notes`).
+graph; a module compiled in place (`module.compile()`) has its compiled call wrapped so that the hooks run
+around it, as they run around a `torch.compile(module)` wrapper's call: the outermost compiled call is one
+`forward`. The same module hooks and backward wrapper drive the module marks (`modules`) when they are on.
+Each hook runs under the recorder's guard (`notes`).
 """
 
 from __future__ import annotations
@@ -28,11 +31,13 @@ import functools
 from collections.abc import Callable
 
 import torch
+from torch import nn
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from profiler_kit.names import BACKWARD, FORWARD, OPTIMIZER_STEP
 from profiler_kit.nvtx_ranges import Mark, mark_end, mark_start, step_mark
+from profiler_kit.recording.modules import ModuleMarks
 from profiler_kit.recording.notes import Notes
 
 WHAT = "the automatic marks (forward, backward, optimizer_step, steps)"
@@ -40,10 +45,12 @@ _is_compiling = torch.compiler.is_compiling
 
 
 class Marks:
-    """The automatic marks of one process (see the module docstring)."""
+    """The automatic marks of one process (see the module docstring), and the module marks when given (the same
+    hooks call them)."""
 
-    def __init__(self, notes: Notes) -> None:
+    def __init__(self, notes: Notes, modules: ModuleMarks | None = None) -> None:
         self.notes = notes
+        self.modules = modules
         self.forward: Mark | None = None
         self.outer: torch.nn.Module | None = None  # the module whose call the open forward mark is
         self.backward_depth = 0
@@ -78,6 +85,17 @@ class Marks:
             made(optimizer, *args, **kwargs)
 
         torch.optim.Optimizer.__init__ = __init__
+        compile_ = nn.Module.compile
+        self.patched.append((nn.Module, "compile", compile_))
+
+        @functools.wraps(compile_)
+        def compile(module, *args, **kwargs):  # noqa: A001 (stands in for Module.compile)
+            compile_(module, *args, **kwargs)
+            guard(WHAT, self._hook_compiled_call)(module)
+            if self.modules is not None:
+                self.modules.forget()  # its insides get no ranges from now on
+
+        nn.Module.compile = compile
 
     def remove(self) -> None:
         """Take the hooks off again (the program's marks end where they are)."""
@@ -124,6 +142,8 @@ class Marks:
                 mark_end(mark)
         if self.step is not None:
             self._close_step()
+        if self.modules is not None:
+            self.modules.finish()
 
     # Forward
 
@@ -132,17 +152,29 @@ class Marks:
     # would guard on it and recompile).
 
     def _module_pre(self, module: torch.nn.Module, _args: tuple) -> None:
-        if _is_compiling() or self.outer is not None or self.backward_depth or not self.notes.working(WHAT):
+        if _is_compiling():
+            return
+        if self.outer is not None or self.backward_depth:
+            if self.modules is not None:
+                self.modules.enter(module, recompute=self.backward_depth > 0)
+            return
+        self.outer = module
+        if self.modules is not None:
+            self.modules.outermost(module)
+        if not self.notes.working(WHAT):
             return
         try:
-            self.outer = module
             self._enter(forward=True)
             self.forward = mark_start(FORWARD)
         except Exception as exc:  # the program must run on whatever the recorder does
             self.notes.lost(WHAT, exc)
 
-    def _module_post(self, module: torch.nn.Module, _args: tuple, _output: object) -> None:
-        if _is_compiling() or module is not self.outer:
+    def _module_post(self, module: torch.nn.Module, _args: tuple, output: object) -> None:
+        if _is_compiling():
+            return
+        if module is not self.outer:
+            if self.modules is not None:
+                self.modules.leave(module, output)
             return
         self.outer = None
         mark, self.forward = self.forward, None
@@ -151,6 +183,28 @@ class Marks:
                 mark_end(mark)
             except Exception as exc:
                 self.notes.lost(WHAT, exc)
+
+    def _hook_compiled_call(self, module: nn.Module) -> None:
+        """`module.compile()` compiles the module's call with the global hooks inside it, where they do nothing:
+        they are called around the compiled call instead, as around any module call."""
+        compiled = module._compiled_call_impl
+        if compiled is None:
+            return
+        pre, post = self._module_pre, self._module_post
+
+        def call(*args, **kwargs):
+            if _is_compiling():  # traced into a caller's compiled graph
+                return compiled(*args, **kwargs)
+            pre(module, args)
+            try:
+                output = compiled(*args, **kwargs)
+            except BaseException:
+                post(module, args, None)
+                raise
+            post(module, args, output)
+            return output
+
+        module._compiled_call_impl = call
 
     # Backward
 
@@ -167,13 +221,8 @@ class Marks:
 
         @functools.wraps(original)
         def backward(*args, **kwargs):
-            if self.backward_depth or _is_compiling() or not self.notes.working(WHAT):
-                self.backward_depth += 1
-                try:
-                    return original(*args, **kwargs)
-                finally:
-                    self.backward_depth -= 1
-            mark = begin()
+            outermost = not self.backward_depth and not _is_compiling()
+            mark = begin() if outermost and self.notes.working(WHAT) else None
             self.backward_depth += 1
             try:
                 return original(*args, **kwargs)
@@ -181,6 +230,8 @@ class Marks:
                 self.backward_depth -= 1
                 if mark is not None:
                     end(mark)
+                if outermost and self.modules is not None:
+                    self.modules.backward_done()
 
         return backward
 

@@ -39,6 +39,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from profiler_kit.defaults import DEFAULT_MODULES
 from profiler_kit.environment import note
 from profiler_kit.errors import ProfilerKitError
 from profiler_kit.files import publish, reserve_output
@@ -48,6 +49,7 @@ from profiler_kit.recording.channel import (
     CUDA,
     JOB_DIR,
     MAX_ENTRIES,
+    MODULES,
     RANKS_ONLY,
     RECORD,
     SNAPSHOT_SUFFIX,
@@ -296,11 +298,13 @@ def run_child(cmd: Sequence[str], env: dict[str, str]) -> tuple[int, _Output]:
 
 def run_program(command: list[str], backend: str, output: Path | None = None,
                 nsys_path: str | os.PathLike | None = None, nsys_args: tuple[str, ...] = (),
-                capture: bool = True, force: bool = False, max_entries: int | None = None) -> ProgramRun:
+                capture: bool = True, force: bool = False, max_entries: int | None = None,
+                modules: str = DEFAULT_MODULES) -> ProgramRun:
     """Run `command` under `backend` (nsys, torch or memory), writing `<output>.nsys-rep` and `.sqlite`, or
     `<output>.json.gz`, or `<output>.pickle` (`<output>.rank<R>.json.gz`/`.pickle` per torchrun worker).
     `capture` False records the whole run under nsys even when the program opens a window; `force` replaces
-    existing outputs; `max_entries` is the memory history's ring size. `output` may end with the extension the
+    existing outputs; `max_entries` is the memory history's ring size; `modules` the module marks (`depth:N`,
+    `all`, `none`). `output` may end with the extension the
     backend adds (`out.json.gz` is `out`). The memory backend needs CUDA: without it nothing starts."""
     if backend not in (*BACKENDS, MEMORY):
         raise ProfilerKitError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
@@ -312,13 +316,14 @@ def run_program(command: list[str], backend: str, output: Path | None = None,
     cmd = resolve_command(command)
     output = recording_stem(Path(output), backend) if output is not None else default_output(command)
     if backend == "torch":
-        return _run_in_process(cmd, output, force, "torch", TRACE_SUFFIX, {})
+        return _run_in_process(cmd, output, force, "torch", TRACE_SUFFIX, {MODULES: modules})
     if backend == MEMORY:
         output.parent.mkdir(parents=True, exist_ok=True)
-        return _run_in_process(cmd, output, force, MEMORY, SNAPSHOT_SUFFIX, {MAX_ENTRIES: str(max_entries)})
+        return _run_in_process(cmd, output, force, MEMORY, SNAPSHOT_SUFFIX,
+                               {MAX_ENTRIES: str(max_entries), MODULES: modules})
     nsys = find_nsys(nsys_path)
     note("nsys", nsys.version_str)
-    return _run_nsys(cmd, output, nsys, nsys_args, capture, force)
+    return _run_nsys(cmd, output, nsys, nsys_args, capture, force, modules)
 
 
 def recording_stem(output: Path, backend: str) -> Path:
@@ -391,7 +396,7 @@ def nsys_command(nsys: NsysInstall, output: Path, cmd: list[str], ranged: bool,
 
 
 def _run_nsys(cmd: list[str], output: Path, nsys: NsysInstall, nsys_args: tuple[str, ...], capture: bool,
-              force: bool) -> ProgramRun:
+              force: bool, modules: str) -> ProgramRun:
     """nsys around the whole command, one report for the job: under a launcher every worker records for itself
     (the launcher does not) and opens the capture range, which closes when the last of them closes its
     window (they count themselves in the job's folder)."""
@@ -402,7 +407,7 @@ def _run_nsys(cmd: list[str], output: Path, nsys: NsysInstall, nsys_args: tuple[
         profile = nsys_command(nsys, partial, cmd, ranged, nsys_args)
         what = "the program's window, or all from the first CUDA call" if ranged else "the whole run"
         say(f"nsys {nsys.version_str} records {what}: {shlex.join(cmd)}")
-        extra = {RECORD: "nsys", JOB_DIR: job, **({WINDOW: "1"} if ranged else {})}
+        extra = {RECORD: "nsys", JOB_DIR: job, MODULES: modules, **({WINDOW: "1"} if ranged else {})}
         if _is_launcher(cmd):
             extra[RANKS_ONLY] = "1"
         env = child_env(extra)

@@ -7,7 +7,6 @@ apart by its RANK, from its first CUDA call to exit, or over the window it marks
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import sys
 from pathlib import Path
@@ -19,7 +18,6 @@ from click.testing import CliRunner
 from profiler_kit.cli import main
 from profiler_kit.kernels import load
 from profiler_kit.memory import load_snapshot
-from profiler_kit.nsys_tool import NsysError, find_nsys
 
 REPO = Path(__file__).resolve().parents[2]
 PLAIN = [str(REPO / "examples" / "train_plain.py"), "--width", "256", "--depth", "2", "--heads", "4", "--vocab",
@@ -42,14 +40,6 @@ SELECT r.pid, r.name, SUM(k.d) FROM k JOIN l ON l.corr = k.corr AND l.pid = k.pi
 JOIN r ON r.pid = l.pid AND l.t BETWEEN r.start AND r.end GROUP BY r.pid, r.name
 """
 pytestmark = [pytest.mark.gpu, pytest.mark.gpu_slow]
-
-
-@pytest.fixture(scope="module")
-def gpu_nsys():
-    try:
-        return find_nsys(os.environ.get("PK_TEST_NSYS"))
-    except NsysError as exc:
-        pytest.skip(str(exc))
 
 
 def record(tmp_path: Path, name: str, *args: str) -> tuple[object, dict | None]:

@@ -62,8 +62,9 @@ def profile(tmp_path: Path, body: str, *options: str) -> tuple[object, dict, pd.
 
 
 def marks(ranges: pd.DataFrame) -> pd.Series:
-    """How many automatic marks of each name the trace holds."""
-    return ranges[ranges["kind"] == "auto"].groupby("name").size()
+    """How many automatic marks of each name the trace holds (not the module marks, `<category>::<path>`)."""
+    auto = ranges[(ranges["kind"] == "auto") & ~ranges["name"].str.contains("::", regex=False)]
+    return auto.groupby("name").size()
 
 
 def test_gradient_accumulation_and_clipping(tmp_path):

@@ -1,7 +1,8 @@
 """The recorder never breaks the program: each hook it installs is made to fail from inside the program (the
-automatic marks' forward, backward and optimizer-step hooks, the mirrors of the program's ranges, the step
-clock, the trace's metadata, the recording's stop, the pause before the process group closes), alone and under
-torchrun (gloo, 2 ranks). The program's own
+automatic marks' forward, backward and optimizer-step hooks, the module marks' forward hooks and the hooks on
+autograd nodes that give their backward, the FLOP count inside the program's operators, the mirrors of the
+program's ranges, the step clock, the trace's metadata, the recording's stop, the pause before the process group
+closes), alone and under torchrun (gloo, 2 ranks). The program's own
 output and exit status stay what they are without profiler-kit, and the recording's notes say what was lost."""
 
 from __future__ import annotations
@@ -60,8 +61,25 @@ marks.mark_start = mark_start
 """
 
 
+def _fail_module_range(category: str) -> str:
+    return f"""
+import profiler_kit.recording.modules as modules
+real = modules.module_start
+def module_start(path, category, name):
+    if category == {category!r}:
+        raise RuntimeError("sabotaged")
+    return real(path, category, name)
+modules.module_start = module_start
+"""
+
+
 # hook → (code that makes it fail, the instrument the note names)
 HOOKS = {
+    "module hook": (_fail_module_range("module"), "the module marks"),
+    "module backward hook": (_fail_module_range("module_backward"), "the module marks"),
+    "FLOP count": ("import torch\nimport torch.utils.flop_counter as fc\n"
+                   "def fail(*a, **k): raise RuntimeError('sabotaged')\n"
+                   "fc.flop_registry[torch.ops.aten.addmm] = fail\n", "the FLOPs per module"),
     "forward hook": (_fail_mark("forward"), "the automatic marks"),
     "backward hook": (_fail_mark("backward"), "the automatic marks"),
     "optimizer step hook": (_fail_mark("optimizer_step"), "the automatic marks"),

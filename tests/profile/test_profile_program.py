@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import sqlite3
 import sys
 from collections import Counter
 from pathlib import Path
@@ -125,6 +126,28 @@ def test_nsys_backend_records_a_real_cpu_run(tmp_path, nsys, nvtx_shim):
     assert steps["number"].tolist() == [0, 1, 2] and (steps["thread"] < 0).all()
     assert counts["Optimizer.step#AdamW.step", "program"] == 3  # PyTorch's record_function, mirrored to NVTX
     assert summarize(tmp_path / "cpu_run.sqlite").phase_names == ["fwd", "bwd", "opt"]
+    # The module marks: start/end ranges of the domain's module categories, the metadata a mark of `modules`.
+    modules, metadata = module_ranges(tmp_path / "cpu_run.sqlite")
+    for path in ("embed", "blocks", "blocks.0", "blocks.1.up", "head"):
+        assert modules["module", path] == 3 and modules["module_backward", path] == 3, path
+    assert not any(category == "module_recompute" for category, _ in modules)
+    assert metadata["types"]["blocks.1"] == "Block" and metadata["types"]["blocks.1.up"] == "Linear"
+    assert metadata["flops"]["step"] == 0 and metadata["flops"]["modules"]["blocks.1.up"]["forward"] > 0
+
+
+def module_ranges(export: Path) -> tuple[Counter, dict]:
+    """The module ranges of an nsys export by (category, path), and the latest metadata mark's JSON (one process,
+    one domain)."""
+    with sqlite3.connect(export) as con:
+        kinds = dict(con.execute("SELECT name, id FROM ENUM_NSYS_EVENT_TYPE").fetchall())
+        rows = con.execute("SELECT n.eventType, n.category, coalesce(n.text, s.value) FROM NVTX_EVENTS AS n "
+                           "LEFT JOIN StringIds AS s ON s.id = n.textId ORDER BY n.start").fetchall()
+    categories = {category: text for kind, category, text in rows if kind == kinds["NvtxCategory"]}
+    ranges = Counter((categories.get(category), text) for kind, category, text in rows
+                     if kind == kinds["NvtxStartEndRange"] and categories.get(category, "").startswith("module"))
+    marks = [text for kind, category, text in rows
+             if kind == kinds["NvtxMark"] and categories.get(category) == "modules"]
+    return ranges, json.loads(marks[-1])
 
 
 # The API

@@ -100,8 +100,10 @@ def test_the_programs_nvtx_ranges_are_in_the_torch_trace(tmp_path):
     for name in ("step", "fwd", "bwd", "opt", "helper"):
         assert names[name] == 3, (name, names)
     assert result.stderr.count("recorded the whole run, 3 steps") == 2  # when recorded, and in the summary's notes
-    assert trace_of(tmp_path / "ranges.json.gz")["profiler_kit"] == {"phases": [], "notes": [],
-                                                                     "host": socket.gethostname()}
+    # A program without modules: the module marks were on (at their default depth) and saw none.
+    assert trace_of(tmp_path / "ranges.json.gz")["profiler_kit"] == {
+        "phases": [], "notes": [], "host": socket.gethostname(),
+        "modules": {"depth": 3, "types": {}, "compiled": []}}
 
 
 CAPTURE = """
@@ -128,7 +130,10 @@ def test_only_the_steps_capture_marks_are_recorded(tmp_path):
     trace = tmp_path / "window.json.gz"
     names = annotations(trace)
     assert [names[f"profiler_kit::step#{n}"] for n in (2, 3, 4)] == [1, 1, 1] and names["fwd"] == steps
-    assert trace_of(trace)["profiler_kit"] == {"phases": phases, "notes": [], "host": socket.gethostname()}
+    meta = trace_of(trace)["profiler_kit"]
+    # The FLOPs of the program's first step, a warm-up step the window left out: one 16×16 matrix product.
+    assert meta.pop("modules")["flops"] == {"step": 0, "total": {"forward": 2 * 16**3}, "modules": {}}
+    assert meta == {"phases": phases, "notes": [], "host": socket.gethostname()}
     assert result.stderr.count(said) == 2  # when recorded, and in the summary's notes
 
 

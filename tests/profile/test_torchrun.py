@@ -103,4 +103,8 @@ def test_fsdp2_keeps_its_hooks_and_gets_the_marks(tmp_path):
     for rank in (0, 1):
         ranges = load(tmp_path / f"fsdp.rank{rank}.json.gz").ranges
         marks = ranges[ranges["kind"] == "auto"].groupby("name").size().to_dict()
-        assert marks == {"backward": 6, "forward": 6, "optimizer_step": 3, "step": 3}
+        assert {name: n for name, n in marks.items() if "::" not in name} == {
+            "backward": 6, "forward": 6, "optimizer_step": 3, "step": 3}
+        # The module marks too, forward and backward, beside FSDP2's own hooks.
+        assert all(marks[f"{kind}::{path}"] == 6 for kind in ("module", "module_backward")
+                   for path in ("0", "1", "2", "0.0", "2.2")), marks
