@@ -30,10 +30,10 @@ from profiler_kit.kernels.attribution import launches_by_group, membership_block
 from profiler_kit.kernels.categories import CATEGORIES
 from profiler_kit.kernels.names import match, normalized, top_movers
 from profiler_kit.kernels.noise import REGRESSED, run_frame, runs_from_json, runs_to_json, verdicts
-from profiler_kit.kernels.steps import find_steps
 from profiler_kit.kernels.summary import DEFAULT_TOP, DISPLAY_NAME_CHARS, NS_PER_MS, KernelSummary, display_name
 from profiler_kit.kernels.trace import blocks, summed
 from profiler_kit.names import DEFAULT_GATES, DEFAULT_MIN_DELTA_SHARE, GATES
+from profiler_kit.phase_rule import find_steps
 from profiler_kit.render import Title, records
 
 TOTAL = "total"

@@ -35,7 +35,7 @@ from profiler_kit.kernels.attribution import launches_in, membership
 from profiler_kit.kernels.categories import CATEGORIES, COMMUNICATION
 from profiler_kit.kernels.idle import communication, phase_wall
 from profiler_kit.kernels.sources import load_many
-from profiler_kit.kernels.steps import STEADY, WARMUP, WARMUP_FACTOR, find_steps, inside_steps, warm_rows
+from profiler_kit.kernels.steps import STEADY, WARMUP, WARMUP_FACTOR, inside_steps, warm_rows
 from profiler_kit.kernels.summary import (
     CPU_OPS,
     NS_PER_MS,
@@ -45,6 +45,7 @@ from profiler_kit.kernels.summary import (
     summarize_trace,
 )
 from profiler_kit.kernels.trace import NO_LAUNCH, KernelTrace
+from profiler_kit.phase_rule import find_steps
 from profiler_kit.render import Title, records
 
 _RANK = re.compile(r"\.rank(\d+)\.")

@@ -39,20 +39,19 @@ from profiler_kit.kernels.attribution import RangeIndex, membership
 from profiler_kit.kernels.categories import CATEGORIES, categorize, optimizer_work
 from profiler_kit.kernels.cpu_ops import profiler_overhead
 from profiler_kit.kernels.idle import phase_idle
-from profiler_kit.kernels.phases import PhaseChoice, choose_phases, left_out, phase_index
+from profiler_kit.kernels.phases import left_out, phase_index
 from profiler_kit.kernels.sources import load
 from profiler_kit.kernels.steps import (
     NUMBERED_HERE,
     WARMUP_FACTOR,
-    find_steps,
     inside_steps,
-    step_numbers,
     step_table,
     step_title,
     warm_rows,
 )
 from profiler_kit.kernels.trace import NO_LAUNCH, KernelTrace, blocks, summed
 from profiler_kit.names import KERNELS_TOP
+from profiler_kit.phase_rule import NONE, PhaseChoice, choose_phases, find_steps, step_numbers
 from profiler_kit.render import Title, format_count, shorten_middle
 
 # What the times are: GPU kernel durations, or (a trace without kernels) CPU operator self times.
@@ -118,7 +117,7 @@ class KernelSummary:
     step_mfu: dict[str, float | None] | None = None  # over all phases, from FLOPs per step (`add_flops`)
     attributed: pd.DataFrame | None = None  # one row per execution, with its category (what `kernels` sums)
     index: RangeIndex | None = None  # the report's NVTX ranges, nested
-    phase_rule: str = "none"  # which rule chose the phases (kernels.phases.choose_phases)
+    phase_rule: str = "none"  # which rule chose the phases (phase_rule.choose_phases)
     steps: pd.DataFrame | None = None  # one row per step (kernels.steps.step_table); None without steps
     overhead: Overhead | None = None  # the profiler's own CPU operators, left out (None without CPU operators)
 
@@ -357,7 +356,7 @@ def summarize_trace(
     sub_ranges = None
     if nvtx is not None:
         kernels, sub_ranges = _inside(kernels, index, trace, nvtx)
-    choice = choose_phases(index, phases) if index is not None else PhaseChoice([], "none")
+    choice = choose_phases(index, phases) if index is not None else PhaseChoice([], NONE)
     if index is not None:
         index = phase_index(index, choice)
     notes += choice.notes
@@ -381,8 +380,9 @@ def _add_phases(summary: KernelSummary, asked: bool) -> None:
     steps = find_steps(index, names)
     steady = None
     if len(steps):
-        numbers, own = step_numbers(index, steps)
-        if not own:
+        numbered = step_numbers(index, steps)
+        numbers = numbered.numbers
+        if not numbered.own:
             notes.append(NUMBERED_HERE)
         summary.steps = step_table(kernels, index, steps, numbers, names, rows, labels, timestamped)
         if summary.basis == CPU_OPS:  # operators' time, and no GPU to idle

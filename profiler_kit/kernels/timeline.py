@@ -31,9 +31,9 @@ from profiler_kit.errors import ProfilerKitError, UsageProblem
 from profiler_kit.files import replaced_when_complete
 from profiler_kit.kernels.attribution import RangeIndex, launches_in
 from profiler_kit.kernels.categories import categorize, optimizer_work
-from profiler_kit.kernels.phases import choose_phases, phase_index
-from profiler_kit.kernels.steps import find_steps, step_numbers
+from profiler_kit.kernels.phases import phase_index
 from profiler_kit.kernels.trace import NO_LAUNCH, KernelTrace, shared_strings
+from profiler_kit.phase_rule import choose_phases, find_steps, step_numbers
 
 NS_PER_US = 1_000
 PHASES_TID = 0
@@ -104,7 +104,7 @@ def _step_bounds(trace: KernelTrace, steps: tuple[int | None, int | None],
     if not len(found):
         raise ProfilerKitError(f"--steps: {trace.path} has no steps (no repeating range holds its phases); give "
                                "--window START:END in milliseconds instead")
-    numbers, _ = step_numbers(index, found)
+    numbers = step_numbers(index, found).numbers
     first, last = steps
     chosen = (numbers >= (numbers.min() if first is None else first)) & (numbers <= (numbers.max() if last is None
                                                                                      else last))

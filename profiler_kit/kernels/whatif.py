@@ -34,9 +34,9 @@ from profiler_kit.errors import ProfilerKitError
 from profiler_kit.kernels.attribution import RangeIndex, launches_in
 from profiler_kit.kernels.categories import CATEGORIES
 from profiler_kit.kernels.idle import LAUNCH_BOUND_PCT, spans_by_owner
-from profiler_kit.kernels.steps import find_steps
 from profiler_kit.kernels.summary import KernelSummary
 from profiler_kit.kernels.trace import NO_LAUNCH
+from profiler_kit.phase_rule import find_steps
 from profiler_kit.render import Title
 
 COLUMNS = ("phase", "ranges", "measured_ms", "predicted_ms", "saved_ms", "saved_pct", "verdict_measured",
@@ -337,7 +337,7 @@ def _range_table(kernels: pd.DataFrame, index: RangeIndex | None, phase_names: l
 def _step_table(kernels: pd.DataFrame, index: RangeIndex | None, steps: np.ndarray, numbers: np.ndarray,
                 measured: tuple[np.ndarray, np.ndarray], predicted: tuple[np.ndarray, np.ndarray],
                 launch_gaps: bool) -> pd.DataFrame:
-    """One row per step (`kernels.steps.find_steps`), with its `numbers` (the summary's per-step table, in the
+    """One row per step (`phase_rule.find_steps`), with its `numbers` (the summary's per-step table, in the
     same order)."""
     if index is None or not len(steps):
         return pd.DataFrame({column: pd.Series(dtype=np.int64 if column == "step" else np.float64)

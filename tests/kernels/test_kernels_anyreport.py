@@ -18,9 +18,9 @@ from profiler_kit.cli import main
 from profiler_kit.kernels import CATEGORIES, load, summarize
 from profiler_kit.kernels.attribution import RangeIndex
 from profiler_kit.kernels.categories import category_of
-from profiler_kit.kernels.phases import choose_phases
 from profiler_kit.kernels.summary import CPU_OPS, GPU_KERNELS
 from profiler_kit.kernels.trace import range_frame
+from profiler_kit.phase_rule import choose_phases
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "kernels"
 BF16 = FIXTURES / "h100_tiny_train_bf16.sqlite"
