@@ -25,7 +25,9 @@ range of the step's name nested inside a step is part of that step):
 3. torch.profiler's `ProfilerStep#N` ranges.
 Steps are numbered as the program counted them, from 0: the number the recorder gave each step range, else
 that of the recorder's step mark inside each of the program's own step ranges, else the N of `ProfilerStep#N`;
-else from 0 at each process's first step recorded (`StepNumbers.own` False).
+else from 0 at each process's first step recorded (`StepNumbers.own` False). A recording whose ranges hold no
+steps but tell its optimizer steps apart (a memory snapshot's) has a step end with each optimizer step
+(`steps_ending_with`: with gradient accumulation, several forwards and backwards run in one step).
 
 A recorded process counts its steps the same way while it runs (`window_steps`): the one range name at the top
 of its main thread when it repeats, else the recorder's step marks, else its most frequent top-level range.
@@ -246,6 +248,14 @@ def _numbers_of_marks_inside(tree: RangeTree, steps: np.ndarray) -> np.ndarray |
             return None
         out[mine] = numbers[first]
     return out
+
+
+def steps_ending_with(ends: list[bool]) -> list[int] | None:
+    """The step of each phase (in run order) when each step ends with a phase that `ends` marks (an optimizer
+    step), counted from 0; None when none does."""
+    if not any(ends):
+        return None
+    return np.r_[0, np.cumsum(ends[:-1], dtype=np.int64)].tolist()
 
 
 def window_steps(top_level: Counter, marked_steps: int) -> int | None:

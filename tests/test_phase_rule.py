@@ -16,6 +16,7 @@ from profiler_kit.phase_rule import (
     find_steps,
     phase_ranges,
     step_numbers,
+    steps_ending_with,
     window_steps,
 )
 from profiler_kit.range_tree import NO_NUMBER, RangeTree
@@ -170,3 +171,9 @@ def test_a_snapshot_and_a_kernel_report_of_the_same_ranges_get_the_same_phases_a
     assert choice.names == ["fwd", "bwd"] and [r.name for r in chosen.phases] == ["fwd", "bwd", "fwd", "bwd"]
     assert index.names()[steps].tolist() == [r.name for r in chosen.steps] == ["train_step", "train_step"]
     assert step_numbers(index, steps).numbers.tolist() == [r.step for r in chosen.steps] == [0, 1]
+
+
+def test_without_step_ranges_a_step_ends_with_each_optimizer_step():
+    assert steps_ending_with([False, False, True, False, False, False, True]) == [0, 0, 0, 1, 1, 1, 1]
+    assert steps_ending_with([False, True, True]) == [0, 0, 1]
+    assert steps_ending_with([False, False]) is None

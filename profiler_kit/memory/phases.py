@@ -35,7 +35,15 @@ from profiler_kit.memory.analyze import BEFORE_TRACE, MIB, Reconstruction
 from profiler_kit.memory.evidence import Marks, phase_kind
 from profiler_kit.memory.inferred import inferred_runs
 from profiler_kit.names import KIND_AUTO, KIND_PROGRAM, PHASES, STEP
-from profiler_kit.phase_rule import PROFILER_STEP, RULE_KINDS, choose_phases, find_steps, phase_ranges, step_numbers
+from profiler_kit.phase_rule import (
+    PROFILER_STEP,
+    RULE_KINDS,
+    choose_phases,
+    find_steps,
+    phase_ranges,
+    step_numbers,
+    steps_ending_with,
+)
 from profiler_kit.range_tree import NO_NUMBER, RangeTree
 
 BEFORE_TRACE_LABEL = "before trace"
@@ -287,14 +295,8 @@ def _in_steps(spans: list[PhaseSpan], steps: list[StepSpan]) -> list[PhaseSpan]:
 def _by_optimizer_steps(spans: list[PhaseSpan]) -> list[PhaseSpan] | None:
     """Steps that each end with an optimizer step (a phase named like one, or holding PyTorch's
     `Optimizer.step#…`); None when no phase is one."""
-    ends = [s.holds_optimizer_step or phase_kind(s.phase) == "optimizer" for s in spans]
-    if not any(ends):
-        return None
-    out, step = [], 0
-    for span, ends_step in zip(spans, ends, strict=True):
-        out.append(replace(span, step=step))
-        step += ends_step
-    return out
+    steps = steps_ending_with([s.holds_optimizer_step or phase_kind(s.phase) == "optimizer" for s in spans])
+    return None if steps is None else [replace(span, step=step) for span, step in zip(spans, steps, strict=True)]
 
 
 def _extents(spans: list[PhaseSpan]) -> list[StepSpan]:
