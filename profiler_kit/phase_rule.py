@@ -129,17 +129,14 @@ def other_kinds(tree: RangeTree, choice: PhaseChoice) -> np.ndarray:
     kind = RULE_KINDS.get(choice.rule)
     if kind is None:
         return np.zeros(len(tree), dtype=bool)
-    return np.isin(tree.name, choice.names) & (tree.kind != kind)
+    return tree.named(set(choice.names).__contains__) & (tree.kind != kind)
 
 
 def phase_ranges(tree: RangeTree, choice: PhaseChoice) -> np.ndarray:
     """The phases' ranges: those named like a phase and not of another kind (`other_kinds`), less any inside a
     range of its own name on its thread (part of that one)."""
-    named = np.isin(tree.name, choice.names) & ~other_kinds(tree, choice)
-    for name in choice.names:
-        mine = named & (tree.name == name)
-        named &= ~(mine & (tree.nearest_in(mine) >= 0))
-    return named
+    named = tree.named(set(choice.names).__contains__) & ~other_kinds(tree, choice)
+    return named & ~tree.inside_own_name(named)
 
 
 def _main_threads(tree: RangeTree, outer: np.ndarray) -> np.ndarray:
@@ -160,7 +157,7 @@ def _level(tree: RangeTree, candidate: np.ndarray) -> np.ndarray:
     """The phase level among the `candidate` ranges: the outermost ones on each process's main thread, then one
     level further in while `descends`."""
     enclosing = tree.nearest_in(candidate)
-    outer = candidate & (enclosing < 0) & ~np.isin(tree.name, NOT_PHASES)
+    outer = candidate & (enclosing < 0) & ~tree.named(NOT_PHASES.__contains__)
     level = outer & _main_threads(tree, outer)
     while True:
         inner = candidate & np.isin(enclosing, np.flatnonzero(level))
@@ -175,7 +172,7 @@ def _beside_builtin(tree: RangeTree, own: np.ndarray) -> np.ndarray:
     named = own & tree.named(builtin)
     threads = tree.threads()
     same_thread = np.isin(threads, threads[named])
-    return own & same_thread & np.isin(enclosing, enclosing[named]) & ~np.isin(tree.name, NOT_PHASES)
+    return own & same_thread & np.isin(enclosing, enclosing[named]) & ~tree.named(NOT_PHASES.__contains__)
 
 
 def find_steps(tree: RangeTree, phases: list[str], minimum: int = 2) -> np.ndarray:
@@ -183,7 +180,7 @@ def find_steps(tree: RangeTree, phases: list[str], minimum: int = 2) -> np.ndarr
     `minimum` (a kernel report's per-step table needs two; a memory snapshot often holds one step)."""
     keys = tree.name.copy()
     keys[tree.named(PROFILER_STEP.match)] = step_key("ProfilerStep#0")
-    is_phase = np.isin(tree.name, phases)
+    is_phase = tree.named(set(phases).__contains__)
     holders = tree.nearest_in(~is_phase)[is_phase]
     holders = holders[holders >= 0]
     recorded = (tree.kind == KIND_AUTO) & (tree.name == STEP)

@@ -61,15 +61,34 @@ class RangeTree:
             if np.any(starts[at][1:] < ends[at][:-1]):
                 self.overlapping = True
 
-    def named(self, predicate) -> np.ndarray:
-        """Which ranges have a name for which `predicate(name)` holds; each distinct name is asked once."""
+    def _names(self) -> tuple[list, np.ndarray]:
+        """The distinct names, and the position of each range's name among them."""
         if self._distinct is None:
             seen: dict = {}
             codes = np.fromiter((seen.setdefault(name, len(seen)) for name in self.name), np.int64, len(self))
             self._distinct = list(seen), codes
-        distinct, codes = self._distinct
+        return self._distinct
+
+    def named(self, predicate) -> np.ndarray:
+        """Which ranges have a name for which `predicate(name)` holds; each distinct name is asked once."""
+        distinct, codes = self._names()
         answers = np.array([isinstance(name, str) and bool(predicate(name)) for name in distinct], dtype=bool)
         return answers[codes] if len(codes) else np.zeros(0, dtype=bool)
+
+    def inside_own_name(self, among: np.ndarray) -> np.ndarray:
+        """Which ranges of the mask `among` lie inside another of `among` of the same name on their thread."""
+        codes = self._names()[1]
+        found = np.zeros(len(self), dtype=bool)
+        current = self.parent.copy()
+        pending = np.flatnonzero(among & (current >= 0))
+        while len(pending):
+            up = current[pending]
+            hit = among[up] & (codes[up] == codes[pending])
+            found[pending[hit]] = True
+            pending = pending[~hit]
+            current[pending] = self.parent[current[pending]]
+            pending = pending[current[pending] >= 0]
+        return found
 
     def threads(self) -> np.ndarray:
         """A number per range that is the same for the ranges of one thread (`process`, `thread`) only."""

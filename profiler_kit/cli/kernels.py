@@ -199,7 +199,7 @@ def compare_command(ctx: click.Context, reports: tuple[Path, ...], against: tupl
     category and per phase."""
     from profiler_kit.files import check_output_paths, parse_json, read_bytes
     from profiler_kit.kernels import compare, summarize
-    from profiler_kit.kernels.compare import Side, saved_side
+    from profiler_kit.kernels.runs import Side, saved_side
     from profiler_kit.kernels.summary import NS_PER_MS
     from profiler_kit.render import emit_report, say
 

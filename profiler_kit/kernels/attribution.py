@@ -96,28 +96,6 @@ def launches_in(kernels: pd.DataFrame, index: RangeIndex, range_ids: np.ndarray)
     return index.containing(launch, kernels["process"].to_numpy(), range_ids, among=launch != NO_LAUNCH)
 
 
-def launches_by_group(
-    kernels: pd.DataFrame, index: RangeIndex, range_ids: np.ndarray
-) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """`launches_in` for groups of `range_ids` at a time, consecutive by start, each holding about a quarter
-    of `trace.BLOCK_ROWS` launches at most (a range with more is a group alone): every range's kernels are in
-    one group, and what a caller holds at once grows with a group, not with the report. At least one group,
-    empty without ranges."""
-    launch = kernels["launch_ns"].to_numpy()
-    ranges = index.ranges
-    range_ids = np.asarray(range_ids, dtype=np.int64)
-    starts, ends = ranges["start_ns"].to_numpy()[range_ids], ranges["end_ns"].to_numpy()[range_ids]
-    order = np.argsort(starts, kind="stable")
-    # Launches in each range's time span, of any process: at least those it holds.
-    times = np.sort(launch[launch != NO_LAUNCH])
-    held = np.searchsorted(times, ends[order], side="right") - np.searchsorted(times, starts[order], side="left")
-    del times
-    group = np.cumsum(held) // max(trace.BLOCK_ROWS // 4, 1)
-    cuts = np.flatnonzero(np.r_[True, group[1:] != group[:-1]]) if len(group) else np.zeros(1, dtype=np.int64)
-    for chunk in np.split(range_ids[order], cuts[1:]):
-        yield launches_in(kernels, index, np.sort(chunk))
-
-
 def membership(
     kernels: pd.DataFrame, index: RangeIndex, range_ids: np.ndarray, labels: list[str]
 ) -> tuple[np.ndarray, np.ndarray]:

@@ -13,14 +13,13 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from profiler_kit.kernels.attribution import RangeIndex, launches_by_group
+from profiler_kit.kernels.attribution import RangeIndex
 from profiler_kit.kernels.idle import spans_by_owner
+from profiler_kit.kernels.labels import Labelled, grouped
 from profiler_kit.steady import WARMUP_FACTOR, warmup_steps
 
 WARMUP, STEADY = "warm-up", "steady"
 NS_PER_MS = 1_000_000
-NUMBERED_HERE = ("steps are numbered from 0 at the first one recorded: the report does not say which of the "
-                 "program's steps they were")
 
 
 def warm_rows(table: pd.DataFrame) -> np.ndarray:
@@ -57,32 +56,27 @@ def step_title(table: pd.DataFrame) -> str:
     return f"no warm-up seen (no leading step over {WARMUP_FACTOR:g}× the later steps' median)"
 
 
-def step_table(kernels: pd.DataFrame, index: RangeIndex, steps: np.ndarray, numbers: np.ndarray,
-               phases: list[str], phase_rows: np.ndarray, phase_labels: np.ndarray,
-               timestamped: bool) -> pd.DataFrame:
-    """One row per step: `step` (its number, `step_numbers`), `state` (warm-up or steady, only when some step
+def step_table(kernels: pd.DataFrame, labelled: Labelled, timestamped: bool) -> pd.DataFrame:
+    """One row per step of `labelled.steps`: `step` (its number), `state` (warm-up or steady, only when some step
     was warm-up), `wall_ms`, `kernel_ms` (time of the kernels launched inside it), `idle_pct` (of its kernels'
     GPU span; NaN without timestamps) and each phase's `<phase>_ms` within it; `process` first when the report
-    holds several. `phase_rows`, `phase_labels`: the (kernel row, phase position) pairs of the phase totals."""
-    ranges = index.ranges.iloc[steps]
-    processes = ranges["process"].to_numpy()
+    holds several. `kernels`: labelled ones (all of them, or those --nvtx picked)."""
+    steps, phases = labelled.steps, labelled.phases
+    processes = steps["process"].to_numpy()
     durations = kernels["total_ns"].to_numpy()
-    # A group of steps at a time (`launches_by_group`): each kernel's step, each step's kernel time and span.
-    step_of = np.full(len(kernels), -1, dtype=np.int32)
-    kernel_ns = np.zeros(len(steps))
+    step_of = labelled.step_rows(kernels)
+    inside = step_of >= 0
+    kernel_ns = np.bincount(step_of[inside], weights=durations[inside], minlength=len(steps))
     spans = []
-    for rows, owners in launches_by_group(kernels, index, steps):
-        position = pd.Index(steps).get_indexer(owners)
-        step_of[rows] = position
-        kernel_ns += np.bincount(position, weights=durations[rows], minlength=len(steps))
-        if timestamped and len(rows):
+    if timestamped:
+        for rows in grouped(step_of):  # a group of steps at a time
             starts = kernels["start_ns"].to_numpy()[rows]
-            spans.append(spans_by_owner(starts, starts + durations[rows], position))
+            spans.append(spans_by_owner(starts, starts + durations[rows], step_of[rows]))
     table = pd.DataFrame({
         "process": processes,
-        "step": numbers,
+        "step": steps["step"].to_numpy(),
         "state": STEADY,
-        "wall_ms": (ranges["end_ns"] - ranges["start_ns"]).to_numpy() / NS_PER_MS,
+        "wall_ms": (steps["end_ns"] - steps["start_ns"]).to_numpy() / NS_PER_MS,
         "kernel_ms": kernel_ns / NS_PER_MS,
         "idle_pct": np.nan,
     })
@@ -98,10 +92,10 @@ def step_table(kernels: pd.DataFrame, index: RangeIndex, steps: np.ndarray, numb
         idle = np.divide((span - spans["busy_ns"].to_numpy()) * 100.0, span, out=np.full(len(span), np.nan),
                          where=span > 0)
         table.loc[owner, "idle_pct"] = idle
-    in_step = step_of[phase_rows]
-    keep = in_step >= 0
+    codes = labelled.phase_codes(kernels)
+    in_phase = inside & (codes >= 0) & (codes < len(phases))
     per_phase = np.zeros((len(steps), len(phases)))
-    np.add.at(per_phase, (in_step[keep], phase_labels[keep]), durations[phase_rows[keep]])
-    for label, phase in enumerate(phases):
-        table[f"{phase}_ms"] = per_phase[:, label] / NS_PER_MS
+    np.add.at(per_phase, (step_of[in_phase], codes[in_phase]), durations[in_phase])
+    for position, phase in enumerate(phases):
+        table[f"{phase}_ms"] = per_phase[:, position] / NS_PER_MS
     return table if len(np.unique(processes)) > 1 else table.drop(columns="process")

@@ -12,7 +12,7 @@
 
 All times are integer nanoseconds (the per-step table's are milliseconds, as its names say), `categories`
 lists every category and sums exactly to `total_ns` (kernel time only; memory operations are apart), and
-`phases` is empty when the source has no NVTX ranges. `phase_rule` says which rule of `kernels.phases` chose
+`phases` is empty when the source has no NVTX ranges. `phase_rule` says which rule of `phase_rule` chose
 the phases; `steps` is empty without a repeating outer range (`kernels.steps`: `step` is the program's own
 number of the step, from 0, and `state` is there only when a warm-up step was seen).
 `time_basis` is `gpu_kernels`, or `cpu_ops` for a trace without kernels (a CPU run), whose tables then hold
@@ -36,22 +36,15 @@ import pandas as pd
 
 from profiler_kit.errors import ProfilerKitError
 from profiler_kit.kernels.attribution import RangeIndex, membership
-from profiler_kit.kernels.categories import CATEGORIES, categorize, optimizer_work
+from profiler_kit.kernels.categories import CATEGORIES
 from profiler_kit.kernels.cpu_ops import profiler_overhead
 from profiler_kit.kernels.idle import phase_idle
-from profiler_kit.kernels.phases import left_out, phase_index
+from profiler_kit.kernels.labels import NUMBERED_HERE, OUTSIDE_PHASES, Labelled, label, left_out
+from profiler_kit.kernels.runs import side_of
 from profiler_kit.kernels.sources import load
-from profiler_kit.kernels.steps import (
-    NUMBERED_HERE,
-    WARMUP_FACTOR,
-    inside_steps,
-    step_table,
-    step_title,
-    warm_rows,
-)
-from profiler_kit.kernels.trace import NO_LAUNCH, KernelTrace, blocks, summed
+from profiler_kit.kernels.steps import WARMUP_FACTOR, inside_steps, step_table, step_title, warm_rows
+from profiler_kit.kernels.trace import KernelTrace, blocks, summed
 from profiler_kit.names import KERNELS_TOP
-from profiler_kit.phase_rule import NONE, PhaseChoice, choose_phases, find_steps, step_numbers
 from profiler_kit.render import Title, format_count, shorten_middle
 
 # What the times are: GPU kernel durations, or (a trace without kernels) CPU operator self times.
@@ -59,7 +52,6 @@ GPU_KERNELS, CPU_OPS = "gpu_kernels", "cpu_ops"
 DEFAULT_TOP = KERNELS_TOP
 NS_PER_MS = 1_000_000
 NS_PER_US = 1_000
-OUTSIDE_PHASES = "(outside phases)"
 # Kernel names are C++ signatures hundreds of characters long; a note names one in at most this many characters.
 DISPLAY_NAME_CHARS = 96
 # Spelled out in every ATen kernel name, telling nothing apart: namespaces and nsys's `(int)4` casts.
@@ -117,6 +109,7 @@ class KernelSummary:
     step_mfu: dict[str, float | None] | None = None  # over all phases, from FLOPs per step (`add_flops`)
     attributed: pd.DataFrame | None = None  # one row per execution, with its category (what `kernels` sums)
     index: RangeIndex | None = None  # the report's NVTX ranges, nested
+    labelled: Labelled | None = None  # the kernels' labels (kernels.labels), before --nvtx picks some
     phase_rule: str = "none"  # which rule chose the phases (phase_rule.choose_phases)
     steps: pd.DataFrame | None = None  # one row per step (kernels.steps.step_table); None without steps
     overhead: Overhead | None = None  # the profiler's own CPU operators, left out (None without CPU operators)
@@ -200,8 +193,6 @@ class KernelSummary:
                 for r in self.kernels.head(self.top).itertuples(index=False)
             ],
         }
-        from profiler_kit.kernels.compare import side_of  # compare builds on this module
-
         # The report as one side of a comparison (`kernels compare --baseline`): its runs and its kernels.
         obj["runs"] = side_of([self], "A").to_json()
         if self.nvtx is not None:
@@ -332,7 +323,9 @@ def summarize_trace(
     top: int = DEFAULT_TOP,
     phases: list[str] | tuple[str, ...] | None = None,
     nvtx: str | None = None,
+    rank: int | None = None,
 ) -> KernelSummary:
+    """Summarize a loaded report; `rank`: the job's rank of its events (`kernels.ranks`), else as recorded."""
     if top < 1:
         raise ProfilerKitError(f"--top must be at least 1, got {top}")
     notes = list(trace.notes)
@@ -346,25 +339,17 @@ def summarize_trace(
         if not len(trace.kernels) and len(cpu_ops):
             timed, kind, basis = cpu_ops, "cpu_op", CPU_OPS
             notes.append("no GPU kernels in this trace: the tables show CPU operator self time instead")
-    kernels = timed.assign(category=categorize(timed["name"], kind))
-    has_ranges = trace.ranges is not None and len(trace.ranges) > 0
-    index = RangeIndex(trace.ranges) if has_ranges and "launch_ns" in kernels.columns else None
-    if index is not None and index.overlapping:
-        notes.append("some NVTX ranges of one thread overlap without nesting; kernels in them may be missed")
-    if index is not None:
-        kernels = optimizer_work(kernels, index)
+    labelled = label(trace, timed, kind, phases, rank)
+    notes += labelled.notes
+    kernels, index = labelled.kernels, labelled.index
     sub_ranges = None
     if nvtx is not None:
         kernels, sub_ranges = _inside(kernels, index, trace, nvtx)
-    choice = choose_phases(index, phases) if index is not None else PhaseChoice([], NONE)
-    if index is not None:
-        index = phase_index(index, choice)
-    notes += choice.notes
     summary = KernelSummary(
-        source=trace.source, path=trace.path, kernels=by_name(kernels), phases=None, phase_names=choice.names,
+        source=trace.source, path=trace.path, kernels=by_name(kernels), phases=None, phase_names=labelled.phases,
         memory_ops=trace.memory_ops, ranges=_range_list(trace.ranges) if trace.ranges is not None else None,
         top=top, nvtx=nvtx, sub_ranges=sub_ranges, notes=notes, basis=basis, attributed=kernels, index=index,
-        phase_rule=choice.rule, overhead=overhead,
+        phase_rule=labelled.choice.rule, overhead=overhead, labelled=labelled,
     )
     if index is not None:
         _add_phases(summary, asked=phases is not None)
@@ -373,28 +358,26 @@ def summarize_trace(
 
 def _add_phases(summary: KernelSummary, asked: bool) -> None:
     """The phase totals, the per-step table, where the GPU idles (on the steady steps) and the notes about
-    them, into `summary` (whose `attributed` kernels and `index` are set)."""
-    kernels, index, notes, names = summary.attributed, summary.index, summary.notes, summary.phase_names
-    summary.phases, rows, labels, outside = _phases(kernels, index, names, asked, notes)
+    them, into `summary` (whose `attributed` kernels and `labelled` are set)."""
+    kernels, labelled, notes, names = summary.attributed, summary.labelled, summary.notes, summary.phase_names
+    summary.phases = _phases(kernels, labelled, asked, notes)
     timestamped = summary.basis == GPU_KERNELS and "start_ns" in kernels.columns
-    steps = find_steps(index, names)
+    steps = labelled.steps
     steady = None
     if len(steps):
-        numbered = step_numbers(index, steps)
-        numbers = numbered.numbers
-        if not numbered.own:
+        if not labelled.own_numbers:
             notes.append(NUMBERED_HERE)
-        summary.steps = step_table(kernels, index, steps, numbers, names, rows, labels, timestamped)
+        summary.steps = step_table(kernels, labelled, timestamped)
         if summary.basis == CPU_OPS:  # operators' time, and no GPU to idle
             summary.steps = summary.steps.rename(columns={"kernel_ms": "operator_ms"}).drop(columns="idle_pct")
         warm = warm_rows(summary.steps)
         if timestamped and warm.any() and not warm.all():
-            steady = inside_steps(index, steps[~warm])
+            steady = inside_steps(labelled.index, steps["range"].to_numpy()[~warm])
             notes.append(f"where the GPU idles is judged on the {int((~warm).sum())} steady steps of "
                          f"{len(steps)}: the first {int(warm.sum())} took over {WARMUP_FACTOR:g}× the later "
                          "steps' median wall time (warm-up)")
     if timestamped and names:
-        summary.idle = phase_idle(kernels, index, names, steady)
+        summary.idle = phase_idle(kernels, labelled, steady)
         gaps = summary.idle[summary.idle["dominant_gap"].notna()]
         notes += [_gap_note(phase, gap) for phase, gap in zip(gaps["phase"], gaps["dominant_gap"], strict=True)]
     if summary.nvtx is not None:
@@ -405,8 +388,7 @@ def _add_phases(summary: KernelSummary, asked: bool) -> None:
                 "ranges open when they were launched, and e.g. PyTorch's autograd thread runs a layer's backward "
                 "outside the forward's per-layer ranges"
             )
-    notes += left_out(kernels, index, names, steps, outside, int(kernels["total_ns"].sum()),
-                      summary.timed)
+    notes += left_out(labelled, kernels, int(kernels["total_ns"].sum()), summary.timed)
 
 
 def _gap_note(phase: str, gap: dict[str, Any]) -> str:
@@ -470,26 +452,17 @@ def label_totals(kernels: pd.DataFrame, labels: list[str], column: str,
     )
 
 
-def _phases(
-    kernels: pd.DataFrame, index: RangeIndex, names: list[str], asked: bool, notes: list[str]
-) -> tuple[pd.DataFrame, np.ndarray, np.ndarray, np.ndarray]:
-    """Kernel totals per phase and category (kernels launched in no phase under OUTSIDE_PHASES), the (kernel
-    row, phase position) pairs behind the phases' totals, and the rows of the kernels launched in no phase."""
+def _phases(kernels: pd.DataFrame, labelled: Labelled, asked: bool, notes: list[str]) -> pd.DataFrame:
+    """Kernel totals per phase and category (kernels launched in no phase under OUTSIDE_PHASES)."""
+    names = labelled.phases
     if asked:
-        present = set(index.names())
+        present = set(labelled.index.names())
         missing = [p for p in names if p not in present]
         if missing:
             notes.append(f"no NVTX range named {', '.join(missing)} in this report")
-    labels = [*names, OUTSIDE_PHASES]
-    rows, codes = membership(kernels, index, _ids_named(index, names), labels)
-    outside = np.empty(0, dtype=np.int64)
-    if names:
-        in_none = kernels["launch_ns"].to_numpy() != NO_LAUNCH
-        in_none[rows] = False
-        outside = np.flatnonzero(in_none)
-        del in_none
-    table = label_totals(kernels, labels, "phase", (rows, codes), (outside, np.full(len(outside), len(names))))
-    return table, rows, codes, outside
+    codes = labelled.phase_codes(kernels)
+    rows = np.flatnonzero(codes >= 0)
+    return label_totals(kernels, [*names, OUTSIDE_PHASES], "phase", (rows, codes[rows]))
 
 
 def _inside(

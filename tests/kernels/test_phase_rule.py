@@ -26,7 +26,6 @@ from profiler_kit.kernels import load, summarize
 from profiler_kit.kernels.attribution import RangeIndex
 from profiler_kit.kernels.categories import categorize
 from profiler_kit.kernels.trace import range_frame
-from profiler_kit.phase_rule import choose_phases
 
 OPT_STEP = "Optimizer.step#AdamW.step"
 
@@ -267,14 +266,15 @@ def test_the_rule_is_one_text_in_the_help_the_readme_and_the_docs():
 def test_a_phase_counts_only_the_ranges_of_the_kind_its_rule_chose():
     """A program's own `forward` and the recorder's automatic `forward` over other work: the phase `forward` of the
     program rule holds the program's ranges only, and the marks' step holds it."""
-    from profiler_kit.kernels.phases import phase_index
+    from profiler_kit.kernels.labels import ranges_of
+    from profiler_kit.kernels.trace import KernelTrace, kernel_frame
 
     names = ["step", "forward", "forward", "backward"]
-    index = RangeIndex(range_frame(names, [0, 1, 5, 10], [20, 4, 9, 15], [1] * 4, [1] * 4,
-                                   ["auto", "program", "auto", "auto"]))
-    choice = choose_phases(index)
-    assert choice.rule == "program" and choice.names == ["forward"]
-    counted = phase_index(index, choice).ranges
+    ranges = range_frame(names, [0, 1, 5, 10], [20, 4, 9, 15], [1] * 4, [1] * 4, ["auto", "program", "auto", "auto"])
+    trace = KernelTrace("test", Path("t"), kernel_frame([], np.zeros(0, np.int64)), ranges)
+    labelled = ranges_of(trace, True)
+    assert labelled.choice.rule == "program" and labelled.phases == ["forward"]
+    counted = labelled.index.ranges
     assert counted[counted["name"] == "forward"][["start_ns", "kind"]].values.tolist() == [[1, "program"]]
-    assert choose_phases(index, ["forward"]).rule == "asked"
-    assert len(phase_index(index, choose_phases(index, ["forward"])).ranges) == 4  # asked by name: every kind
+    asked = ranges_of(trace, True, ["forward"])
+    assert asked.choice.rule == "asked" and len(asked.index.ranges) == 4  # asked by name: every kind

@@ -1,0 +1,289 @@
+"""The labels of every kernel (or, in a trace without kernels, every CPU operator call) of a report, set once here:
+every analysis (summary, idle, steps, ranks, collectives, what-if, compare, timeline, charts) groups by them and
+none works out a step or a phase again.
+
+A kernel is labelled by the ranges open, on any thread of its process, when the call that launched it started
+(`attribution`), in one pass over the kernels, a block at a time:
+- `category`: what it computes (`categories`); launched inside PyTorch's `Optimizer.step#…`, optimizer work
+  whatever its name (communication stays communication);
+- `step`: the program's number of the step range it was launched in (`phase_rule`), NO_STEP outside the steps;
+- `phase`: the phase whose range it was launched in (a categorical of the phase names and OUTSIDE_PHASES; the
+  innermost phase range where several hold it, then the one opened last), OUTSIDE_PHASES when in none, missing
+  (NaN) where its launch is unknown; `phase_range`: the id of that range in `Labelled.index` (NO_RANGE none);
+- `rank`, `node`: its process's place in the job (categoricals; missing where unknown);
+- `stream`: the CUDA stream it ran on (for CPU operators: the thread), as the reader gave it;
+- `range`: the path of the innermost range open at its launch (`step/fwd/block0`; the innermost of several
+  threads', then the one opened last), missing where none was;
+- `module`: the module that launched it, missing until a reader knows it.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from profiler_kit.kernels.attribution import RangeIndex, launches_in
+from profiler_kit.kernels.categories import CATEGORIES, COMMUNICATION, OPTIMIZER_STEP, categorize
+from profiler_kit.kernels.trace import BLOCK_ROWS, NO_LAUNCH, KernelTrace
+from profiler_kit.names import KIND_PROGRAM
+from profiler_kit.phase_rule import (
+    NONE,
+    PhaseChoice,
+    choose_phases,
+    find_steps,
+    library,
+    other_kinds,
+    phase_ranges,
+    step_numbers,
+)
+
+OUTSIDE_PHASES = "(outside phases)"
+NO_STEP = -1
+NO_RANGE = -1
+PATH_SEPARATOR = "/"
+LABELS = ("step", "phase", "phase_range", "rank", "node", "stream", "range", "module")
+# A range outside the phases holding more than this share of the time is named in a note.
+LEFT_OUT_PCT = 5.0
+NUMBERED_HERE = ("steps are numbered from 0 at the first one recorded: the report does not say which of the "
+                 "program's steps they were")
+OVERLAPPING = "some NVTX ranges of one thread overlap without nesting; kernels in them may be missed"
+
+
+@dataclass
+class Labelled:
+    """A report's timed events with their labels (`kernels`: the reader's columns, `category` and LABELS), the
+    ranges the labels refer to (`index`: None without ranges or launches), the phase choice, the phases'
+    ranges (`phase_mask`, over `index`: `phase_rule.phase_ranges`), and `steps`: one row per step (`range`: its
+    id in `index`, `process`, `step`, `start_ns`, `end_ns`), by process and start; `own_numbers`: whether the
+    step numbers are the program's (`phase_rule.step_numbers`)."""
+
+    kernels: pd.DataFrame
+    index: RangeIndex | None
+    choice: PhaseChoice
+    steps: pd.DataFrame
+    phase_mask: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    own_numbers: bool = True
+    notes: list[str] = field(default_factory=list)  # about the ranges and the phase choice, in order
+
+    @property
+    def phases(self) -> list[str]:
+        return self.choice.names
+
+    def step_rows(self, kernels: pd.DataFrame | None = None) -> np.ndarray:
+        """The row of `steps` each kernel (of `kernels`, else all) was launched in; -1 outside the steps."""
+        kernels = self.kernels if kernels is None else kernels
+        step = kernels["step"].to_numpy()
+        out = np.full(len(kernels), -1, dtype=np.int64)
+        if not len(self.steps):
+            return out
+        keys = _step_keys(self.steps["process"].to_numpy(), self.steps["step"].to_numpy())
+        order = np.argsort(keys, kind="stable")
+        inside = step != NO_STEP
+        wanted = _step_keys(kernels["process"].to_numpy()[inside], step[inside])
+        found = np.minimum(np.searchsorted(keys[order], wanted), len(keys) - 1)
+        out[inside] = np.where(keys[order][found] == wanted, order[found], -1)
+        return out
+
+    def phase_codes(self, kernels: pd.DataFrame | None = None) -> np.ndarray:
+        """Each kernel's phase as its position in `phases` (len(phases): OUTSIDE_PHASES; -1: launch unknown)."""
+        kernels = self.kernels if kernels is None else kernels
+        return kernels["phase"].cat.codes.to_numpy()
+
+
+def grouped(owners: np.ndarray) -> Iterator[np.ndarray]:
+    """The rows whose owner (a label: a step's row, a phase range's id) is set (≥ 0), a group of whole owners at
+    a time holding about a quarter of `trace.BLOCK_ROWS` rows (an owner with more is a group alone), rows in order
+    within an owner: what a caller holds at once grows with a group, not with the report. At least one group."""
+    held = np.flatnonzero(owners >= 0)
+    order = held[np.argsort(owners[held], kind="stable")]
+    del held
+    mine = owners[order]
+    heads = np.flatnonzero(np.r_[True, mine[1:] != mine[:-1]]) if len(mine) else np.zeros(1, dtype=np.int64)
+    group = heads // max(BLOCK_ROWS // 4, 1)
+    cuts = heads[np.flatnonzero(np.r_[True, group[1:] != group[:-1]])]
+    yield from np.split(order, cuts[1:])
+
+
+def _step_keys(process: np.ndarray, step: np.ndarray) -> np.ndarray:
+    return np.asarray(process, dtype=np.int64) * (1 << 32) + np.asarray(step, dtype=np.int64)
+
+
+def label(trace: KernelTrace, events: pd.DataFrame, kind: str, phases: list[str] | tuple[str, ...] | None = None,
+          rank: int | None = None) -> Labelled:
+    """`events` (the trace's kernels, or its CPU operator calls when `kind` is `cpu_op`) labelled by the rules of
+    this module's docstring; `phases` asked for by name (None: by `phase_rule`), `rank` the job's rank of every
+    event (None: the RANK each process recorded)."""
+    labelled = ranges_of(trace, "launch_ns" in events.columns, phases)
+    index, steps = labelled.index, labelled.steps
+    category = categorize(events["name"], kind)
+    count = len(events)
+    phase_range = np.full(count, NO_RANGE, dtype=np.int32)
+    step = np.full(count, NO_STEP, dtype=np.int64)
+    path = _missing(count)
+    if index is not None:
+        ids = steps["range"].to_numpy()
+        inner, phase_range, step_range, optimizer = _sweep(events, index, labelled.phase_mask, ids)
+        step[step_range >= 0] = steps["step"].to_numpy()[pd.Index(ids).get_indexer(step_range[step_range >= 0])]
+        path = _paths(index, inner)
+        codes = category.codes.copy()
+        codes[optimizer & (codes != CATEGORIES.index(COMMUNICATION))] = CATEGORIES.index("optimizer")
+        category = pd.Categorical.from_codes(codes, categories=list(CATEGORIES))
+    phase = _phase_labels(events, index, labelled.phases, phase_range)
+    ranks, nodes = _places(events, trace, rank)
+    labelled.kernels = events.assign(category=category, step=step, phase=phase, phase_range=phase_range,
+                                     rank=ranks, node=nodes, range=path, module=_missing(count))
+    return labelled
+
+
+def ranges_of(trace: KernelTrace, launches: bool, phases: list[str] | tuple[str, ...] | None = None) -> Labelled:
+    """What the labels refer to, of a report's ranges alone (no kernels labelled yet): the ranges (None without
+    ranges, or without `launches` to place in them), the phases and their ranges, and the steps."""
+    has_ranges = trace.ranges is not None and len(trace.ranges) > 0
+    index = RangeIndex(trace.ranges) if has_ranges and launches else None
+    steps = pd.DataFrame({column: pd.Series(dtype=np.int64) for column in ("range", "process", "step", "start_ns",
+                                                                           "end_ns")})
+    if index is None:
+        return Labelled(pd.DataFrame(), None, PhaseChoice([], NONE), steps)
+    notes = [OVERLAPPING] if index.overlapping else []
+    choice = choose_phases(index, phases)
+    notes += choice.notes
+    other = other_kinds(index, choice)
+    if other.any():
+        index = RangeIndex(index.ranges[~other])
+    ids = find_steps(index, choice.names)
+    numbered = step_numbers(index, ids)
+    steps = pd.DataFrame({"range": ids, "process": index.process[ids], "step": numbered.numbers,
+                          "start_ns": index.start[ids], "end_ns": index.end[ids]})
+    return Labelled(pd.DataFrame(), index, choice, steps, phase_ranges(index, choice), numbered.own or not len(ids),
+                    notes)
+
+
+def phase_ranges_at(labelled: Labelled, times_ns: np.ndarray, process: np.ndarray) -> np.ndarray:
+    """The phase range (by the rule of `phase`) holding each of the times of other events than the labelled ones
+    (calls that launch no kernel), NO_RANGE where none does."""
+    times_ns, process = np.asarray(times_ns, dtype=np.int64), np.asarray(process, dtype=np.int64)
+    out = np.full(len(times_ns), NO_RANGE, dtype=np.int64)
+    ids = np.flatnonzero(labelled.phase_mask)
+    for _layer, points, held in labelled.index._pairs(times_ns, process, ids, times_ns != NO_LAUNCH):
+        _deeper(labelled.index, out, points, held)
+    return out
+
+
+def _sweep(kernels: pd.DataFrame, index: RangeIndex, phase_mask: np.ndarray,
+           step_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """In one pass over the kernels (a block at a time) and every range: each kernel's innermost range, phase
+    range and step range (-1 for none) and whether an `Optimizer.step#…` range holds it."""
+    count = len(kernels)
+    inner = np.full(count, NO_RANGE, dtype=np.int32)
+    phase = np.full(count, NO_RANGE, dtype=np.int32)
+    step = np.full(count, NO_RANGE, dtype=np.int32)
+    optimizer = np.zeros(count, dtype=bool)
+    is_step = np.zeros(len(index), dtype=bool)
+    is_step[step_ids] = True
+    is_optimizer = index.named(OPTIMIZER_STEP.match)
+    launch = kernels["launch_ns"].to_numpy()
+    every = np.arange(len(index), dtype=np.int64)
+    for _layer, points, ids in index._pairs(launch, kernels["process"].to_numpy(), every, launch != NO_LAUNCH):
+        _deeper(index, inner, points, ids)
+        mine = phase_mask[ids]
+        _deeper(index, phase, points[mine], ids[mine])
+        mine = is_step[ids]
+        step[points[mine]] = ids[mine]
+        optimizer[points[is_optimizer[ids]]] = True
+    return inner, phase, step, optimizer
+
+
+def _deeper(index: RangeIndex, current: np.ndarray, points: np.ndarray, ids: np.ndarray) -> None:
+    """Set `current[points]` to `ids` where none is set yet, or where the range of `ids` lies deeper (on its
+    thread) than the one set, or as deep and opened later."""
+    held = current[points]
+    set_ = held >= 0
+    depth, start = index.depth, index.start
+    wins = ~set_
+    wins[set_] = (depth[ids[set_]] > depth[held[set_]]) | (
+        (depth[ids[set_]] == depth[held[set_]]) & (start[ids[set_]] > start[held[set_]]))
+    current[points[wins]] = ids[wins]
+
+
+def _paths(index: RangeIndex, inner: np.ndarray) -> pd.Categorical:
+    """The path of each kernel's innermost range (`inner`), from its thread's outermost range down."""
+    codes = np.full(len(index), -1, dtype=np.int64)
+    known: dict[tuple[int, object], int] = {}
+    texts: list[str] = []
+    for level in range(int(index.depth.max(initial=-1)) + 1):
+        for r in np.flatnonzero(index.depth == level).tolist():
+            up = int(index.parent[r])
+            key = (int(codes[up]) if up >= 0 else -1, index.name[r])
+            if key not in known:
+                known[key] = len(texts)
+                texts.append(str(index.name[r]) if key[0] < 0 else f"{texts[key[0]]}{PATH_SEPARATOR}{index.name[r]}")
+            codes[r] = known[key]
+    kernel_codes = codes[np.maximum(inner, 0)] if len(codes) else np.zeros(len(inner), dtype=np.int64)
+    kernel_codes[inner < 0] = -1
+    return pd.Categorical.from_codes(kernel_codes, categories=pd.Index(texts, dtype=object))
+
+
+def _phase_labels(kernels: pd.DataFrame, index: RangeIndex | None, names: list[str],
+                  phase_range: np.ndarray) -> pd.Categorical:
+    """Each kernel's phase (the name of its phase range), OUTSIDE_PHASES where its launch is known and in none;
+    missing where its launch is unknown or the report has no phases."""
+    codes = np.full(len(kernels), -1, dtype=np.int8 if len(names) < 127 else np.int64)
+    if index is not None and names:
+        held = phase_range >= 0
+        codes[held] = pd.Index(names).get_indexer(index.name[phase_range[held]])
+        codes[~held & (kernels["launch_ns"].to_numpy() != NO_LAUNCH)] = len(names)
+    return pd.Categorical.from_codes(codes, categories=pd.Index([*names, OUTSIDE_PHASES], dtype=object))
+
+
+def _places(kernels: pd.DataFrame, trace: KernelTrace, rank: int | None) -> tuple[pd.Categorical, pd.Categorical]:
+    """Each kernel's rank (`rank`, else its process's recorded RANK) and node, missing where unknown."""
+    count = len(kernels)
+    process = kernels["process"].to_numpy() if "process" in kernels.columns else None
+
+    def per_process(known: dict[int, int], everyone: int | None) -> pd.Categorical:
+        if everyone is not None:
+            return pd.Categorical.from_codes(np.zeros(count, dtype=np.int8), categories=[everyone])
+        values = sorted(set(known.values()))
+        if process is None or not values:
+            return _missing(count)
+        procs = np.array(list(known), dtype=np.int64)
+        positions = np.array([values.index(known[p]) for p in procs], dtype=np.int64)
+        at = pd.Index(procs).get_indexer(process)
+        return pd.Categorical.from_codes(np.where(at >= 0, positions[at], -1), categories=values)
+
+    return per_process(trace.process_ranks, rank), per_process(trace.process_nodes, None)
+
+
+def _missing(count: int) -> pd.Categorical:
+    return pd.Categorical.from_codes(np.full(count, -1, dtype=np.int8), categories=pd.Index([], dtype=object))
+
+
+def left_out(labelled: Labelled, kernels: pd.DataFrame, total_ns: int, timed: str) -> list[str]:
+    """Notes naming each range outside the phases that holds more than LEFT_OUT_PCT of `total_ns` among the
+    kernels launched in no phase (of `kernels`), with the `--phase` options that would include it. Steps and
+    ranges enclosing a phase are not candidates (they hold the phases), nor are PyTorch's and libraries'."""
+    index, phases = labelled.index, labelled.phases
+    outside = np.flatnonzero(labelled.phase_codes(kernels) == len(phases)) if phases else np.empty(0, np.int64)
+    if index is None or not total_ns or not len(outside):
+        return []
+    names = index.names()
+    is_phase = names.isin(phases).to_numpy()
+    encloses_phase = np.zeros(len(names), dtype=bool)
+    up = index.parent[is_phase]
+    while len(up := up[up >= 0]):
+        encloses_phase[up] = True
+        up = index.parent[up]
+    eligible = ~is_phase & ~encloses_phase & (index.kind == KIND_PROGRAM) & ~index.named(library)
+    eligible[labelled.steps["range"].to_numpy()] = False
+    outermost = eligible & (index.nearest_in(eligible) < 0)
+    rows, owners = launches_in(kernels.iloc[outside].reset_index(drop=True), index, np.flatnonzero(outermost))
+    per_name = pd.DataFrame({"row": rows, "name": names.to_numpy()[owners]}).drop_duplicates()
+    times = kernels["total_ns"].to_numpy()[outside][per_name["row"].to_numpy()]
+    shares = pd.Series(times).groupby(per_name["name"].to_numpy()).sum() * 100.0 / total_ns
+    return [f"range {name!r}, outside the phases, holds {share:.1f}% of the {timed}; "
+            f"`{' '.join(f'--phase {shlex.quote(p)}' for p in [*phases, name])}` includes it"
+            for name, share in shares.sort_values(ascending=False).items() if share > LEFT_OUT_PCT]
