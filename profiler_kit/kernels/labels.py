@@ -26,9 +26,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from profiler_kit.kernels import trace
 from profiler_kit.kernels.attribution import RangeIndex, launches_in
 from profiler_kit.kernels.categories import CATEGORIES, COMMUNICATION, OPTIMIZER_STEP, categorize
-from profiler_kit.kernels.trace import BLOCK_ROWS, NO_LAUNCH, KernelTrace
+from profiler_kit.kernels.trace import NO_LAUNCH, KernelTrace
 from profiler_kit.names import KIND_PROGRAM
 from profiler_kit.phase_rule import (
     NONE,
@@ -103,7 +104,7 @@ def grouped(owners: np.ndarray) -> Iterator[np.ndarray]:
     del held
     mine = owners[order]
     heads = np.flatnonzero(np.r_[True, mine[1:] != mine[:-1]]) if len(mine) else np.zeros(1, dtype=np.int64)
-    group = heads // max(BLOCK_ROWS // 4, 1)
+    group = heads // max(trace.BLOCK_ROWS // 4, 1)
     cuts = heads[np.flatnonzero(np.r_[True, group[1:] != group[:-1]])]
     yield from np.split(order, cuts[1:])
 
@@ -112,12 +113,12 @@ def _step_keys(process: np.ndarray, step: np.ndarray) -> np.ndarray:
     return np.asarray(process, dtype=np.int64) * (1 << 32) + np.asarray(step, dtype=np.int64)
 
 
-def label(trace: KernelTrace, events: pd.DataFrame, kind: str, phases: list[str] | tuple[str, ...] | None = None,
+def label(report: KernelTrace, events: pd.DataFrame, kind: str, phases: list[str] | tuple[str, ...] | None = None,
           rank: int | None = None) -> Labelled:
     """`events` (the trace's kernels, or its CPU operator calls when `kind` is `cpu_op`) labelled by the rules of
     this module's docstring; `phases` asked for by name (None: by `phase_rule`), `rank` the job's rank of every
     event (None: the RANK each process recorded)."""
-    labelled = ranges_of(trace, "launch_ns" in events.columns, phases)
+    labelled = ranges_of(report, "launch_ns" in events.columns, phases)
     index, steps = labelled.index, labelled.steps
     category = categorize(events["name"], kind)
     count = len(events)
@@ -133,17 +134,17 @@ def label(trace: KernelTrace, events: pd.DataFrame, kind: str, phases: list[str]
         codes[optimizer & (codes != CATEGORIES.index(COMMUNICATION))] = CATEGORIES.index("optimizer")
         category = pd.Categorical.from_codes(codes, categories=list(CATEGORIES))
     phase = _phase_labels(events, index, labelled.phases, phase_range)
-    ranks, nodes = _places(events, trace, rank)
+    ranks, nodes = _places(events, report, rank)
     labelled.kernels = events.assign(category=category, step=step, phase=phase, phase_range=phase_range,
                                      rank=ranks, node=nodes, range=path, module=_missing(count))
     return labelled
 
 
-def ranges_of(trace: KernelTrace, launches: bool, phases: list[str] | tuple[str, ...] | None = None) -> Labelled:
+def ranges_of(report: KernelTrace, launches: bool, phases: list[str] | tuple[str, ...] | None = None) -> Labelled:
     """What the labels refer to, of a report's ranges alone (no kernels labelled yet): the ranges (None without
     ranges, or without `launches` to place in them), the phases and their ranges, and the steps."""
-    has_ranges = trace.ranges is not None and len(trace.ranges) > 0
-    index = RangeIndex(trace.ranges) if has_ranges and launches else None
+    has_ranges = report.ranges is not None and len(report.ranges) > 0
+    index = RangeIndex(report.ranges) if has_ranges and launches else None
     steps = pd.DataFrame({column: pd.Series(dtype=np.int64) for column in ("range", "process", "step", "start_ns",
                                                                            "end_ns")})
     if index is None:
@@ -239,7 +240,7 @@ def _phase_labels(kernels: pd.DataFrame, index: RangeIndex | None, names: list[s
     return pd.Categorical.from_codes(codes, categories=pd.Index([*names, OUTSIDE_PHASES], dtype=object))
 
 
-def _places(kernels: pd.DataFrame, trace: KernelTrace, rank: int | None) -> tuple[pd.Categorical, pd.Categorical]:
+def _places(kernels: pd.DataFrame, report: KernelTrace, rank: int | None) -> tuple[pd.Categorical, pd.Categorical]:
     """Each kernel's rank (`rank`, else its process's recorded RANK) and node, missing where unknown."""
     count = len(kernels)
     process = kernels["process"].to_numpy() if "process" in kernels.columns else None
@@ -255,7 +256,7 @@ def _places(kernels: pd.DataFrame, trace: KernelTrace, rank: int | None) -> tupl
         at = pd.Index(procs).get_indexer(process)
         return pd.Categorical.from_codes(np.where(at >= 0, positions[at], -1), categories=values)
 
-    return per_process(trace.process_ranks, rank), per_process(trace.process_nodes, None)
+    return per_process(report.process_ranks, rank), per_process(report.process_nodes, None)
 
 
 def _missing(count: int) -> pd.Categorical:
