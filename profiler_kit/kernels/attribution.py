@@ -62,18 +62,19 @@ class RangeIndex(RangeTree):
         return joined(points), joined(ids)
 
     def _pairs(
-        self, times_ns: np.ndarray, process: np.ndarray, range_ids: np.ndarray, among: np.ndarray | None
+        self, times_ns: np.ndarray, process: np.ndarray, range_ids: np.ndarray, among: np.ndarray | None,
+        block_rows: int | None = None,
     ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
-        """(layer, points, range ids) of `containing`, a block of points at a time (`trace.blocks`; block by
-        block, then layer by layer): what is held at once grows with a block, not with the points. Layers are
-        numbered in the order of their first range among `range_ids`."""
+        """(layer, points, range ids) of `containing`, a block of points at a time (`trace.blocks`, of
+        `block_rows`; block by block, then layer by layer): what is held at once grows with a block, not with the
+        points. Layers are numbered in the order of their first range among `range_ids`."""
         chosen = self.ranges.iloc[range_ids].assign(range_id=range_ids, depth=self.depth[range_ids])
         layers = []
         for (proc, _thread, _depth), layer in chosen.groupby(["process", "thread", "depth"], sort=False):
             layer = layer.sort_values("start_ns")
             starts, ends = layer["start_ns"].to_numpy(), layer["end_ns"].to_numpy()
             layers.append((proc, starts, ends, layer["range_id"].to_numpy(), starts[0], ends.max()))
-        for block in blocks(len(times_ns)) if layers else ():
+        for block in blocks(len(times_ns), block_rows) if layers else ():
             times, procs = times_ns[block], process[block]
             first, last = (times.min(), times.max()) if len(times) else (0, -1)
             for number, (proc, starts, ends, ids, lo, hi) in enumerate(layers):

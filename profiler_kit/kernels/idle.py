@@ -130,10 +130,11 @@ def phase_idle(kernels: pd.DataFrame, labelled: Labelled, among: np.ndarray | No
 
 def _owners(kernels: pd.DataFrame, chosen: np.ndarray) -> np.ndarray:
     """Each kernel's phase range where it is one of the mask `chosen`, else -1."""
-    owner = kernels["phase_range"].to_numpy().astype(np.int64)
+    owner = kernels["phase_range"].to_numpy().copy()
     held = owner >= 0
     held[held] = chosen[owner[held]]
-    return np.where(held, owner, -1)
+    owner[~held] = -1
+    return owner
 
 
 def _dominant_gap(pieces: pd.DataFrame, span: int, idle: int, gaps: list[int],

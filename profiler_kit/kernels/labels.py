@@ -68,6 +68,7 @@ class Labelled:
     steps: pd.DataFrame
     phase_mask: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
     own_numbers: bool = True
+    range_steps: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))  # `_range_steps`
     notes: list[str] = field(default_factory=list)  # about the ranges and the phase choice, in order
 
     @property
@@ -78,16 +79,17 @@ class Labelled:
         """The row of `steps` each kernel (of `kernels`, else all) was launched in; -1 outside the steps."""
         kernels = self.kernels if kernels is None else kernels
         step = kernels["step"].to_numpy()
-        out = np.full(len(kernels), -1, dtype=np.int64)
-        if not len(self.steps):
-            return out
-        keys = _step_keys(self.steps["process"].to_numpy(), self.steps["step"].to_numpy())
-        order = np.argsort(keys, kind="stable")
-        inside = step != NO_STEP
-        wanted = _step_keys(kernels["process"].to_numpy()[inside], step[inside])
-        found = np.minimum(np.searchsorted(keys[order], wanted), len(keys) - 1)
-        out[inside] = np.where(keys[order][found] == wanted, order[found], -1)
+        out = np.full(len(kernels), -1, dtype=np.int32)
+        processes = kernels["process"].to_numpy() if len(self.steps) else None
+        for process, mine in self.steps.groupby("process", sort=False).indices.items():
+            rows = np.flatnonzero((processes == process) & (step != NO_STEP))
+            out[rows] = mine[pd.Index(self.steps["step"].to_numpy()[mine]).get_indexer(step[rows])]
         return out
+
+    def within_steps(self, rows: np.ndarray) -> np.ndarray:
+        """Which ranges of `index` lie, in time, inside the steps of `steps` rows `rows` (not the steps
+        themselves)."""
+        return np.isin(self.range_steps, rows)
 
     def phase_codes(self, kernels: pd.DataFrame | None = None) -> np.ndarray:
         """Each kernel's phase as its position in `phases` (len(phases): OUTSIDE_PHASES; -1: launch unknown)."""
@@ -99,18 +101,16 @@ def grouped(owners: np.ndarray) -> Iterator[np.ndarray]:
     """The rows whose owner (a label: a step's row, a phase range's id) is set (≥ 0), a group of whole owners at
     a time holding about a quarter of `trace.BLOCK_ROWS` rows (an owner with more is a group alone), rows in order
     within an owner: what a caller holds at once grows with a group, not with the report. At least one group."""
-    held = np.flatnonzero(owners >= 0)
-    order = held[np.argsort(owners[held], kind="stable")]
-    del held
+    order = np.argsort(owners, kind="stable")
+    if len(order) < 2**31:
+        order = order.astype(np.int32)
     mine = owners[order]
+    first = int(np.searchsorted(mine, 0))
+    order, mine = order[first:], mine[first:]
     heads = np.flatnonzero(np.r_[True, mine[1:] != mine[:-1]]) if len(mine) else np.zeros(1, dtype=np.int64)
     group = heads // max(trace.BLOCK_ROWS // 4, 1)
     cuts = heads[np.flatnonzero(np.r_[True, group[1:] != group[:-1]])]
     yield from np.split(order, cuts[1:])
-
-
-def _step_keys(process: np.ndarray, step: np.ndarray) -> np.ndarray:
-    return np.asarray(process, dtype=np.int64) * (1 << 32) + np.asarray(step, dtype=np.int64)
 
 
 def label(report: KernelTrace, events: pd.DataFrame, kind: str, phases: list[str] | tuple[str, ...] | None = None,
@@ -122,21 +122,23 @@ def label(report: KernelTrace, events: pd.DataFrame, kind: str, phases: list[str
     index, steps = labelled.index, labelled.steps
     category = categorize(events["name"], kind)
     count = len(events)
-    phase_range = np.full(count, NO_RANGE, dtype=np.int32)
-    step = np.full(count, NO_STEP, dtype=np.int64)
-    path = _missing(count)
-    if index is not None:
-        ids = steps["range"].to_numpy()
-        inner, phase_range, step_range, optimizer = _sweep(events, index, labelled.phase_mask, ids)
-        step[step_range >= 0] = steps["step"].to_numpy()[pd.Index(ids).get_indexer(step_range[step_range >= 0])]
+    if index is None:
+        phase_range, step, path = np.full(count, NO_RANGE, dtype=np.int32), np.full(count, NO_STEP, np.int32), None
+        phase = _missing(count)
+    else:
+        numbers = np.full(len(index), NO_STEP, dtype=np.int32)
+        numbers[steps["range"].to_numpy()] = steps["step"].to_numpy()
+        inner, phase_range, step, optimizer = _sweep(events, index, labelled.phase_mask, numbers)
         path = _paths(index, inner)
+        del inner
         codes = category.codes.copy()
         codes[optimizer & (codes != CATEGORIES.index(COMMUNICATION))] = CATEGORIES.index("optimizer")
         category = pd.Categorical.from_codes(codes, categories=list(CATEGORIES))
-    phase = _phase_labels(events, index, labelled.phases, phase_range)
+        phase = _phase_labels(events, index, labelled.phases, phase_range)
     ranks, nodes = _places(events, report, rank)
     labelled.kernels = events.assign(category=category, step=step, phase=phase, phase_range=phase_range,
-                                     rank=ranks, node=nodes, range=path, module=_missing(count))
+                                     rank=ranks, node=nodes, range=_missing(count) if path is None else path,
+                                     module=_missing(count))
     return labelled
 
 
@@ -159,8 +161,27 @@ def ranges_of(report: KernelTrace, launches: bool, phases: list[str] | tuple[str
     numbered = step_numbers(index, ids)
     steps = pd.DataFrame({"range": ids, "process": index.process[ids], "step": numbered.numbers,
                           "start_ns": index.start[ids], "end_ns": index.end[ids]})
-    return Labelled(pd.DataFrame(), index, choice, steps, phase_ranges(index, choice), numbered.own or not len(ids),
-                    notes)
+    return Labelled(pd.DataFrame(), index, choice, steps, phase_mask=phase_ranges(index, choice),
+                    own_numbers=numbered.own or not len(ids), notes=notes, range_steps=_range_steps(index, ids))
+
+
+def _range_steps(index: RangeIndex, steps: np.ndarray) -> np.ndarray:
+    """For every range, the row of the step (of the step range ids `steps`, in order) that holds it in time, -1
+    for none and for the steps themselves: by time, not nesting, since the recorder's step marks are a lane apart
+    from the program's thread."""
+    out = np.full(len(index), -1, dtype=np.int32)
+    for process in np.unique(index.process[steps]):
+        rows = np.flatnonzero(index.process[steps] == process)
+        rows = rows[np.argsort(index.start[steps[rows]], kind="stable")]
+        mine = steps[rows]
+        candidates = np.flatnonzero(index.process == process)
+        # The last step to start at or before each range; steps of one process do not overlap.
+        at = np.searchsorted(index.start[mine], index.start[candidates], side="right") - 1
+        ok = at >= 0
+        ok[ok] = index.end[candidates[ok]] <= index.end[mine[at[ok]]]
+        out[candidates[ok]] = rows[at[ok]]
+    out[steps] = -1
+    return out
 
 
 def phase_ranges_at(labelled: Labelled, times_ns: np.ndarray, process: np.ndarray) -> np.ndarray:
@@ -175,44 +196,59 @@ def phase_ranges_at(labelled: Labelled, times_ns: np.ndarray, process: np.ndarra
 
 
 def _sweep(kernels: pd.DataFrame, index: RangeIndex, phase_mask: np.ndarray,
-           step_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """In one pass over the kernels (a block at a time) and every range: each kernel's innermost range, phase
-    range and step range (-1 for none) and whether an `Optimizer.step#…` range holds it."""
+           numbers: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """In one pass over the kernels (a block at a time) and every range: each kernel's innermost range and phase
+    range (NO_RANGE for none), the number of its step (`numbers`: each range's, NO_STEP but for steps) and
+    whether an `Optimizer.step#…` range holds it."""
     count = len(kernels)
     inner = np.full(count, NO_RANGE, dtype=np.int32)
     phase = np.full(count, NO_RANGE, dtype=np.int32)
-    step = np.full(count, NO_RANGE, dtype=np.int32)
+    step = np.full(count, NO_STEP, dtype=np.int32)
     optimizer = np.zeros(count, dtype=bool)
-    is_step = np.zeros(len(index), dtype=bool)
-    is_step[step_ids] = True
+    is_step = numbers != NO_STEP
     is_optimizer = index.named(OPTIMIZER_STEP.match)
+    order = _inward(index)
     launch = kernels["launch_ns"].to_numpy()
     every = np.arange(len(index), dtype=np.int64)
-    for _layer, points, ids in index._pairs(launch, kernels["process"].to_numpy(), every, launch != NO_LAUNCH):
-        _deeper(index, inner, points, ids)
+    # A quarter block at a time: every range is searched, and each kernel's innermost one kept.
+    for _layer, points, ids in index._pairs(launch, kernels["process"].to_numpy(), every, launch != NO_LAUNCH,
+                                            max(trace.BLOCK_ROWS // 4, 1)):
+        ids = ids.astype(np.int32)
+        _deeper(order, inner, points, ids)
         mine = phase_mask[ids]
-        _deeper(index, phase, points[mine], ids[mine])
+        if mine.any():
+            _deeper(order, phase, points[mine], ids[mine])
         mine = is_step[ids]
-        step[points[mine]] = ids[mine]
-        optimizer[points[is_optimizer[ids]]] = True
+        if mine.any():
+            step[points[mine]] = numbers[ids[mine]]
+        mine = is_optimizer[ids]
+        if mine.any():
+            optimizer[points[mine]] = True
     return inner, phase, step, optimizer
 
 
-def _deeper(index: RangeIndex, current: np.ndarray, points: np.ndarray, ids: np.ndarray) -> None:
-    """Set `current[points]` to `ids` where none is set yet, or where the range of `ids` lies deeper (on its
-    thread) than the one set, or as deep and opened later."""
+def _inward(index: RangeIndex) -> np.ndarray:
+    """Each range's place in the order deeper on its thread, then opened later: of two ranges holding a kernel,
+    the one placed later is its innermost."""
+    order = np.empty(len(index), dtype=np.int32)
+    order[np.lexsort((index.start, index.depth))] = np.arange(len(index), dtype=np.int32)
+    return order
+
+
+def _deeper(order: np.ndarray, current: np.ndarray, points: np.ndarray, ids: np.ndarray) -> None:
+    """Set `current[points]` to `ids` where none is set yet or where the range of `ids` lies further in
+    (`_inward`) than the one set."""
     held = current[points]
-    set_ = held >= 0
-    depth, start = index.depth, index.start
-    wins = ~set_
-    wins[set_] = (depth[ids[set_]] > depth[held[set_]]) | (
-        (depth[ids[set_]] == depth[held[set_]]) & (start[ids[set_]] > start[held[set_]]))
+    wins = held < 0
+    have = ~wins
+    if have.any():
+        wins[have] = order[ids[have]] > order[held[have]]
     current[points[wins]] = ids[wins]
 
 
 def _paths(index: RangeIndex, inner: np.ndarray) -> pd.Categorical:
     """The path of each kernel's innermost range (`inner`), from its thread's outermost range down."""
-    codes = np.full(len(index), -1, dtype=np.int64)
+    codes = np.full(len(index) + 1, -1, dtype=np.int64)  # the last one: no range
     known: dict[tuple[int, object], int] = {}
     texts: list[str] = []
     for level in range(int(index.depth.max(initial=-1)) + 1):
@@ -223,21 +259,27 @@ def _paths(index: RangeIndex, inner: np.ndarray) -> pd.Categorical:
                 known[key] = len(texts)
                 texts.append(str(index.name[r]) if key[0] < 0 else f"{texts[key[0]]}{PATH_SEPARATOR}{index.name[r]}")
             codes[r] = known[key]
-    kernel_codes = codes[np.maximum(inner, 0)] if len(codes) else np.zeros(len(inner), dtype=np.int64)
-    kernel_codes[inner < 0] = -1
-    return pd.Categorical.from_codes(kernel_codes, categories=pd.Index(texts, dtype=object))
+    return pd.Categorical.from_codes(codes.astype(_smallest(len(texts)))[inner],
+                                     categories=pd.Index(texts, dtype=object))
 
 
-def _phase_labels(kernels: pd.DataFrame, index: RangeIndex | None, names: list[str],
+def _smallest(count: int) -> type:
+    """The smallest signed integer type that holds the codes of `count` categories and -1."""
+    return next(t for t in (np.int8, np.int16, np.int32) if count < np.iinfo(t).max) if count < 2**31 else np.int64
+
+
+def _phase_labels(kernels: pd.DataFrame, index: RangeIndex, names: list[str],
                   phase_range: np.ndarray) -> pd.Categorical:
     """Each kernel's phase (the name of its phase range), OUTSIDE_PHASES where its launch is known and in none;
     missing where its launch is unknown or the report has no phases."""
-    codes = np.full(len(kernels), -1, dtype=np.int8 if len(names) < 127 else np.int64)
-    if index is not None and names:
-        held = phase_range >= 0
-        codes[held] = pd.Index(names).get_indexer(index.name[phase_range[held]])
-        codes[~held & (kernels["launch_ns"].to_numpy() != NO_LAUNCH)] = len(names)
-    return pd.Categorical.from_codes(codes, categories=pd.Index([*names, OUTSIDE_PHASES], dtype=object))
+    categories = pd.Index([*names, OUTSIDE_PHASES], dtype=object)
+    if not names:
+        return pd.Categorical.from_codes(np.full(len(kernels), -1, dtype=np.int8), categories=categories)
+    # Each range's phase (the last one: no range, outside the phases), then each kernel's, a lookup per kernel.
+    of_range = np.r_[pd.Index(names).get_indexer(index.name), len(names)].astype(_smallest(len(categories)))
+    codes = of_range[phase_range]
+    codes[kernels["launch_ns"].to_numpy() == NO_LAUNCH] = -1
+    return pd.Categorical.from_codes(codes, categories=categories)
 
 
 def _places(kernels: pd.DataFrame, report: KernelTrace, rank: int | None) -> tuple[pd.Categorical, pd.Categorical]:
@@ -251,10 +293,10 @@ def _places(kernels: pd.DataFrame, report: KernelTrace, rank: int | None) -> tup
         values = sorted(set(known.values()))
         if process is None or not values:
             return _missing(count)
-        procs = np.array(list(known), dtype=np.int64)
-        positions = np.array([values.index(known[p]) for p in procs], dtype=np.int64)
-        at = pd.Index(procs).get_indexer(process)
-        return pd.Categorical.from_codes(np.where(at >= 0, positions[at], -1), categories=values)
+        codes = np.full(count, -1, dtype=_smallest(len(values)))
+        for proc, value in known.items():
+            codes[process == proc] = values.index(value)
+        return pd.Categorical.from_codes(codes, categories=values)
 
     return per_process(report.process_ranks, rank), per_process(report.process_nodes, None)
 

@@ -35,7 +35,7 @@ from profiler_kit.kernels.categories import CATEGORIES, COMMUNICATION
 from profiler_kit.kernels.idle import communication, phase_wall
 from profiler_kit.kernels.labels import OUTSIDE_PHASES
 from profiler_kit.kernels.sources import load_many
-from profiler_kit.kernels.steps import STEADY, WARMUP, WARMUP_FACTOR, inside_steps, warm_rows
+from profiler_kit.kernels.steps import STEADY, WARMUP, WARMUP_FACTOR, warm_rows
 from profiler_kit.kernels.summary import CPU_OPS, NS_PER_MS, KernelSummary, label_totals, summarize_trace
 from profiler_kit.kernels.trace import NO_LAUNCH, KernelTrace
 from profiler_kit.render import Title, records
@@ -364,11 +364,12 @@ def _rank(rank: int, trace: KernelTrace, summary: KernelSummary, steady: np.ndar
           runs: pd.DataFrame) -> Rank:
     """One rank's figures over its steady step ranges `steady` (None: the whole recording)."""
     index, kernels, names, labelled = summary.index, summary.attributed, summary.phase_names, summary.labelled
-    among = inside_steps(index, steady) if steady is not None else None
+    rows = None if steady is None else np.flatnonzero(np.isin(labelled.steps["range"].to_numpy(), steady))
+    among = None if rows is None else labelled.within_steps(rows)
     if steady is None:
         chosen, wall = np.ones(len(kernels), dtype=bool), None
     else:
-        chosen = np.isin(labelled.step_rows(kernels), np.flatnonzero(np.isin(labelled.steps["range"], steady)))
+        chosen = np.isin(labelled.step_rows(kernels), rows)
         wall = int((index.end[steady] - index.start[steady]).sum())
     categories = kernels[chosen].groupby("category", observed=False)["total_ns"].sum()
     by_phase = _by_phase(summary, among, chosen)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from profiler_kit.kernels.attribution import RangeIndex
 from profiler_kit.kernels.idle import spans_by_owner
 from profiler_kit.kernels.labels import Labelled, grouped
 from profiler_kit.steady import WARMUP_FACTOR, warmup_steps
@@ -27,26 +26,6 @@ def warm_rows(table: pd.DataFrame) -> np.ndarray:
     if "state" not in table.columns:
         return np.zeros(len(table), dtype=bool)
     return (table["state"] == WARMUP).to_numpy()
-
-
-def inside_steps(index: RangeIndex, steps: np.ndarray) -> np.ndarray:
-    """Which ranges lie, in time, inside one of the step ranges `steps` of their process (the steps themselves not
-    included): by time, not nesting, since the recorder's step marks are a lane apart from the program's thread."""
-    ranges = index.ranges
-    starts, ends = ranges["start_ns"].to_numpy(), ranges["end_ns"].to_numpy()
-    processes = ranges["process"].to_numpy()
-    inside = np.zeros(len(ranges), dtype=bool)
-    for process in np.unique(processes[steps]):
-        mine = steps[processes[steps] == process]
-        mine = mine[np.argsort(starts[mine], kind="stable")]
-        candidates = np.flatnonzero(processes == process)
-        # The last step to start at or before each range; steps of one process do not overlap.
-        at = np.searchsorted(starts[mine], starts[candidates], side="right") - 1
-        ok = at >= 0
-        ok[ok] = ends[candidates[ok]] <= ends[mine[at[ok]]]
-        inside[candidates[ok]] = True
-    inside[steps] = False
-    return inside
 
 
 def step_title(table: pd.DataFrame) -> str:
