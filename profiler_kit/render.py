@@ -115,10 +115,13 @@ class Title(str):
 
 @dataclass
 class Shown:
-    """A table with the columns it shows by default; --wide shows all, --columns picks, JSON and CSV keep all."""
+    """A table with the columns it shows by default; --wide shows all, --columns picks, JSON and CSV keep all.
+    `more`: further columns of the same rows (a table that is a column group of a larger one), which --columns
+    picks from too when no table has all of its columns."""
 
     frame: pd.DataFrame
     default: Sequence[str]
+    more: pd.DataFrame | None = None
 
 
 def json_safe(value: Any) -> Any:
@@ -413,16 +416,33 @@ def _write_csv_dir(tables: list[tuple[str, pd.DataFrame]], folder: Path) -> None
         say(f"wrote {path}")
 
 
-def _shown(frame: pd.DataFrame | Shown, fmt: str) -> pd.DataFrame:
-    """The columns a format shows: every one for machines and --wide, the --columns a table has all of, else
-    the table's default."""
+def _shown(frame: pd.DataFrame | Shown, fmt: str, own: bool = True) -> pd.DataFrame:
+    """The columns a format shows: every one for machines and --wide, the --columns a table has all of (of its
+    `more` too, unless some table has all of them itself: `own`), else the table's default."""
     df, default = (frame.frame, list(frame.default)) if isinstance(frame, Shown) else (frame, list(frame.columns))
     columns = list(getattr(fmt, "columns", ()))
     if fmt in ("json", "csv") or getattr(fmt, "wide", False):
         return df
     if columns and set(columns) <= set(df.columns):
         return df[columns]
+    more = frame.more if isinstance(frame, Shown) else None
+    if columns and not own and more is not None and set(columns) <= set(df.columns) | set(more.columns):
+        return df.join(more.drop(columns=[c for c in more.columns if c in df.columns]))[columns]
     return df[default]
+
+
+def _columns_of(frame: pd.DataFrame | Shown, more: bool = False) -> list[str]:
+    """The columns of a table, in order (then those it may show from `more`)."""
+    if not isinstance(frame, Shown):
+        return list(frame.columns)
+    extra = list(frame.more.columns) if more and frame.more is not None else []
+    return list(dict.fromkeys([*frame.frame.columns, *extra]))
+
+
+def _own_columns(frames: list[pd.DataFrame | Shown], fmt: str) -> bool:
+    """Whether some table has every column --columns names among its own."""
+    columns = set(getattr(fmt, "columns", ()))
+    return any(columns <= set(_columns_of(frame)) for frame in frames)
 
 
 def _check_columns(frames: list[pd.DataFrame | Shown], fmt: str) -> None:
@@ -430,7 +450,7 @@ def _check_columns(frames: list[pd.DataFrame | Shown], fmt: str) -> None:
     columns = set(getattr(fmt, "columns", ()))
     if not columns or fmt in ("json", "csv"):
         return
-    names = [frame.frame.columns if isinstance(frame, Shown) else frame.columns for frame in frames]
+    names = [_columns_of(frame, more=True) for frame in frames]
     if names and not any(columns <= set(n) for n in names):
         from click import UsageError
 
@@ -463,7 +483,8 @@ def emit_tables(
     _check_output(tables, fmt)
     if getattr(fmt, "csv_dir", None) is not None:
         _write_csv_dir([(title, _shown(frame, "csv")) for title, frame in tables], fmt.csv_dir)
-    tables = [(title, _shown(frame, fmt)) for title, frame in tables]
+    own = _own_columns([frame for _, frame in tables], fmt)
+    tables = [(title, _shown(frame, fmt, own)) for title, frame in tables]
     if fmt == "json":
         from profiler_kit.environment import envelope
 

@@ -128,6 +128,7 @@ def summarize_command(paths: tuple[Path, ...], top: int, nvtx: str | None, phase
     GPU idle share; for several ranks, a bar group per rank."""
     from profiler_kit.files import check_output_paths
     from profiler_kit.kernels import summarize_trace
+    from profiler_kit.kernels.phase_metrics import FlopRate
     from profiler_kit.kernels.ranks import rank_traces, summarize_ranks
     from profiler_kit.render import emit_report
 
@@ -143,7 +144,7 @@ def summarize_command(paths: tuple[Path, ...], top: int, nvtx: str | None, phase
     else:
         report = summarize_trace(ranks[0][1], top=top, phases=list(phases) or None, nvtx=nvtx)
         if flops_per_step is not None:
-            report.add_flops(per_step=flops_per_step, peak_tflops=peak_tflops)
+            report = report.with_flops(FlopRate(per_step=flops_per_step, peak_tflops=peak_tflops))
     _write_pictures(report, plot_path, html_path)
     emit_report(report, fmt)
 
@@ -199,7 +200,7 @@ def compare_command(ctx: click.Context, reports: tuple[Path, ...], against: tupl
     category and per phase."""
     from profiler_kit.files import check_output_paths, parse_json, read_bytes
     from profiler_kit.kernels import compare, summarize
-    from profiler_kit.kernels.compare import Side, saved_side
+    from profiler_kit.kernels.runs import Side, saved_side
     from profiler_kit.kernels.summary import NS_PER_MS
     from profiler_kit.render import emit_report, say
 

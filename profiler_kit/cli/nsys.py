@@ -32,6 +32,7 @@ from profiler_kit.errors import ProfilerKitError
 from profiler_kit.names import RECORDING_BACKENDS, SUMMARY_TABLES, report_column
 
 if TYPE_CHECKING:
+    from profiler_kit.kernels.phase_metrics import FlopRate
     from profiler_kit.kernels.summary import KernelSummary
     from profiler_kit.recording.builtin import ProfileResult
     from profiler_kit.recording.runner import ParentWindow, ProgramRun
@@ -166,8 +167,10 @@ def nsys(click_ctx: click.Context, model: str, ctx: int, mode: str, batch_size: 
     if rank != 0:
         say(f"rank {rank} recorded " + ", ".join(map(str, result.paths)) + "; rank 0 prints its summary")
         return
+    from profiler_kit.kernels.phase_metrics import FlopRate
+
     per_phase, peak = workload_flops(cfg)
-    _report(result, fmt, top, lambda summary: summary.add_flops(per_phase, peak_tflops=peak))
+    _report(result, fmt, top, FlopRate(per_phase=per_phase, peak_tflops=peak))
     if parallel != "none":
         every_rank = str(result.summary_source).replace(".rank0.", ".rank*.")
         say(f"that is rank 0's; every rank and merged: profiler-kit kernels summarize {every_rank}")
@@ -201,7 +204,7 @@ def attention_cmd(impls: list[str] | None, batch: int, heads: int | None, seq: i
     _report(result, fmt, top)
 
 
-def _report(result: ProfileResult, fmt: str, top: int, with_flops: Callable | None = None) -> None:
+def _report(result: ProfileResult, fmt: str, top: int, rate: FlopRate | None = None) -> None:
     from profiler_kit.render import emit_report, say
 
     say(f"{result.window.describe()} on {result.device}: " + ", ".join(map(str, result.paths)))
@@ -210,8 +213,8 @@ def _report(result: ProfileResult, fmt: str, top: int, with_flops: Callable | No
     summary = summarize(result.summary_source, top=top, phases=list(result.phases))
     _refuse_empty(summary, result.backend, result.window)
     summary.notes.extend(result.window.summary_notes())
-    if with_flops is not None:
-        with_flops(summary)
+    if rate is not None:
+        summary = summary.with_flops(rate)
     emit_report(summary, fmt)
 
 
@@ -263,7 +266,9 @@ def report_program(run: ProgramRun, fmt: str, top: int, phases: list[str] | None
         _refuse_empty(summary, run.backend, run.window)
     summary.notes.extend(run.window.summary_notes())
     if flops_per_step is not None:
-        summary.add_flops(per_step=flops_per_step, peak_tflops=peak_tflops)
+        from profiler_kit.kernels.phase_metrics import FlopRate
+
+        summary = summary.with_flops(FlopRate(per_step=flops_per_step, peak_tflops=peak_tflops))
     emit_report(summary, fmt)
     return run.exit_code
 

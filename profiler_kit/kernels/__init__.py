@@ -3,7 +3,6 @@
 
 from profiler_kit.kernels.categories import CATEGORIES, categorize, category_of
 from profiler_kit.kernels.compare import Comparison, compare
-from profiler_kit.kernels.phases import BUILTIN_PHASES
 from profiler_kit.kernels.sources import load
 from profiler_kit.kernels.summary import (
     DEFAULT_TOP,
@@ -13,7 +12,6 @@ from profiler_kit.kernels.summary import (
 )
 
 __all__ = [
-    "BUILTIN_PHASES",
     "CATEGORIES",
     "DEFAULT_TOP",
     "Comparison",

@@ -5,9 +5,9 @@ the same process: PyTorch launches backward kernels from the autograd engine's o
 thread sits inside `backward`, so matching launches to ranges of their own thread only (what nsys's
 `nvtx_kern_sum` does) leaves `backward` nearly empty.
 
-Push/pop ranges of one thread nest, so the ranges of one thread at one nesting depth never overlap. Sorted
-by start, each such (thread, depth) layer answers "which range contains time t" for all launches at once with
-one binary search. A report has a handful of threads and depths, so the only Python loop is over layers.
+Push/pop ranges of one thread nest (`range_tree`), so the ranges of one thread at one nesting depth never
+overlap. Sorted by start, each such (thread, depth) layer answers "which range contains time t" for all launches
+at once with one binary search. A report has a handful of threads and depths, so the only Python loop is over layers.
 """
 
 from __future__ import annotations
@@ -19,39 +19,23 @@ import pandas as pd
 
 from profiler_kit.kernels import trace
 from profiler_kit.kernels.trace import NO_LAUNCH, blocks, joined
+from profiler_kit.names import KIND_PHASE, KIND_PROGRAM
+from profiler_kit.range_tree import NO_NUMBER, RangeTree, locate
 
 
-class RangeIndex:
-    """NVTX ranges with their nesting depth and parent, answering containment queries layer by layer."""
+class RangeIndex(RangeTree):
+    """NVTX ranges (a `trace.range_frame`) nested (`range_tree.RangeTree`), answering containment queries layer
+    by layer."""
 
     def __init__(self, ranges: pd.DataFrame) -> None:
-        # A zero-length range contains no launch, and would break the depth arithmetic below.
+        # A zero-length range contains no launch, and would break the depth arithmetic.
         self.ranges = ranges[ranges["end_ns"] > ranges["start_ns"]].reset_index(drop=True)
-        n = len(self.ranges)
-        self.depth = np.zeros(n, dtype=np.int64)
-        self.parent = np.full(n, -1, dtype=np.int64)
-        self.overlapping = False
-        for rows in self.ranges.groupby(["process", "thread"], sort=False).indices.values():
-            self._nest(np.asarray(rows))
-
-    def _nest(self, rows: np.ndarray) -> None:
-        """Depth and parent of one thread's ranges: a range's depth is the number of ranges that started
-        before it and have not ended when it starts."""
-        starts = self.ranges["start_ns"].to_numpy()[rows]
-        ends = self.ranges["end_ns"].to_numpy()[rows]
-        order = np.lexsort((-ends, starts))
-        rows, starts, ends = rows[order], starts[order], ends[order]
-        depth = np.arange(len(rows)) - np.searchsorted(np.sort(ends), starts, side="right")
-        self.depth[rows] = depth
-        for level in range(1, int(depth.max(initial=0)) + 1):
-            upper = depth == level - 1
-            inner = np.flatnonzero(depth == level)
-            found = _locate(starts[upper], ends[upper], starts[inner])
-            self.parent[rows[inner[found >= 0]]] = rows[upper][found[found >= 0]]
-        for level in range(int(depth.max(initial=-1)) + 1):
-            at = depth == level
-            if np.any(starts[at][1:] < ends[at][:-1]):
-                self.overlapping = True
+        frame = self.ranges
+        kind = frame["kind"].to_numpy(dtype=object) if "kind" in frame.columns else np.where(
+            self.marked(), KIND_PHASE, KIND_PROGRAM)
+        number = frame["number"].to_numpy(dtype=np.int64, na_value=NO_NUMBER) if "number" in frame.columns else None
+        super().__init__(frame["name"].to_numpy(dtype=object), frame["start_ns"].to_numpy(), frame["end_ns"].to_numpy(),
+                         frame["process"].to_numpy(), frame["thread"].to_numpy(), kind, number)
 
     def names(self) -> pd.Series:
         return self.ranges["name"]
@@ -61,24 +45,6 @@ class RangeIndex:
         if "marked" not in self.ranges.columns:
             return np.zeros(len(self.ranges), dtype=bool)
         return self.ranges["marked"].to_numpy(dtype=bool)
-
-    def nearest_in(self, among: np.ndarray) -> np.ndarray:
-        """For every range, the innermost range of its thread that encloses it and is in the boolean mask
-        `among`, or -1: one step up the parent chain per nesting level."""
-        found = np.full(len(self.ranges), -1, dtype=np.int64)
-        current = self.parent.copy()
-        pending = np.flatnonzero(current >= 0)
-        while len(pending):
-            hit = among[current[pending]]
-            found[pending[hit]] = current[pending[hit]]
-            pending = pending[~hit]
-            current[pending] = self.parent[current[pending]]
-            pending = pending[current[pending] >= 0]
-        return found
-
-    def children_of(self, range_ids: np.ndarray) -> np.ndarray:
-        """Ranges whose parent is one of `range_ids`."""
-        return np.flatnonzero(np.isin(self.parent, range_ids))
 
     def containing(
         self, times_ns: np.ndarray, process: np.ndarray, range_ids: np.ndarray, among: np.ndarray | None = None
@@ -96,18 +62,19 @@ class RangeIndex:
         return joined(points), joined(ids)
 
     def _pairs(
-        self, times_ns: np.ndarray, process: np.ndarray, range_ids: np.ndarray, among: np.ndarray | None
+        self, times_ns: np.ndarray, process: np.ndarray, range_ids: np.ndarray, among: np.ndarray | None,
+        block_rows: int | None = None,
     ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
-        """(layer, points, range ids) of `containing`, a block of points at a time (`trace.blocks`; block by
-        block, then layer by layer): what is held at once grows with a block, not with the points. Layers are
-        numbered in the order of their first range among `range_ids`."""
+        """(layer, points, range ids) of `containing`, a block of points at a time (`trace.blocks`, of
+        `block_rows`; block by block, then layer by layer): what is held at once grows with a block, not with the
+        points. Layers are numbered in the order of their first range among `range_ids`."""
         chosen = self.ranges.iloc[range_ids].assign(range_id=range_ids, depth=self.depth[range_ids])
         layers = []
         for (proc, _thread, _depth), layer in chosen.groupby(["process", "thread", "depth"], sort=False):
             layer = layer.sort_values("start_ns")
             starts, ends = layer["start_ns"].to_numpy(), layer["end_ns"].to_numpy()
             layers.append((proc, starts, ends, layer["range_id"].to_numpy(), starts[0], ends.max()))
-        for block in blocks(len(times_ns)) if layers else ():
+        for block in blocks(len(times_ns), block_rows) if layers else ():
             times, procs = times_ns[block], process[block]
             first, last = (times.min(), times.max()) if len(times) else (0, -1)
             for number, (proc, starts, ends, ids, lo, hi) in enumerate(layers):
@@ -118,18 +85,9 @@ class RangeIndex:
                 if among is not None:
                     mine &= among[block]
                 points = np.flatnonzero(mine)
-                found = _locate(starts, ends, times[points])
+                found = locate(starts, ends, times[points])
                 hit = found >= 0
                 yield number, points[hit] + block.start, ids[found[hit]]
-
-
-def _locate(starts: np.ndarray, ends: np.ndarray, times: np.ndarray) -> np.ndarray:
-    """For sorted, non-overlapping intervals: the index of the interval containing each time (inclusive
-    bounds), or -1."""
-    idx = np.searchsorted(starts, times, side="right") - 1
-    inside = idx >= 0
-    inside[inside] = times[inside] <= ends[idx[inside]]
-    return np.where(inside, idx, -1)
 
 
 def launches_in(kernels: pd.DataFrame, index: RangeIndex, range_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -137,28 +95,6 @@ def launches_in(kernels: pd.DataFrame, index: RangeIndex, range_ids: np.ndarray)
     process)."""
     launch = kernels["launch_ns"].to_numpy()
     return index.containing(launch, kernels["process"].to_numpy(), range_ids, among=launch != NO_LAUNCH)
-
-
-def launches_by_group(
-    kernels: pd.DataFrame, index: RangeIndex, range_ids: np.ndarray
-) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """`launches_in` for groups of `range_ids` at a time, consecutive by start, each holding about a quarter
-    of `trace.BLOCK_ROWS` launches at most (a range with more is a group alone): every range's kernels are in
-    one group, and what a caller holds at once grows with a group, not with the report. At least one group,
-    empty without ranges."""
-    launch = kernels["launch_ns"].to_numpy()
-    ranges = index.ranges
-    range_ids = np.asarray(range_ids, dtype=np.int64)
-    starts, ends = ranges["start_ns"].to_numpy()[range_ids], ranges["end_ns"].to_numpy()[range_ids]
-    order = np.argsort(starts, kind="stable")
-    # Launches in each range's time span, of any process: at least those it holds.
-    times = np.sort(launch[launch != NO_LAUNCH])
-    held = np.searchsorted(times, ends[order], side="right") - np.searchsorted(times, starts[order], side="left")
-    del times
-    group = np.cumsum(held) // max(trace.BLOCK_ROWS // 4, 1)
-    cuts = np.flatnonzero(np.r_[True, group[1:] != group[:-1]]) if len(group) else np.zeros(1, dtype=np.int64)
-    for chunk in np.split(range_ids[order], cuts[1:]):
-        yield launches_in(kernels, index, np.sort(chunk))
 
 
 def membership(

@@ -7,7 +7,8 @@ foreach optimizer kernels wrap elementwise functors. So communication comes firs
 optimizer, normalization and softmax, then matmul, and the catch-all elementwise last before `other`.
 
 Names alone miss an optimizer written as a for-loop (`aten::mul_`, `lerp_`, `addcdiv_` per parameter): where
-a trace has PyTorch's `Optimizer.step#…` ranges, the work launched inside them is optimizer work.
+a trace has PyTorch's `Optimizer.step#…` ranges (OPTIMIZER_STEP), the work launched inside them is optimizer work
+(`labels` says so).
 """
 
 from __future__ import annotations
@@ -16,8 +17,6 @@ import re
 
 import numpy as np
 import pandas as pd
-
-from profiler_kit.kernels.attribution import RangeIndex, launches_in
 
 CATEGORIES: tuple[str, ...] = (
     "matmul",
@@ -103,16 +102,3 @@ def categorize(names: pd.Series, kind: str = "kernel") -> pd.Categorical:
     per_name = [CATEGORIES.index(category_of(str(name), kind)) for name in as_categorical.cat.categories]
     codes = np.asarray(per_name, dtype=np.int64)[as_categorical.cat.codes.to_numpy()]
     return pd.Categorical.from_codes(codes, categories=list(CATEGORIES))
-
-
-def optimizer_work(kernels: pd.DataFrame, index: RangeIndex) -> pd.DataFrame:
-    """`kernels` (with `category`) where those launched inside `Optimizer.step#…` ranges are optimizer work,
-    whatever the implementation (a for-loop's `aten::mul_`, foreach, fused); communication stays communication."""
-    steps = np.flatnonzero(index.names().str.contains(OPTIMIZER_STEP, na=False).to_numpy(dtype=bool))
-    if not len(steps):
-        return kernels
-    rows = np.unique(launches_in(kernels, index, steps)[0])
-    rows = rows[kernels["category"].to_numpy()[rows] != COMMUNICATION]
-    codes = kernels["category"].cat.codes.to_numpy().copy()
-    codes[rows] = CATEGORIES.index("optimizer")
-    return kernels.assign(category=pd.Categorical.from_codes(codes, categories=list(CATEGORIES)))

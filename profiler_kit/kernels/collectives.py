@@ -21,6 +21,7 @@ parameters there): a one-off of start-up, named apart from the steady state.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +31,7 @@ import pandas as pd
 from profiler_kit.kernels.attribution import RangeIndex, launches_in
 from profiler_kit.kernels.categories import COMMUNICATION
 from profiler_kit.kernels.cpu_ops import COLLECTIVE
+from profiler_kit.kernels.labels import Labelled, phase_ranges_at
 from profiler_kit.kernels.trace import KernelTrace
 
 # The ProcessGroup operators one collective call goes through, once each, whatever the backend.
@@ -55,20 +57,16 @@ def kind_of(name: str) -> str:
     return next((kind for kind in KINDS if kind in folded), name)
 
 
-def executions(kernels: pd.DataFrame, index: RangeIndex | None, cpu: bool, steps: np.ndarray,
-               numbers: np.ndarray, offset_ns: int) -> pd.DataFrame:
+def executions(kernels: pd.DataFrame, index: RangeIndex | None, cpu: bool, offset_ns: int) -> pd.DataFrame:
     """One row per collective a rank ran, by start: kind, name, start_ns (plus `offset_ns`, onto its clock),
-    duration_ns, and step (the number of the step range of `steps` it was launched in, OUTSIDE_STEPS if none).
-    `kernels`: a summary's attributed kernels, or its CPU operators when `cpu`."""
+    duration_ns, and step (the number of the step it was launched in, OUTSIDE_STEPS if none). `kernels`: a
+    summary's labelled kernels, or its CPU operators when `cpu`; `index`: its ranges (NCCL's own among them)."""
     if "start_ns" not in kernels.columns:
         return pd.DataFrame(columns=list(EXECUTION_COLUMNS))
     chosen = (kernels["category"] == COMMUNICATION).to_numpy().copy()
     if cpu:
         chosen &= kernels["name"].astype(str).str.contains(COLLECTIVE).to_numpy()
-    step = np.full(len(kernels), OUTSIDE_STEPS, dtype=np.int64)
-    if index is not None and len(steps):
-        rows, owners = launches_in(kernels, index, steps)
-        step[rows] = numbers[pd.Index(steps).get_indexer(owners)]
+    step = kernels["step"].to_numpy()
     rows = np.flatnonzero(chosen)
     starts = kernels["start_ns"].to_numpy()[rows]
     ends = kernels["end_ns"].to_numpy()[rows] if "end_ns" in kernels.columns else (
@@ -94,10 +92,12 @@ def _host_waits(kernels: pd.DataFrame, index: RangeIndex) -> np.ndarray:
     return waits
 
 
-def calls_per_phase(trace: KernelTrace, kernels: pd.DataFrame, index: RangeIndex | None, phases: list[str],
+def calls_per_phase(trace: KernelTrace, kernels: pd.DataFrame, labelled: Labelled,
                     among: np.ndarray | None = None) -> dict[str, int]:
     """How many collectives each phase called (see the module docstring for what counts), in its ranges of the
-    mask `among` (all by default); empty when the trace cannot say. `kernels`: the summary's attributed ones."""
+    mask `among` (all by default); empty when the trace cannot say. `kernels`: the summary's labelled ones; the
+    calls that are no kernels are placed in the phases by `labels.phase_ranges_at`."""
+    index, phases = labelled.index, labelled.phases
     if index is None:
         return {}
     if trace.cpu_ops is not None:
@@ -109,10 +109,13 @@ def calls_per_phase(trace: KernelTrace, kernels: pd.DataFrame, index: RangeIndex
             calls = kernels[(kernels["category"] == COMMUNICATION).to_numpy()]
     if not len(calls):
         return {p: 0 for p in phases}
-    calls = calls.reset_index(drop=True)
-    names = index.names().to_numpy()
-    chosen = np.ones(len(names), dtype=bool) if among is None else among
-    return {p: len(np.unique(launches_in(calls, index, np.flatnonzero((names == p) & chosen))[0])) for p in phases}
+    owner = (calls["phase_range"].to_numpy() if "phase_range" in calls.columns else
+             phase_ranges_at(labelled, calls["launch_ns"].to_numpy(), calls["process"].to_numpy()))
+    held = owner >= 0
+    if among is not None:
+        held[held] = among[owner[held]]
+    called = Counter(index.name[owner[held]].tolist())
+    return {p: called.get(p, 0) for p in phases}
 
 
 @dataclass

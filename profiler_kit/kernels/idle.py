@@ -22,8 +22,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from profiler_kit.kernels.attribution import RangeIndex, launches_by_group, launches_in
+from profiler_kit.kernels.attribution import RangeIndex
 from profiler_kit.kernels.categories import COMMUNICATION
+from profiler_kit.kernels.labels import Labelled, grouped
 
 # Above this share of idle time in a phase's GPU span, the phase is launch-bound.
 LAUNCH_BOUND_PCT = 50.0
@@ -74,21 +75,23 @@ def _largest_gaps(gap: np.ndarray, labels: np.ndarray) -> dict[int, list[int]]:
     return {int(label): [int(g) for g in group] for label, group in top.groupby("label")["gap"]}
 
 
-def phase_idle(kernels: pd.DataFrame, index: RangeIndex, phases: list[str],
-               among: np.ndarray | None = None) -> pd.DataFrame:
+def phase_idle(kernels: pd.DataFrame, labelled: Labelled, among: np.ndarray | None = None) -> pd.DataFrame:
     """One row per phase: its ranges, their CPU wall time, the GPU span of their kernels, busy and idle time,
     idle share, the largest idle gaps and the verdict (`launch-bound`, `gpu-bound`, or `one long gap` when one
     gap holds most of the idle time and the rest of the span is busy; empty without kernels). `dominant_gap`
     describes that one gap of a phase idle above LAUNCH_BOUND_PCT (else None). `among`: a mask of the ranges to
-    consider (those of the steady steps), all by default. Every phase at once, its ranges a group at a time
-    (`launches_by_group`): no loop over ranges."""
+    consider (those of the steady steps), all by default. `kernels`: labelled ones (`labels`), grouped by their
+    phase range, a group of ranges at a time (`labels.grouped`): no loop over ranges."""
+    index, phases = labelled.index, labelled.phases
     label_of = pd.Index(phases).get_indexer(index.names())
-    chosen = label_of >= 0 if among is None else (label_of >= 0) & among
+    chosen = labelled.phase_mask if among is None else labelled.phase_mask & among
     ids = np.flatnonzero(chosen)
+    owner_of = _owners(kernels, chosen)
     parts, largest = [], {}
     # A group of ranges at a time (all the kernels of a range are in its group): per range its span, busy
     # time and largest gap (`gap_before` turned into the row of the kernel after it), per phase its largest gaps.
-    for members, owners in launches_by_group(kernels, index, ids):
+    for members in grouped(owner_of):
+        owners = owner_of[members]
         starts = kernels["start_ns"].to_numpy()[members]
         ends = starts + kernels["total_ns"].to_numpy()[members]
         part = spans_by_owner(starts, ends, owners)
@@ -123,6 +126,15 @@ def phase_idle(kernels: pd.DataFrame, index: RangeIndex, phases: list[str],
                          "wall_ns": wall, "gpu_span_ns": span, "busy_ns": busy, "idle_ns": span - busy,
                          "idle_pct": idle_pct, "largest_gaps_ns": gaps, "verdict": verdict,
                          "dominant_gap": dominant}, columns=list(COLUMNS))
+
+
+def _owners(kernels: pd.DataFrame, chosen: np.ndarray) -> np.ndarray:
+    """Each kernel's phase range where it is one of the mask `chosen`, else -1."""
+    owner = kernels["phase_range"].to_numpy().copy()
+    held = owner >= 0
+    held[held] = chosen[owner[held]]
+    owner[~held] = -1
+    return owner
 
 
 def _dominant_gap(pieces: pd.DataFrame, span: int, idle: int, gaps: list[int],
@@ -169,13 +181,12 @@ def covered_ns(starts: np.ndarray, ends: np.ndarray, q_starts: np.ndarray, q_end
     return covered_until(q_ends) - covered_until(q_starts)
 
 
-def communication(kernels: pd.DataFrame, index: RangeIndex | None, phases: list[str],
-                  among: np.ndarray | None = None) -> pd.DataFrame:
-    """phase, comm_ns, overlapped_ns, exposed_ns, overlap_pct of one report's `phases` (`kernels` as
-    summarized, with `category`, `start_ns`, `stream` and, for CPU operators, `end_ns` and `outermost`).
-    `among`: a mask of the ranges to consider (those of the steady steps), all by default."""
+def communication(kernels: pd.DataFrame, labelled: Labelled, among: np.ndarray | None = None) -> pd.DataFrame:
+    """phase, comm_ns, overlapped_ns, exposed_ns, overlap_pct of one report's phases (`kernels`: labelled, with
+    `category`, `start_ns`, `stream` and, for CPU operators, `end_ns` and `outermost`). `among`: a mask of the
+    phase ranges to consider (those of the steady steps), all by default."""
     rows = []
-    if index is None or "start_ns" not in kernels.columns:
+    if labelled.index is None or "start_ns" not in kernels.columns:
         return pd.DataFrame(columns=["phase", "comm_ns", "overlapped_ns", "exposed_ns", "overlap_pct"])
     starts = kernels["start_ns"].to_numpy()
     # A collective's own time (a kernel's duration, an operator's self time) is what counts as communication;
@@ -185,12 +196,11 @@ def communication(kernels: pd.DataFrame, index: RangeIndex | None, phases: list[
     is_comm = (kernels["category"] == COMMUNICATION).to_numpy()
     compute = ~is_comm & (kernels["outermost"].to_numpy() if "outermost" in kernels.columns else True)
     streams, processes = kernels["stream"].to_numpy(), kernels["process"].to_numpy()
-    label_of = pd.Index(phases).get_indexer(index.names())
-    chosen = label_of >= 0 if among is None else (label_of >= 0) & among
-    all_members, owners = launches_in(kernels, index, np.flatnonzero(chosen))
-    for label, phase in enumerate(phases):
-        members = all_members[label_of[owners] == label]
-        comm = np.unique(members[is_comm[members]])
+    chosen = labelled.phase_mask if among is None else labelled.phase_mask & among
+    held = _owners(kernels, chosen) >= 0
+    codes = labelled.phase_codes(kernels)
+    for label, phase in enumerate(labelled.phases):
+        comm = np.flatnonzero(held & is_comm & (codes == label))
         overlapped = 0
         for proc, stream in {(processes[i], streams[i]) for i in comm}:
             mine = comm[(processes[comm] == proc) & (streams[comm] == stream)]
@@ -201,12 +211,11 @@ def communication(kernels: pd.DataFrame, index: RangeIndex | None, phases: list[
     return pd.DataFrame(rows, columns=["phase", "comm_ns", "overlapped_ns", "exposed_ns", "overlap_pct"])
 
 
-def phase_wall(index: RangeIndex | None, phases: list[str], among: np.ndarray | None = None) -> dict[str, int]:
+def phase_wall(labelled: Labelled, among: np.ndarray | None = None) -> dict[str, int]:
     """CPU wall time of each phase: the total length of its ranges (those of the mask `among`, else all)."""
+    index, phases = labelled.index, labelled.phases
     if index is None:
         return {p: 0 for p in phases}
-    lengths = index.ranges["end_ns"] - index.ranges["start_ns"]
-    if among is not None:
-        lengths = lengths.where(among, 0)
-    walls = lengths.groupby(index.names().to_numpy()).sum()
+    chosen = labelled.phase_mask if among is None else labelled.phase_mask & among
+    walls = pd.Series(np.where(chosen, index.end - index.start, 0)).groupby(index.name).sum()
     return {p: int(walls.get(p, 0)) for p in phases}

@@ -31,19 +31,12 @@ import pandas as pd
 
 from profiler_kit.errors import ProfilerKitError
 from profiler_kit.kernels import collectives
-from profiler_kit.kernels.attribution import launches_in, membership
 from profiler_kit.kernels.categories import CATEGORIES, COMMUNICATION
 from profiler_kit.kernels.idle import communication, phase_wall
+from profiler_kit.kernels.labels import OUTSIDE_PHASES
 from profiler_kit.kernels.sources import load_many
-from profiler_kit.kernels.steps import STEADY, WARMUP, WARMUP_FACTOR, find_steps, inside_steps, warm_rows
-from profiler_kit.kernels.summary import (
-    CPU_OPS,
-    NS_PER_MS,
-    OUTSIDE_PHASES,
-    KernelSummary,
-    label_totals,
-    summarize_trace,
-)
+from profiler_kit.kernels.steps import STEADY, WARMUP, WARMUP_FACTOR, warm_rows
+from profiler_kit.kernels.summary import CPU_OPS, NS_PER_MS, KernelSummary, label_totals, summarize_trace
 from profiler_kit.kernels.trace import NO_LAUNCH, KernelTrace
 from profiler_kit.render import Title, records
 
@@ -310,14 +303,14 @@ def _label(path: Path, proc: int | None, per_path: Counter) -> str:
 def summarize_ranks(ranked: list[tuple[int, KernelTrace]], top: int = 10,
                     phases: list[str] | None = None) -> RankedSummary:
     """Summaries of one job's traces, rank by rank (`rank_traces` reads them), with the steady-state figures."""
-    summaries = [summarize_trace(trace, top=top, phases=phases) for _, trace in ranked]
+    summaries = [summarize_trace(trace, top=top, phases=phases, rank=rank) for rank, trace in ranked]
     steps = [_numbered_steps(s) for s in summaries]
     notes: list[str] = []
     steady, warm = _job_steps([rank for rank, _ in ranked], steps, notes)
     members = []
     for (rank, trace), summary, (ids, numbers, _) in zip(ranked, summaries, steps, strict=True):
         chosen = ids[np.isin(numbers, steady)] if steady is not None else None
-        runs = collectives.executions(summary.attributed, summary.index, summary.basis == CPU_OPS, ids, numbers,
+        runs = collectives.executions(summary.attributed, summary.index, summary.basis == CPU_OPS,
                                       trace.clock_offset_ns)
         members.append(_rank(rank, trace, summary, chosen, runs))
     clocks = {trace.clock for _, trace in ranked}
@@ -339,8 +332,8 @@ def _numbered_steps(summary: KernelSummary) -> tuple[np.ndarray, np.ndarray, np.
     if summary.steps is None or summary.index is None:
         empty = np.empty(0, dtype=np.int64)
         return empty, empty, np.empty(0, dtype=bool)
-    return (find_steps(summary.index, summary.phase_names), summary.steps["step"].to_numpy(dtype=np.int64),
-            warm_rows(summary.steps))
+    steps = summary.labelled.steps
+    return steps["range"].to_numpy(), steps["step"].to_numpy(dtype=np.int64), warm_rows(summary.steps)
 
 
 def _job_steps(ranks: list[int], steps: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
@@ -370,40 +363,39 @@ def _job_steps(ranks: list[int], steps: list[tuple[np.ndarray, np.ndarray, np.nd
 def _rank(rank: int, trace: KernelTrace, summary: KernelSummary, steady: np.ndarray | None,
           runs: pd.DataFrame) -> Rank:
     """One rank's figures over its steady step ranges `steady` (None: the whole recording)."""
-    index, kernels, names = summary.index, summary.attributed, summary.phase_names
-    among = inside_steps(index, steady) if steady is not None else None
+    index, kernels, names, labelled = summary.index, summary.attributed, summary.phase_names, summary.labelled
+    rows = None if steady is None else np.flatnonzero(np.isin(labelled.steps["range"].to_numpy(), steady))
+    among = None if rows is None else labelled.within_steps(rows)
     if steady is None:
-        rows = np.arange(len(kernels))
-        wall = None
+        chosen, wall = np.ones(len(kernels), dtype=bool), None
     else:
-        rows = np.unique(launches_in(kernels, index, steady)[0])
-        wall = int((index.ranges["end_ns"] - index.ranges["start_ns"]).to_numpy()[steady].sum())
-    chosen = kernels.iloc[rows]
-    categories = chosen.groupby("category", observed=False)["total_ns"].sum()
-    by_phase = _by_phase(summary, among, rows)
+        chosen = np.isin(labelled.step_rows(kernels), rows)
+        wall = int((index.end[steady] - index.start[steady]).sum())
+    categories = kernels[chosen].groupby("category", observed=False)["total_ns"].sum()
+    by_phase = _by_phase(summary, among, chosen)
     inside = by_phase[by_phase["phase"] != OUTSIDE_PHASES].groupby("phase")["total_ns"].sum()
-    totals = {"steps": 0 if steady is None else len(steady), "wall_ns": wall, "total_ns": int(chosen["total_ns"].sum()),
+    totals = {"steps": 0 if steady is None else len(steady), "wall_ns": wall,
+              "total_ns": int(kernels["total_ns"].to_numpy()[chosen].sum()),
               "categories": {c: int(categories.get(c, 0)) for c in CATEGORIES},
               "phase_ns": {p: int(inside.get(p, 0)) for p in names}}
     node = next(iter(trace.process_nodes.values())) if len(trace.process_nodes) == 1 else None
     processes = processes_of(trace)
     process = int(processes[0]) if processes is not None and len(processes) == 1 else None
-    return Rank(rank, node, process, summary, steady, totals, communication(kernels, index, names, among),
-                phase_wall(index, names, among), collectives.calls_per_phase(trace, kernels, index, names, among),
+    return Rank(rank, node, process, summary, steady, totals, communication(kernels, labelled, among),
+                phase_wall(labelled, among), collectives.calls_per_phase(trace, kernels, labelled, among),
                 runs, by_phase)
 
 
-def _by_phase(summary: KernelSummary, among: np.ndarray | None, rows: np.ndarray) -> pd.DataFrame:
-    """The summary's phase table (`phase`, `category`, `instances`, `total_ns`) over the kernels `rows`: each
-    kernel once in every phase range (of the mask `among`, else any) holding its launch, the rest under
-    OUTSIDE_PHASES."""
-    index, kernels, names = summary.index, summary.attributed, summary.phase_names
-    held, labels = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int32)
-    if index is not None and names:
-        chosen = index.names().isin(names).to_numpy().copy()
-        if among is not None:
-            chosen &= among
-        held, labels = membership(kernels, index, np.flatnonzero(chosen), names)
-    outside = np.setdiff1d(rows, held)
-    return label_totals(kernels, [*names, OUTSIDE_PHASES], "phase", (held, labels),
-                        (outside, np.full(len(outside), len(names))))
+def _by_phase(summary: KernelSummary, among: np.ndarray | None, chosen: np.ndarray) -> pd.DataFrame:
+    """The summary's phase table (`phase`, `category`, `instances`, `total_ns`) over the kernels of the mask
+    `chosen`: each kernel under its phase where its phase range is one of the mask `among` (else any), the rest
+    under OUTSIDE_PHASES."""
+    kernels, labelled, names = summary.attributed, summary.labelled, summary.phase_names
+    codes = labelled.phase_codes(kernels).astype(np.int64)
+    held = (codes >= 0) & (codes < len(names))
+    if among is not None:
+        owner = kernels["phase_range"].to_numpy()
+        held[held] = among[owner[held]]
+    rows = np.flatnonzero(held | chosen)
+    return label_totals(kernels, [*names, OUTSIDE_PHASES], "phase", (rows, np.where(held[rows], codes[rows],
+                                                                                      len(names))))

@@ -12,7 +12,7 @@
 
 All times are integer nanoseconds (the per-step table's are milliseconds, as its names say), `categories`
 lists every category and sums exactly to `total_ns` (kernel time only; memory operations are apart), and
-`phases` is empty when the source has no NVTX ranges. `phase_rule` says which rule of `kernels.phases` chose
+`phases` is empty when the source has no NVTX ranges. `phase_rule` says which rule of `phase_rule` chose
 the phases; `steps` is empty without a repeating outer range (`kernels.steps`: `step` is the program's own
 number of the step, from 0, and `state` is there only when a warm-up step was seen).
 `time_basis` is `gpu_kernels`, or `cpu_ops` for a trace without kernels (a CPU run), whose tables then hold
@@ -27,7 +27,7 @@ entry with the split by the range's direct sub-ranges.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,31 +36,33 @@ import pandas as pd
 
 from profiler_kit.errors import ProfilerKitError
 from profiler_kit.kernels.attribution import RangeIndex, membership
-from profiler_kit.kernels.categories import CATEGORIES, categorize, optimizer_work
+from profiler_kit.kernels.categories import CATEGORIES
 from profiler_kit.kernels.cpu_ops import profiler_overhead
 from profiler_kit.kernels.idle import phase_idle
-from profiler_kit.kernels.phases import PhaseChoice, choose_phases, left_out, phase_index
-from profiler_kit.kernels.sources import load
-from profiler_kit.kernels.steps import (
-    NUMBERED_HERE,
-    WARMUP_FACTOR,
-    find_steps,
-    inside_steps,
-    step_numbers,
-    step_table,
-    step_title,
-    warm_rows,
+from profiler_kit.kernels.labels import NUMBERED_HERE, OUTSIDE_PHASES, Labelled, label, left_out
+from profiler_kit.kernels.phase_metrics import (
+    FlopRate,
+    categories,
+    flops,
+    idle,
+    phase_table,
+    share,
+    split_table,
+    step_rate,
+    with_ms,
 )
-from profiler_kit.kernels.trace import NO_LAUNCH, KernelTrace, blocks, summed
+from profiler_kit.kernels.runs import side_of
+from profiler_kit.kernels.sources import load
+from profiler_kit.kernels.steps import WARMUP_FACTOR, step_table, step_title, warm_rows
+from profiler_kit.kernels.trace import KernelTrace, blocks, summed
 from profiler_kit.names import KERNELS_TOP
-from profiler_kit.render import Title, format_count, shorten_middle
+from profiler_kit.render import Shown, Title, format_count, shorten_middle
 
 # What the times are: GPU kernel durations, or (a trace without kernels) CPU operator self times.
 GPU_KERNELS, CPU_OPS = "gpu_kernels", "cpu_ops"
 DEFAULT_TOP = KERNELS_TOP
 NS_PER_MS = 1_000_000
 NS_PER_US = 1_000
-OUTSIDE_PHASES = "(outside phases)"
 # Kernel names are C++ signatures hundreds of characters long; a note names one in at most this many characters.
 DISPLAY_NAME_CHARS = 96
 # Spelled out in every ATen kernel name, telling nothing apart: namespaces and nsys's `(int)4` casts.
@@ -115,30 +117,26 @@ class KernelSummary:
     notes: list[str] = field(default_factory=list)
     basis: str = GPU_KERNELS
     idle: pd.DataFrame | None = None  # per phase: where the GPU idles (kernels.idle.phase_idle)
-    step_mfu: dict[str, float | None] | None = None  # over all phases, from FLOPs per step (`add_flops`)
     attributed: pd.DataFrame | None = None  # one row per execution, with its category (what `kernels` sums)
     index: RangeIndex | None = None  # the report's NVTX ranges, nested
-    phase_rule: str = "none"  # which rule chose the phases (kernels.phases.choose_phases)
+    labelled: Labelled | None = None  # the kernels' labels (kernels.labels), before --nvtx picks some
+    phase_rule: str = "none"  # which rule chose the phases (phase_rule.choose_phases)
     steps: pd.DataFrame | None = None  # one row per step (kernels.steps.step_table); None without steps
     overhead: Overhead | None = None  # the profiler's own CPU operators, left out (None without CPU operators)
+    steady_ranges: np.ndarray | None = None  # the ranges inside the steady steps (None: every range counts)
+    flops: FlopRate | None = None  # the FLOPs given, for the FLOP rate and MFU (`with_flops`)
 
-    def add_flops(self, per_phase: dict[str, float] | None = None, per_step: float | None = None,
-                  peak_tflops: float | None = None) -> None:
-        """Achieved TFLOP/s and MFU over the GPU span of each phase whose FLOPs (per range) are in
-        `per_phase`, and over all phases together from `per_step`; MFU needs the GPU's `peak_tflops`."""
-        if self.idle is None:
-            self.notes.append("no FLOP rate: it needs kernel timestamps and phases")
-            return
-        flops = self.idle["phase"].map(per_phase or {}).astype(float) * self.idle["ranges"]
-        tflops = flops / self.idle["gpu_span_ns"].replace(0, np.nan) / 1e3
-        self.idle["tflops"] = tflops
-        self.idle["mfu_pct"] = tflops * 100.0 / peak_tflops if peak_tflops else np.nan
-        if per_step is not None:
-            span = int(self.idle["gpu_span_ns"].sum())
-            achieved = per_step * int(self.idle["ranges"].max()) / span / 1e3 if span else None
-            mfu = achieved * 100.0 / peak_tflops if achieved is not None and peak_tflops else None
-            self.step_mfu = {"flops_per_step": per_step, "tflops": achieved, "mfu_pct": mfu,
-                             "peak_tflops": peak_tflops}
+    def with_flops(self, rate: FlopRate) -> KernelSummary:
+        """This summary with the TFLOP/s and MFU that `rate` gives (`phase_metrics.flops`, `step_rate`): over the
+        GPU span of each phase and of all phases together; a note where there is no span to rate."""
+        notes = self.notes if self.idle is not None else [*self.notes, "no FLOP rate: it needs kernel timestamps "
+                                                                        "and phases"]
+        return replace(self, flops=rate, notes=notes)
+
+    @property
+    def step_mfu(self) -> dict[str, float | None] | None:
+        """TFLOP/s and MFU over all phases, from the FLOPs of one step (None unless given)."""
+        return step_rate(self)
 
     @property
     def timed(self) -> str:
@@ -189,7 +187,7 @@ class KernelSummary:
             "mfu": self.step_mfu,
             "profiler_overhead": self.overhead.to_json() if self.overhead is not None else None,
             "idle": {} if self.idle is None else {
-                r["phase"]: {k: v for k, v in r.items() if k != "phase"} for r in self.idle.to_dict("records")
+                r["phase"]: {k: v for k, v in r.items() if k != "phase"} for r in self._idle_records()
             },
             "top_kernels": [
                 {
@@ -201,8 +199,6 @@ class KernelSummary:
                 for r in self.kernels.head(self.top).itertuples(index=False)
             ],
         }
-        from profiler_kit.kernels.compare import side_of  # compare builds on this module
-
         # The report as one side of a comparison (`kernels compare --baseline`): its runs and its kernels.
         obj["runs"] = side_of([self], "A").to_json()
         if self.nvtx is not None:
@@ -215,12 +211,18 @@ class KernelSummary:
             }
         return obj
 
+    def _idle_records(self) -> list[dict[str, Any]]:
+        """The idle figures of each phase in ns, with the FLOP rate when FLOPs were given."""
+        rate = flops(self)
+        raw = self.idle if rate is None else self.idle.assign(**{c: rate[c].to_numpy() for c in rate.columns})
+        return raw.to_dict("records")
+
     def category_table(self) -> pd.DataFrame:
         grouped = self.kernels.groupby("category").agg(
             **{self.counted: ("instances", "sum")}, total_ns=("total_ns", "sum")
         )
         table = grouped.reindex([c for c in CATEGORIES if c in grouped.index]).reset_index()
-        return _with_ms(table, self.total_ns)
+        return with_ms(table, self.total_ns)
 
     def top_table(self, display: bool = False) -> pd.DataFrame:
         top = self.kernels.head(self.top)
@@ -231,28 +233,28 @@ class KernelSummary:
                 "instances": top["instances"],
                 "total_ms": top["total_ns"] / NS_PER_MS,
                 "avg_us": top["total_ns"] / top["instances"].clip(lower=1) / NS_PER_US,
-                "share_pct": _share(top["total_ns"], self.total_ns),
+                "share_pct": share(top["total_ns"], self.total_ns),
             }
         )
         return table.reset_index(drop=True)
 
     def phase_table(self) -> pd.DataFrame:
-        outside = [OUTSIDE_PHASES] if (self.phases["phase"] == OUTSIDE_PHASES).any() else []
-        return _split_table(self.phases, "phase", self.total_ns, [*self.phase_names, *outside], self.counted)
+        """The phases' categories (`phase_metrics.categories`), one row per phase."""
+        return categories(self).reset_index()
 
     def idle_table(self) -> pd.DataFrame:
-        table = self.idle.copy()
-        for column in ("wall", "gpu_span", "busy", "idle"):
-            table[f"{column}_ms"] = table.pop(f"{column}_ns") / NS_PER_MS
-        gaps = table.pop("largest_gaps_ns").map(lambda g: ", ".join(f"{x / NS_PER_US:.1f}" for x in g))
-        table["largest_gaps_us"] = gaps
-        flops = [c for c in ("tflops", "mfu_pct") if c in table.columns]
-        return table[["phase", "ranges", "wall_ms", "gpu_span_ms", "busy_ms", "idle_ms", "idle_pct",
-                      "largest_gaps_us", "verdict", *flops]]
+        """Where the GPU idles per phase, with the FLOP rate when FLOPs were given (`phase_metrics`)."""
+        table = idle(self)
+        rate = flops(self)
+        return (table if rate is None else table.join(rate)).reset_index()
+
+    def phase_metrics(self) -> pd.DataFrame:
+        """Every per-phase metric side by side (`phase_metrics.phase_table`)."""
+        return phase_table(self)
 
     def sub_range_table(self) -> pd.DataFrame:
         order = list(dict.fromkeys(self.sub_ranges["sub_range"]))
-        return _split_table(self.sub_ranges, "sub_range", self.total_ns, order, self.counted)
+        return split_table(self.sub_ranges, "sub_range", self.total_ns, order, self.counted)
 
     def tables(self, display: bool = False) -> list[tuple[str, pd.DataFrame]]:
         """The titled tables; each title is a `Title` with the table's name, the same for GPU and CPU traces and
@@ -275,8 +277,10 @@ class KernelSummary:
         tables = [by_category, (Title(f"Top {self.top} {items}{where}", "top_kernels", ("category", *shares)),
                                 self.top_table(display))]
         if self.phase_names:
+            phases = self.phase_table()
+            every = self.phase_metrics().set_index("phase").drop(columns=list(phases.columns[1:]))
             tables.append((Title(f"Per phase{where}: share of each phase's {self.timed}", "phases", shares),
-                           self.phase_table()))
+                           Shown(phases, list(phases.columns), every.reindex(phases["phase"]).reset_index(drop=True))))
         if self.steps is not None:
             tables.append((Title(f"Per step{where}: {step_title(self.steps)}", "steps",
                                  ("state", "wall_ms", "kernel_ms", "operator_ms", "idle_pct")), self.steps))
@@ -333,7 +337,9 @@ def summarize_trace(
     top: int = DEFAULT_TOP,
     phases: list[str] | tuple[str, ...] | None = None,
     nvtx: str | None = None,
+    rank: int | None = None,
 ) -> KernelSummary:
+    """Summarize a loaded report; `rank`: the job's rank of its events (`kernels.ranks`), else as recorded."""
     if top < 1:
         raise ProfilerKitError(f"--top must be at least 1, got {top}")
     notes = list(trace.notes)
@@ -347,25 +353,17 @@ def summarize_trace(
         if not len(trace.kernels) and len(cpu_ops):
             timed, kind, basis = cpu_ops, "cpu_op", CPU_OPS
             notes.append("no GPU kernels in this trace: the tables show CPU operator self time instead")
-    kernels = timed.assign(category=categorize(timed["name"], kind))
-    has_ranges = trace.ranges is not None and len(trace.ranges) > 0
-    index = RangeIndex(trace.ranges) if has_ranges and "launch_ns" in kernels.columns else None
-    if index is not None and index.overlapping:
-        notes.append("some NVTX ranges of one thread overlap without nesting; kernels in them may be missed")
-    if index is not None:
-        kernels = optimizer_work(kernels, index)
+    labelled = label(trace, timed, kind, phases, rank)
+    notes += labelled.notes
+    kernels, index = labelled.kernels, labelled.index
     sub_ranges = None
     if nvtx is not None:
         kernels, sub_ranges = _inside(kernels, index, trace, nvtx)
-    choice = choose_phases(index, phases) if index is not None else PhaseChoice([], "none")
-    if index is not None:
-        index = phase_index(index, choice)
-    notes += choice.notes
     summary = KernelSummary(
-        source=trace.source, path=trace.path, kernels=by_name(kernels), phases=None, phase_names=choice.names,
+        source=trace.source, path=trace.path, kernels=by_name(kernels), phases=None, phase_names=labelled.phases,
         memory_ops=trace.memory_ops, ranges=_range_list(trace.ranges) if trace.ranges is not None else None,
         top=top, nvtx=nvtx, sub_ranges=sub_ranges, notes=notes, basis=basis, attributed=kernels, index=index,
-        phase_rule=choice.rule, overhead=overhead,
+        phase_rule=labelled.choice.rule, overhead=overhead, labelled=labelled,
     )
     if index is not None:
         _add_phases(summary, asked=phases is not None)
@@ -374,27 +372,27 @@ def summarize_trace(
 
 def _add_phases(summary: KernelSummary, asked: bool) -> None:
     """The phase totals, the per-step table, where the GPU idles (on the steady steps) and the notes about
-    them, into `summary` (whose `attributed` kernels and `index` are set)."""
-    kernels, index, notes, names = summary.attributed, summary.index, summary.notes, summary.phase_names
-    summary.phases, rows, labels, outside = _phases(kernels, index, names, asked, notes)
+    them, into `summary` (whose `attributed` kernels and `labelled` are set)."""
+    kernels, labelled, notes, names = summary.attributed, summary.labelled, summary.notes, summary.phase_names
+    summary.phases = _phases(kernels, labelled, asked, notes)
     timestamped = summary.basis == GPU_KERNELS and "start_ns" in kernels.columns
-    steps = find_steps(index, names)
+    steps = labelled.steps
     steady = None
     if len(steps):
-        numbers, own = step_numbers(index, steps)
-        if not own:
+        if not labelled.own_numbers:
             notes.append(NUMBERED_HERE)
-        summary.steps = step_table(kernels, index, steps, numbers, names, rows, labels, timestamped)
+        summary.steps = step_table(kernels, labelled, timestamped)
         if summary.basis == CPU_OPS:  # operators' time, and no GPU to idle
             summary.steps = summary.steps.rename(columns={"kernel_ms": "operator_ms"}).drop(columns="idle_pct")
         warm = warm_rows(summary.steps)
         if timestamped and warm.any() and not warm.all():
-            steady = inside_steps(index, steps[~warm])
+            steady = labelled.within_steps(np.flatnonzero(~warm))
+            summary.steady_ranges = steady
             notes.append(f"where the GPU idles is judged on the {int((~warm).sum())} steady steps of "
                          f"{len(steps)}: the first {int(warm.sum())} took over {WARMUP_FACTOR:g}× the later "
                          "steps' median wall time (warm-up)")
     if timestamped and names:
-        summary.idle = phase_idle(kernels, index, names, steady)
+        summary.idle = phase_idle(kernels, labelled, steady)
         gaps = summary.idle[summary.idle["dominant_gap"].notna()]
         notes += [_gap_note(phase, gap) for phase, gap in zip(gaps["phase"], gaps["dominant_gap"], strict=True)]
     if summary.nvtx is not None:
@@ -405,8 +403,7 @@ def _add_phases(summary: KernelSummary, asked: bool) -> None:
                 "ranges open when they were launched, and e.g. PyTorch's autograd thread runs a layer's backward "
                 "outside the forward's per-layer ranges"
             )
-    notes += left_out(kernels, index, names, steps, outside, int(kernels["total_ns"].sum()),
-                      summary.timed)
+    notes += left_out(labelled, kernels, int(kernels["total_ns"].sum()), summary.timed)
 
 
 def _gap_note(phase: str, gap: dict[str, Any]) -> str:
@@ -470,26 +467,17 @@ def label_totals(kernels: pd.DataFrame, labels: list[str], column: str,
     )
 
 
-def _phases(
-    kernels: pd.DataFrame, index: RangeIndex, names: list[str], asked: bool, notes: list[str]
-) -> tuple[pd.DataFrame, np.ndarray, np.ndarray, np.ndarray]:
-    """Kernel totals per phase and category (kernels launched in no phase under OUTSIDE_PHASES), the (kernel
-    row, phase position) pairs behind the phases' totals, and the rows of the kernels launched in no phase."""
+def _phases(kernels: pd.DataFrame, labelled: Labelled, asked: bool, notes: list[str]) -> pd.DataFrame:
+    """Kernel totals per phase and category (kernels launched in no phase under OUTSIDE_PHASES)."""
+    names = labelled.phases
     if asked:
-        present = set(index.names())
+        present = set(labelled.index.names())
         missing = [p for p in names if p not in present]
         if missing:
             notes.append(f"no NVTX range named {', '.join(missing)} in this report")
-    labels = [*names, OUTSIDE_PHASES]
-    rows, codes = membership(kernels, index, _ids_named(index, names), labels)
-    outside = np.empty(0, dtype=np.int64)
-    if names:
-        in_none = kernels["launch_ns"].to_numpy() != NO_LAUNCH
-        in_none[rows] = False
-        outside = np.flatnonzero(in_none)
-        del in_none
-    table = label_totals(kernels, labels, "phase", (rows, codes), (outside, np.full(len(outside), len(names))))
-    return table, rows, codes, outside
+    codes = labelled.phase_codes(kernels)
+    rows = np.flatnonzero(codes >= 0)
+    return label_totals(kernels, [*names, OUTSIDE_PHASES], "phase", (rows, codes[rows]))
 
 
 def _inside(
@@ -526,29 +514,3 @@ def _range_list(ranges: pd.DataFrame) -> pd.DataFrame:
 def _category_ns(rows: pd.DataFrame) -> dict[str, int]:
     sums = rows.groupby("category")["total_ns"].sum()
     return {c: int(sums.get(c, 0)) for c in CATEGORIES}
-
-
-def _share(values: pd.Series, total: int) -> pd.Series:
-    return values * 100.0 / total if total else values * 0.0
-
-
-def _with_ms(table: pd.DataFrame, total_ns: int) -> pd.DataFrame:
-    table = table.assign(
-        total_ms=table["total_ns"] / NS_PER_MS, share_pct=_share(table["total_ns"], total_ns)
-    )
-    return table.drop(columns="total_ns")
-
-
-def _split_table(rows: pd.DataFrame, label: str, total_ns: int, order: list[str], counted: str) -> pd.DataFrame:
-    """One row per label of `order`: how many kernels (`counted`), total_ms, share of all the time, then each
-    category's share of the row."""
-    per_label = rows.groupby(label).agg(**{counted: ("instances", "sum")}, total_ns=("total_ns", "sum"))
-    per_label = per_label.reindex(order, fill_value=0)
-    per_label.index.name = label
-    wide = rows.pivot_table(index=label, columns="category", values="total_ns", aggfunc="sum", fill_value=0)
-    wide = wide.reindex(order, fill_value=0)
-    table = _with_ms(per_label.reset_index(), total_ns)
-    row_total = per_label["total_ns"].replace(0, np.nan)
-    for category in [c for c in CATEGORIES if c in wide.columns and wide[c].sum() > 0]:
-        table[f"{category}_pct"] = (wide[category] * 100.0 / row_total).fillna(0.0).to_numpy()
-    return table

@@ -6,7 +6,7 @@ track whose events span the GPU time of the kernels launched inside each phase r
 NVTX ranges. A kernel's `args.phase` names the phase it was launched in, so kernels that PyTorch's autograd
 thread launched sit under `backward`. A trace without kernels (a CPU run) shows its CPU operators instead, each
 call on its thread's track under that thread's ranges, and the `phases` track spans the operators of each
-phase range. Phases follow the rule of `kernels.phases`. Times are microseconds on each report's own clock.
+phase range. Phases and steps are the kernels' labels (`labels`). Times are microseconds on each report's own clock.
 
 A `Window` shows part of each report: its steps A to B (numbered as the per-step table numbers them, the
 program's own count), or a span in milliseconds from the report's first event (kernel, launch, CPU operator or
@@ -29,10 +29,7 @@ import pandas as pd
 
 from profiler_kit.errors import ProfilerKitError, UsageProblem
 from profiler_kit.files import replaced_when_complete
-from profiler_kit.kernels.attribution import RangeIndex, launches_in
-from profiler_kit.kernels.categories import categorize, optimizer_work
-from profiler_kit.kernels.phases import choose_phases, phase_index
-from profiler_kit.kernels.steps import find_steps, step_numbers
+from profiler_kit.kernels.labels import label, ranges_of
 from profiler_kit.kernels.trace import NO_LAUNCH, KernelTrace, shared_strings
 
 NS_PER_US = 1_000
@@ -95,24 +92,18 @@ def _span(text: str, option: str, kind: type) -> tuple:
 def _step_bounds(trace: KernelTrace, steps: tuple[int | None, int | None],
                  phases: list[str] | None) -> tuple[int, int]:
     """From the start of the first step asked for to the end of the last, over the report's processes."""
-    index = RangeIndex(trace.ranges) if trace.ranges is not None and len(trace.ranges) else None
-    found = np.empty(0, int)
-    if index is not None:
-        choice = choose_phases(index, phases)
-        index = phase_index(index, choice)
-        found = find_steps(index, choice.names)
+    found = ranges_of(trace, True, phases).steps
     if not len(found):
         raise ProfilerKitError(f"--steps: {trace.path} has no steps (no repeating range holds its phases); give "
                                "--window START:END in milliseconds instead")
-    numbers, _ = step_numbers(index, found)
+    numbers = found["step"].to_numpy()
     first, last = steps
     chosen = (numbers >= (numbers.min() if first is None else first)) & (numbers <= (numbers.max() if last is None
                                                                                      else last))
     if not chosen.any():
         raise ProfilerKitError(f"--steps {'' if first is None else first}:{'' if last is None else last}: "
                                f"{trace.path} has steps {numbers.min()} to {numbers.max()}")
-    ranges = index.ranges.iloc[found[chosen]]
-    return int(ranges["start_ns"].min()), int(ranges["end_ns"].max())
+    return int(found["start_ns"].to_numpy()[chosen].min()), int(found["end_ns"].to_numpy()[chosen].max())
 
 
 def _first_event_ns(trace: KernelTrace) -> int:
@@ -163,39 +154,41 @@ def _complete(pid: int, tid: int, name: str, start_ns: int, dur_ns: int, cat: st
     return event
 
 
-def _one(trace: KernelTrace, label: str, first_pid: int, phases: list[str] | None) -> list[dict[str, Any]]:
+def _one(trace: KernelTrace, whole: KernelTrace, title: str, first_pid: int,
+         phases: list[str] | None) -> list[dict[str, Any]]:
+    """The events of `trace` (`whole` cut to a window, or `whole` itself), its kernels labelled by `whole`'s
+    ranges."""
     kernels, kind = trace.kernels, "kernel"
     if not len(kernels) and trace.cpu_ops is not None and len(trace.cpu_ops):
         kernels, kind = trace.cpu_ops, "cpu_op"
     if "start_ns" not in kernels.columns:
         raise ProfilerKitError(f"{trace.path}: {trace.source} has no kernel timestamps; a timeline needs an nsys "
                                "report/.sqlite export or a torch.profiler trace")
+    labelled = label(whole, kernels, kind, phases)
+    kernels, index = labelled.kernels, labelled.index
     ranges = trace.ranges if trace.ranges is not None else pd.DataFrame(columns=["name", "start_ns", "end_ns",
                                                                                   "process", "thread"])
     processes = sorted(set(kernels["process"]) | set(ranges["process"]))
     pid_of = {proc: first_pid + i for i, proc in enumerate(processes)}
     events: list[dict[str, Any]] = []
     for proc, pid in pid_of.items():
-        events.append(_meta(pid, None, "process_name", label if len(processes) == 1 else f"{label} pid {proc}"))
+        events.append(_meta(pid, None, "process_name", title if len(processes) == 1 else f"{title} pid {proc}"))
         events.append(_meta(pid, PHASES_TID, "thread_name", "phases"))
     starts = kernels["start_ns"].to_numpy()
     # Kernels run for their duration; an operator's call lasts to its end (its self time is less).
     ends = kernels["end_ns"].to_numpy() if kind == "cpu_op" else starts + kernels["total_ns"].to_numpy()
     phase_of = shared_strings(len(kernels), "")
-    index = RangeIndex(ranges) if len(ranges) else None
-    category = categorize(kernels["name"].astype(str), kind)
+    category = kernels["category"].to_numpy()
     if index is not None and len(kernels):
-        kernels = kernels.assign(category=category)
-        category = optimizer_work(kernels, index)["category"]
-        choice = choose_phases(index, phases)
-        index, chosen = phase_index(index, choice), choice.names
-        names = index.names().to_numpy()
-        members, owners = launches_in(kernels, index, np.flatnonzero(np.isin(names, chosen)))
+        owners = kernels["phase_range"].to_numpy()
+        members = np.flatnonzero(owners >= 0)
+        owners = owners[members]
+        names = index.name
         phase_of[members] = names[owners]
         # One event per phase range: the span of the work launched inside it.
         spans = pd.DataFrame({"owner": owners, "start": starts[members], "end": ends[members]}).groupby("owner")
         for owner, first, last in spans.agg(first=("start", "min"), last=("end", "max")).itertuples():
-            pid = pid_of[int(index.ranges["process"].iloc[owner])]
+            pid = pid_of[int(index.process[owner])]
             events.append(_complete(pid, PHASES_TID, str(names[owner]), int(first), int(last - first), "phase"))
     threads = sorted(set(zip(ranges["process"], ranges["thread"], strict=True)))
     if kind == "cpu_op":
@@ -226,10 +219,10 @@ def timeline(traces: list[tuple[str, KernelTrace]], phases: list[str] | None = N
     """A Chrome trace object of `(label, trace)` pairs: one process track per trace (per process of it), each
     cut to `window` (whole when None)."""
     events: list[dict[str, Any]] = []
-    for label, trace in traces:
+    for title, trace in traces:
         pids = [e["pid"] for e in events]
         shown = trace if window is None else windowed(trace, window, phases)
-        events += _one(shown, label, max(pids, default=-1) + 1, phases)
+        events += _one(shown, trace, title, max(pids, default=-1) + 1, phases)
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 

@@ -185,10 +185,11 @@ def checked_total(durations_ns: Iterable[int] | np.ndarray, what: str) -> np.nda
     return durations
 
 
-def blocks(count: int) -> Iterator[slice]:
-    """Slices of BLOCK_ROWS rows that cover `count` rows, in order: the passes over every kernel of a report
-    hold one block's temporaries at a time."""
-    return (slice(first, first + BLOCK_ROWS) for first in range(0, count, BLOCK_ROWS))
+def blocks(count: int, rows: int | None = None) -> Iterator[slice]:
+    """Slices of `rows` (default BLOCK_ROWS) rows that cover `count` rows, in order: the passes over every kernel
+    of a report hold one block's temporaries at a time."""
+    rows = rows or BLOCK_ROWS
+    return (slice(first, first + rows) for first in range(0, count, rows))
 
 
 def joined(parts: list[np.ndarray], dtype: type = np.int64) -> np.ndarray:

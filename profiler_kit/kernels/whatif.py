@@ -34,7 +34,7 @@ from profiler_kit.errors import ProfilerKitError
 from profiler_kit.kernels.attribution import RangeIndex, launches_in
 from profiler_kit.kernels.categories import CATEGORIES
 from profiler_kit.kernels.idle import LAUNCH_BOUND_PCT, spans_by_owner
-from profiler_kit.kernels.steps import find_steps
+from profiler_kit.kernels.labels import Labelled
 from profiler_kit.kernels.summary import KernelSummary
 from profiler_kit.kernels.trace import NO_LAUNCH
 from profiler_kit.render import Title
@@ -252,8 +252,6 @@ def what_if(summary: KernelSummary, speedups: list[Speedup], launch_gaps: bool =
     durations = scaled_durations(kernels, summary.index, speedups)
     measured_start = kernels["start_ns"].to_numpy().astype(np.float64)
     _, timing = replay(kernels, kernels["total_ns"].to_numpy().astype(np.float64))
-    index = summary.index
-    steps = find_steps(index, summary.phase_names) if index is not None else np.empty(0, dtype=np.int64)
     floor = None
     if not launch_gaps:  # every kernel ready when the report's first one is: the host never holds the GPU back
         first = kernels["launch_ns"].to_numpy()[kernels["launch_ns"].to_numpy() != NO_LAUNCH].min()
@@ -261,9 +259,8 @@ def what_if(summary: KernelSummary, speedups: list[Speedup], launch_gaps: bool =
     predicted_start, timing = replay(kernels, durations, floor, None if launch_gaps else GRAPH_QUEUE_GAP_NS)
     measured = (measured_start.astype(np.int64), (measured_start + kernels["total_ns"].to_numpy()).astype(np.int64))
     predicted = (np.rint(predicted_start).astype(np.int64), np.rint(predicted_start + durations).astype(np.int64))
-    phases = _range_table(kernels, index, summary.phase_names, measured, predicted, launch_gaps)
-    numbers = summary.steps["step"].to_numpy() if summary.steps is not None else np.empty(0, dtype=np.int64)
-    step_rows = _step_table(kernels, index, steps, numbers, measured, predicted, launch_gaps)
+    phases = _range_table(kernels, summary.labelled, measured, predicted, launch_gaps)
+    step_rows = _step_table(kernels, summary.labelled, measured, predicted, launch_gaps)
     notes = list(summary.notes)
     if not timing.gap_measured:
         notes.append(f"no kernel queued behind another on its stream: the gap between queued kernels is taken "
@@ -271,14 +268,15 @@ def what_if(summary: KernelSummary, speedups: list[Speedup], launch_gaps: bool =
     return WhatIf(summary, speedups, launch_gaps, timing, phases, step_rows, notes)
 
 
-def _range_times(kernels: pd.DataFrame, index: RangeIndex, range_ids: np.ndarray,
+def _range_times(kernels: pd.DataFrame, index: RangeIndex, owner: np.ndarray,
                  timeline: tuple[np.ndarray, np.ndarray], launch_gaps: bool) -> pd.DataFrame:
-    """Per range of `range_ids` with kernels: its time, from its start (or its first kernel's, if earlier, and
-    never before the ranges before it in its process are done) until its last kernel was launched (when
-    launches count) and done; and the GPU's busy time over its kernels' span. Ranges of one process never count
-    the same moment twice, so when the GPU runs behind the host a step's time starts when the step before it is
-    done."""
-    rows, owners = launches_in(kernels, index, range_ids)
+    """Per range with kernels (`owner`: each kernel's range, a step's or a phase's, -1 for none): its time, from
+    its start (or its first kernel's, if earlier, and never before the ranges before it in its process are done)
+    until its last kernel was launched (when launches count) and done; and the GPU's busy time over its kernels'
+    span. Ranges of one process never count the same moment twice, so when the GPU runs behind the host a step's
+    time starts when the step before it is done."""
+    rows = np.flatnonzero(owner >= 0)
+    owners = owner[rows]
     starts, ends = timeline[0][rows], timeline[1][rows]
     spans = spans_by_owner(starts, ends, owners).set_index("owner")
     done = ends if not launch_gaps else np.maximum(ends, kernels["launch_ns"].to_numpy()[rows])
@@ -312,17 +310,17 @@ def _row(label: str, measured: pd.DataFrame, predicted: pd.DataFrame) -> dict[st
     }
 
 
-def _range_table(kernels: pd.DataFrame, index: RangeIndex | None, phase_names: list[str],
-                 measured: tuple[np.ndarray, np.ndarray], predicted: tuple[np.ndarray, np.ndarray],
-                 launch_gaps: bool) -> pd.DataFrame:
+def _range_table(kernels: pd.DataFrame, labelled: Labelled, measured: tuple[np.ndarray, np.ndarray],
+                 predicted: tuple[np.ndarray, np.ndarray], launch_gaps: bool) -> pd.DataFrame:
     """One row per phase, and a last row `(all kernels)` over the whole report."""
     rows = []
+    index = labelled.index
     if index is not None:
         names = index.names().to_numpy()
-        ids = np.flatnonzero(np.isin(names, phase_names))
-        m = _range_times(kernels, index, ids, measured, True)
-        p = _range_times(kernels, index, ids, predicted, launch_gaps)
-        for phase in phase_names:
+        owner = kernels["phase_range"].to_numpy().astype(np.int64)
+        m = _range_times(kernels, index, owner, measured, True)
+        p = _range_times(kernels, index, owner, predicted, launch_gaps)
+        for phase in labelled.phases:
             mine = names[m["range_id"].to_numpy()] == phase
             rows.append({"phase": phase, "ranges": int(mine.sum()), **_row(phase, m[mine], p[mine])})
     whole = []
@@ -334,18 +332,19 @@ def _range_table(kernels: pd.DataFrame, index: RangeIndex | None, phase_names: l
     return pd.DataFrame(rows, columns=list(COLUMNS))
 
 
-def _step_table(kernels: pd.DataFrame, index: RangeIndex | None, steps: np.ndarray, numbers: np.ndarray,
-                measured: tuple[np.ndarray, np.ndarray], predicted: tuple[np.ndarray, np.ndarray],
-                launch_gaps: bool) -> pd.DataFrame:
-    """One row per step (`kernels.steps.find_steps`), with its `numbers` (the summary's per-step table, in the
-    same order)."""
+def _step_table(kernels: pd.DataFrame, labelled: Labelled, measured: tuple[np.ndarray, np.ndarray],
+                predicted: tuple[np.ndarray, np.ndarray], launch_gaps: bool) -> pd.DataFrame:
+    """One row per step with kernels (`labelled.steps`)."""
+    steps, index = labelled.steps, labelled.index
     if index is None or not len(steps):
         return pd.DataFrame({column: pd.Series(dtype=np.int64 if column == "step" else np.float64)
                              for column in STEP_COLUMNS})
-    m = _range_times(kernels, index, steps, measured, True).set_index("range_id")
-    p = _range_times(kernels, index, steps, predicted, launch_gaps).set_index("range_id")
+    rows = labelled.step_rows(kernels)
+    owner = np.where(rows >= 0, steps["range"].to_numpy()[np.maximum(rows, 0)], -1)
+    m = _range_times(kernels, index, owner, measured, True).set_index("range_id")
+    p = _range_times(kernels, index, owner, predicted, launch_gaps).set_index("range_id")
     table = pd.DataFrame({
-        "step": pd.Series(numbers, index=steps).reindex(m.index).to_numpy(),
+        "step": pd.Series(steps["step"].to_numpy(), index=steps["range"].to_numpy()).reindex(m.index).to_numpy(),
         "measured_ms": m["time_ns"].to_numpy() / 1e6,
         "predicted_ms": p["time_ns"].reindex(m.index).to_numpy() / 1e6,
     })

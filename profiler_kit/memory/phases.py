@@ -1,21 +1,19 @@
 """Phases and steps of a snapshot placed on its trace, each phase labelled by its step, and their peaks.
 
-Phases come from the first of these that the snapshot has:
+Phases and steps are the ranges that the step and phase rule (`phase_rule`, the same as for kernel reports)
+chooses among the first of these that the snapshot has:
 1. The recorder's metadata (`phases` in the snapshot's `profiler_kit` entry or its sidecar): every range closed
    while it recorded, with its kind (`phase`: opened with `profiler_kit.phase`; `program`: the program's own
-   ranges; `auto`: the recorder's own marks `forward`, `backward`, `optimizer_step`), the program's step
-   (0-based) and its start and end on the trace's clock. The phases are the ranges of the first kind present in
-   that order, as for kernel reports; `step` ranges are the steps. A recording without kinds or start times (the
-   built-in workload's) has each phase start where the previous one ended.
+   ranges; `auto`: the recorder's own marks `forward`, `backward`, `optimizer_step`, `step`), the program's step
+   (0-based) and its start and end on the trace's clock. A recording without kinds or start times (the built-in
+   workload's) has each phase start where the previous one ended.
 2. The snapshot's `external_annotations`: every `record_function` range open while history was recorded has a
-   START and an END entry there. PyTorch's own ranges (`Optimizer.step#…`, `Optimizer.zero_grad#…`, `aten::…`,
-   DDP's, FSDP's) and `warmup` are never phases; `step` ranges (and `ProfilerStep#N`) are the steps; the
-   outermost of the others are the phases or, while those all have one name (a `train_step` holding `forward`,
-   `backward`, `optimizer`), the ranges directly inside them, and the outer ones are the steps.
+   START and an END entry there, all of them the program's.
 3. Inferred from the stacks (`inferred.py`), only where neither names a phase.
-`Optimizer.step#…` ranges that no phase holds stand in for the optimizer step (`optimizer_step`). Without step
-ranges, each step ends with an optimizer step: a phase named like one or holding PyTorch's `Optimizer.step#…`
-(with gradient accumulation, several forwards and backwards run in one step).
+One step range is a step here (a snapshot often holds one step). `Optimizer.step#…` ranges that no phase holds
+stand in for the optimizer step (`optimizer_step`). Without step ranges, each step ends with an optimizer step: a
+phase named like one or holding PyTorch's `Optimizer.step#…` (with gradient accumulation, several forwards and
+backwards run in one step).
 
 Labels name the step, numbered as the program counted it (from 0, as the kernel summaries do), and the phase:
 `step 2, backward`; a phase that runs more than once in a step is numbered (`step 2, forward #2`), as are the
@@ -36,7 +34,17 @@ import pandas as pd
 from profiler_kit.memory.analyze import BEFORE_TRACE, MIB, Reconstruction
 from profiler_kit.memory.evidence import Marks, phase_kind
 from profiler_kit.memory.inferred import inferred_runs
-from profiler_kit.names import LIBRARY_RANGES, NOT_PHASES, PHASES, STEP
+from profiler_kit.names import KIND_AUTO, KIND_PROGRAM, PHASES, STEP
+from profiler_kit.phase_rule import (
+    PROFILER_STEP,
+    RULE_KINDS,
+    choose_phases,
+    find_steps,
+    phase_ranges,
+    step_numbers,
+    steps_ending_with,
+)
+from profiler_kit.range_tree import NO_NUMBER, RangeTree
 
 BEFORE_TRACE_LABEL = "before trace"
 BEFORE_STEPS_LABEL = "before the steps"
@@ -46,10 +54,11 @@ ANNOTATION_SOURCE = "annotation"
 RECORDER_SOURCE = "recorder"
 PYTORCH_SOURCE = "pytorch"
 INFERRED_SOURCE = "inferred"
-# The kinds of the recorder's ranges, in the order they win as phases.
-KINDS = ("phase", "program", "auto")
 OPTIMIZER_STEP = PHASES[2]
-_STEP_RANGE = re.compile(rf"^(?:{re.escape(STEP)}|ProfilerStep#\d+)$")
+# The thread a range is placed on for the rule: the recorder's automatic marks lie on a lane of their own, as in
+# kernel reports (they open in one hook and close in another, so they need not nest with the program's ranges).
+_PROGRAM_LANE, _AUTO_LANE = 0, -1
+NS_PER_US = 1_000
 _OPTIMIZER_RANGE = re.compile(r"^Optimizer\.step#")
 PHASE_COLUMNS = [
     "phase", "step", "peak_allocated_mib", "peak_reserved_mib", "source", "start_event", "end_event",
@@ -108,6 +117,7 @@ class _Range:
     step: int | None = None
     completed: bool = True
     counter: int | None = None
+    kind: str = KIND_PROGRAM
 
 
 def step_label(step: int) -> str:
@@ -135,22 +145,37 @@ def _outermost(ranges: list[_Range]) -> list[_Range]:
     return out
 
 
-def _phase_level(ranges: list[_Range]) -> tuple[list[_Range], list[_Range]]:
-    """The phases among `ranges` and, when the outermost ones all have one name and hold others, those outer
-    ones as the steps."""
-    ranges = sorted(ranges, key=lambda r: (r.start_us, -r.end_us))
-    outer = _outermost(ranges)
-    names = {r.name for r in outer}
-    if len(names) == 1 and not names & set(PHASES):
-        kept = set(map(id, outer))
-        inner = _outermost([r for r in ranges if id(r) not in kept])
-        if inner:
-            return inner, outer
-    return outer, []
+@dataclass
+class _Chosen:
+    """What the rule chose among a snapshot's ranges: the phases' ranges and the steps' ranges (by start), the
+    rule, and whether the step ranges are named as steps (`step`, `ProfilerStep#N`) or hold the phases."""
+
+    phases: list[_Range]
+    steps: list[_Range]
+    rule: str
+    named_steps: bool
 
 
-def _is_candidate(name: str) -> bool:
-    return not LIBRARY_RANGES.match(name) and name not in NOT_PHASES and not _STEP_RANGE.match(name)
+def _choose(ranges: list[_Range]) -> _Chosen:
+    """The phases and steps among `ranges` by the step and phase rule; a step range numbered by the recorder
+    (`step`) keeps its number, the others are numbered by the rule."""
+    ranges = [r for r in ranges if r.end_us > r.start_us]  # nothing happens in a range of no length
+    tree = RangeTree([r.name for r in ranges], _ns([r.start_us for r in ranges]), _ns([r.end_us for r in ranges]),
+                     np.zeros(len(ranges), dtype=np.int64),
+                     [_AUTO_LANE if r.kind == KIND_AUTO else _PROGRAM_LANE for r in ranges],
+                     [r.kind for r in ranges], [NO_NUMBER if r.step is None else r.step for r in ranges])
+    choice = choose_phases(tree)
+    phases = [ranges[i] for i in np.flatnonzero(phase_ranges(tree, choice))]
+    ids = find_steps(tree, choice.names, minimum=1)
+    numbers = step_numbers(tree, ids).numbers
+    steps = [replace(ranges[i], step=int(n)) for i, n in zip(ids, numbers, strict=True)]
+    named = bool(len(ids)) and (tree.name[ids[0]] == STEP or bool(PROFILER_STEP.match(str(tree.name[ids[0]]))))
+    return _Chosen(sorted(phases, key=lambda r: r.start_us), sorted(steps, key=lambda r: r.start_us), choice.rule,
+                   named)
+
+
+def _ns(times_us: list[float]) -> np.ndarray:
+    return np.rint(np.asarray(times_us, dtype=np.float64) * NS_PER_US).astype(np.int64)
 
 
 def annotation_ranges(snapshot: dict, device: int) -> list[tuple[str, int, int, int]]:
@@ -184,10 +209,8 @@ def _spans(times: np.ndarray, ranges: list[_Range], source: str) -> list[PhaseSp
 
 
 def _step_spans(times: np.ndarray, ranges: list[_Range]) -> list[StepSpan]:
-    """Steps from step ranges, numbered by the recorder where it did, else in order."""
-    ordered = sorted(ranges, key=lambda r: r.start_us)
-    return [StepSpan(i if r.step is None else r.step, *_entries(times, r.start_us, r.end_us))
-            for i, r in enumerate(ordered)]
+    """Steps from step ranges (`_choose`: numbered)."""
+    return [StepSpan(r.step, *_entries(times, r.start_us, r.end_us)) for r in ranges]
 
 
 def _index(lo: np.ndarray, hi: np.ndarray, at: np.ndarray) -> np.ndarray:
@@ -216,19 +239,13 @@ def _held(ranges: list[_Range], inner: list[_Range]) -> np.ndarray:
 
 
 def _from_metadata(times: np.ndarray, entries: list[dict]) -> tuple[list[PhaseSpan], list[StepSpan]]:
-    """The recorder's phases of the winning kind, and its steps (see the module docstring). PyTorch's own ranges
-    never make a kind win."""
-    kinds = {p.get("kind") for p in entries if _is_candidate(p["phase"])}
-    chosen = next((k for k in KINDS if k in kinds), None)
-
-    def as_range(p: dict) -> _Range:
-        return _Range(p["phase"], p["start_time_us"], p["end_time_us"], p["step"], p.get("completed", True),
-                      p.get("peak_allocated_bytes"))
-
-    steps = [as_range(p) for p in entries if _STEP_RANGE.match(p["phase"])]
-    candidates = [as_range(p) for p in entries if _is_candidate(p["phase"]) and p.get("kind") == chosen]
-    phases, outer = _phase_level(candidates)
-    return _spans(times, phases, chosen or RECORDER_SOURCE), _step_spans(times, steps or outer)
+    """The recorder's ranges as the rule chooses its phases and steps; the source of a phase is the kind of range
+    the rule took (RECORDER_SOURCE where the recorder wrote no kinds)."""
+    chosen = _choose([_Range(p["phase"], p["start_time_us"], p["end_time_us"], p["step"], p.get("completed", True),
+                             p.get("peak_allocated_bytes"), p.get("kind") or KIND_PROGRAM) for p in entries])
+    kinds = any(p.get("kind") for p in entries)
+    source = RULE_KINDS.get(chosen.rule, RECORDER_SOURCE) if kinds else RECORDER_SOURCE
+    return _spans(times, chosen.phases, source), _step_spans(times, chosen.steps)
 
 
 def _from_recorder_order(times: np.ndarray, entries: list[dict]) -> list[PhaseSpan]:
@@ -246,23 +263,24 @@ def _from_annotations(times: np.ndarray, snapshot: dict, device: int
                       ) -> tuple[list[PhaseSpan], list[StepSpan], str | None]:
     """The annotated phases with PyTorch's stand-ins, the step ranges, and what the steps are."""
     ranges = [_Range(name, start, end) for name, start, end, _ in annotation_ranges(snapshot, device)]
-    phases, outer = _phase_level([r for r in ranges if _is_candidate(r.name)])
+    chosen = _choose(ranges)
+    phases = chosen.phases
     optimizer = _outermost(sorted((r for r in ranges if _OPTIMIZER_RANGE.match(r.name)),
                                   key=lambda r: (r.start_us, -r.end_us)))
     held = _held(phases, optimizer)
     holders = set(held[held >= 0].tolist())
     # PyTorch's optimizer steps that no phase holds stand in for the optimizer phase.
     stand_ins = [replace(r, name=OPTIMIZER_STEP) for r, k in zip(optimizer, held, strict=True) if k < 0]
-    explicit = [r for r in ranges if _STEP_RANGE.match(r.name)]
-    step_ranges = sorted(explicit or outer, key=lambda r: r.start_us)
-    if step_ranges:  # each phase in the step whose time holds its start, counted from the first
-        phases, stand_ins = ([replace(r, step=int(k) if k >= 0 else None) for r, k in
+    step_ranges = chosen.steps
+    if step_ranges:  # each phase in the step whose time holds its start
+        phases, stand_ins = ([replace(r, step=step_ranges[k].step if k >= 0 else None) for r, k in
                               zip(group, _held(step_ranges, group), strict=True)] for group in (phases, stand_ins))
     spans = [replace(span, holds_optimizer_step=k in holders)
              for k, span in enumerate(_spans(times, phases, ANNOTATION_SOURCE))]
     spans += _spans(times, stand_ins, PYTORCH_SOURCE)
-    steps_from = (f"the {explicit[0].name.split('#')[0]!r} ranges" if explicit else
-                  f"the {outer[0].name!r} ranges, which hold the phases" if outer else None)
+    name = step_ranges[0].name if step_ranges else None
+    steps_from = (None if name is None else f"the {name.split('#')[0]!r} ranges" if chosen.named_steps else
+                  f"the {name!r} ranges, which hold the phases")
     return sorted(spans, key=lambda s: s.start), _step_spans(times, step_ranges), steps_from
 
 
@@ -277,14 +295,8 @@ def _in_steps(spans: list[PhaseSpan], steps: list[StepSpan]) -> list[PhaseSpan]:
 def _by_optimizer_steps(spans: list[PhaseSpan]) -> list[PhaseSpan] | None:
     """Steps that each end with an optimizer step (a phase named like one, or holding PyTorch's
     `Optimizer.step#…`); None when no phase is one."""
-    ends = [s.holds_optimizer_step or phase_kind(s.phase) == "optimizer" for s in spans]
-    if not any(ends):
-        return None
-    out, step = [], 0
-    for span, ends_step in zip(spans, ends, strict=True):
-        out.append(replace(span, step=step))
-        step += ends_step
-    return out
+    steps = steps_ending_with([s.holds_optimizer_step or phase_kind(s.phase) == "optimizer" for s in spans])
+    return None if steps is None else [replace(span, step=step) for span, step in zip(spans, steps, strict=True)]
 
 
 def _extents(spans: list[PhaseSpan]) -> list[StepSpan]:

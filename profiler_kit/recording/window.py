@@ -7,9 +7,8 @@ parent compares the recorded steps' times with the others'. A step's time is fro
 start (its whole loop iteration, the program's waits included); the last step's, and that of a step after
 which the window opened or closed, is its own length (the recorder's start or stop is no part of it); a step
 during which the window opened or closed is left out.
-A program whose main thread repeats one range at its top level (a `step` holding the rest) has as many steps as
-that range in the window, as its reports' step tables do; else the step marks count; a program with neither has
-as many steps as its most frequent range at the top level of the main thread (`StepCounter`).
+The window's steps are counted by the step rule (`phase_rule.window_steps`) from the ranges the main thread opens
+at its top level (`StepCounter`) and the step marks, as its reports' step tables count them.
 """
 
 from __future__ import annotations
@@ -18,7 +17,8 @@ import threading
 import time
 from collections import Counter
 
-from profiler_kit.names import KIND_AUTO, LIBRARY_RANGES, STEP
+from profiler_kit.names import KIND_AUTO, STEP
+from profiler_kit.phase_rule import counted_at_top, window_steps
 from profiler_kit.recording.channel import MAX_STEP_TIMES, WHOLE_RUN, write_window
 from profiler_kit.recording.notes import Notes
 
@@ -26,8 +26,8 @@ NS_PER_MS = 1_000_000
 
 
 class StepCounter:
-    """Counts the ranges opened at the top level of the main thread while it is on (not PyTorch's or
-    libraries'): the steps of a window without step marks are the most frequent of those names."""
+    """Counts the ranges opened at the top level of the main thread while it is on (`phase_rule.counted_at_top`),
+    by name, for the step rule."""
 
     def __init__(self) -> None:
         self.depth = 0
@@ -41,21 +41,13 @@ class StepCounter:
         if not opened:
             self.depth = max(self.depth - 1, 0)
             return
-        if self.depth == 0 and self.on and not LIBRARY_RANGES.match(name):
+        if self.depth == 0 and self.on and counted_at_top(name):
             self.counts[name] += 1
         self.depth += 1
 
     def restart(self) -> None:
         self.counts.clear()
         self.on = True
-
-    def steps(self) -> int | None:
-        return self.counts.most_common(1)[0][1] if self.counts else None
-
-    def repeating(self) -> int | None:
-        """How often the one range name at the top level repeated (a `step` holding all the rest), when there is
-        one name and it repeats."""
-        return self.steps() if len(self.counts) == 1 and self.steps() > 1 else None
 
 
 class StepClock:
@@ -131,8 +123,8 @@ class ChildWindow:
         self.closed = True
         self.counter.on = False
         self.clock.window(False)
-        if steps is None:  # the program's own repeating range wins, as it does in the reports' step tables
-            steps = self.counter.repeating() or self.clock.recorded() or self.counter.steps()
+        if steps is None:
+            steps = window_steps(self.counter.counts, self.clock.recorded())
         self.steps = steps
 
     def report(self) -> None:

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from profiler_kit.cli import main
 from profiler_kit.cli.benchmark import DISPLAY_COLUMNS, display_rows
-from profiler_kit.render import emit_tables, shorten_middle, to_markdown
+from profiler_kit.render import Shown, emit_tables, shorten_middle, to_markdown
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 BF16 = FIXTURES / "kernels" / "h100_tiny_train_bf16.sqlite"
@@ -200,7 +200,8 @@ def test_narrow_tables_keep_their_key_columns_and_cut_a_name_once(kind, width, c
     tables = report.tables(display=True)
     shown = _boxed(out)
     assert len(shown) == len(tables)
-    for (title, df), (headers, rows) in zip(tables, shown, strict=True):
+    for (title, table), (headers, rows) in zip(tables, shown, strict=True):
+        df = table.frame if isinstance(table, Shown) else table
         key = [str(df.columns[0]), *(c for c in title.key if c in df.columns)]
         assert set(key) <= set(headers), (title, headers)
         for column in headers:

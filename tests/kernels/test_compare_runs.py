@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from profiler_kit.cli import main
 from profiler_kit.errors import ProfilerKitError
 from profiler_kit.kernels import compare, summarize
-from profiler_kit.kernels.compare import REPORT, STEP, report_runs
+from profiler_kit.kernels.runs import REPORT, STEP, report_runs
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "kernels"
 MLP = FIXTURES / "h100_example_mlp.sqlite"  # two steps, each `step` ⊃ fwd, bwd, opt

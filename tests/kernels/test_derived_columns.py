@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 from profiler_kit.kernels import compare, summarize_trace
+from profiler_kit.kernels.phase_metrics import FlopRate
 from profiler_kit.kernels.ranks import summarize_ranks
 from profiler_kit.kernels.trace import KernelTrace, kernel_frame, range_frame
 from profiler_kit.kernels.whatif import Speedup, what_if
@@ -140,15 +141,17 @@ def test_kernels_that_overlap_on_two_streams_are_busy_once():
 
 
 def test_flop_rate_and_mfu_over_the_gpu_span(summary):
-    summary.add_flops(per_phase={"forward": 1e9}, per_step=3e9, peak_tflops=100.0)
-    idle = by(summary.idle_table(), "phase")
+    rated = summary.with_flops(FlopRate(per_phase={"forward": 1e9}, per_step=3e9, peak_tflops=100.0))
+    assert "tflops" not in summary.idle_table().columns and "tflops" not in summary.idle.columns  # a new summary
+    idle = by(rated.idle_table(), "phase")
     # 1 GFLOP per forward range, two ranges, over 50 µs of GPU span: 40 TFLOP/s, 40% of 100.
     assert idle.loc["forward", "tflops"] == pytest.approx(2e9 / 50_000e-9 / 1e12)
     assert idle.loc["forward", "mfu_pct"] == pytest.approx(40.0)
     assert np.isnan(idle.loc["backward", "tflops"])
     # 3 GFLOP per step, two steps, over the phases' 124 µs of GPU span.
-    assert summary.step_mfu["tflops"] == pytest.approx(6e9 / 124_000e-9 / 1e12)
-    assert summary.step_mfu["mfu_pct"] == pytest.approx(100 * 6e9 / 124_000e-9 / 1e12 / 100.0)
+    assert rated.step_mfu["tflops"] == pytest.approx(6e9 / 124_000e-9 / 1e12)
+    assert rated.step_mfu["mfu_pct"] == pytest.approx(100 * 6e9 / 124_000e-9 / 1e12 / 100.0)
+    assert summary.step_mfu is None
 
 
 FASTER_GEMM = [(GEMM, 1_000, 10_000, 10_000), *KERNELS[1:]]  # the forward matmul takes 10 µs instead of 20

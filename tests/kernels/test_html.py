@@ -16,7 +16,7 @@ from profiler_kit.cli import main
 from profiler_kit.kernels import compare, summarize
 from profiler_kit.kernels.ranks import rank_traces, summarize_ranks
 from profiler_kit.kernels.summary import NS_PER_MS
-from profiler_kit.render import format_cell
+from profiler_kit.render import Shown, format_cell
 from profiler_kit.webpage import CONTENT_POLICY, nice_ticks
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "kernels"
@@ -90,7 +90,8 @@ def assert_tables(page: Page, report) -> None:
     """The page's tables are the report's, every column, each cell as the terminal writes it."""
     tables = report.tables()
     assert len(page.tables) == len(tables)
-    for got, (_, df) in zip(page.tables, tables, strict=True):
+    for got, (_, table) in zip(page.tables, tables, strict=True):
+        df = table.frame if isinstance(table, Shown) else table
         assert got[0] == [str(c) for c in df.columns]
         assert got[1:] == [[format_cell(v, str(c)) for v, c in zip(row, df.columns, strict=True)]
                            for row in df.itertuples(index=False)]

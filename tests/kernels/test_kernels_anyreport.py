@@ -18,9 +18,10 @@ from profiler_kit.cli import main
 from profiler_kit.kernels import CATEGORIES, load, summarize
 from profiler_kit.kernels.attribution import RangeIndex
 from profiler_kit.kernels.categories import category_of
-from profiler_kit.kernels.phases import choose_phases
+from profiler_kit.kernels.phase_metrics import FlopRate
 from profiler_kit.kernels.summary import CPU_OPS, GPU_KERNELS
 from profiler_kit.kernels.trace import range_frame
+from profiler_kit.phase_rule import choose_phases
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "kernels"
 BF16 = FIXTURES / "h100_tiny_train_bf16.sqlite"
@@ -245,8 +246,8 @@ def test_chosen_phases_are_not_duplicated_by_several_steps():
 def test_flop_rate_per_phase_and_per_step():
     summary = summarize(BF16)
     spans = summary.idle.set_index("phase")["gpu_span_ns"]
-    summary.add_flops({"forward": 3e9, "backward": 6e9}, per_step=9e9, peak_tflops=989.0)
-    idle = summary.idle.set_index("phase")
+    summary = summary.with_flops(FlopRate({"forward": 3e9, "backward": 6e9}, per_step=9e9, peak_tflops=989.0))
+    idle = summary.idle_table().set_index("phase")
     assert idle.loc["forward", "tflops"] == pytest.approx(3e9 / spans["forward"] / 1e3)
     assert idle.loc["backward", "mfu_pct"] == pytest.approx(6e9 / spans["backward"] / 1e3 * 100 / 989.0)
     assert np.isnan(idle.loc["optimizer_step", "tflops"])

@@ -413,7 +413,7 @@ def test_a_two_gpu_nccl_recording():
         summary = member.summary
         assert summary.total_ns == per_process[member.process] > 0
         assert summary.category_ns()["communication"] == nccl[member.process] > 0
-        counted = calls_per_phase(trace, summary.attributed, summary.index, summary.phase_names)
+        counted = calls_per_phase(trace, summary.attributed, summary.labelled)
         assert {phase: n for phase, n in counted.items() if n} == {
             phase: n for process, phase, n in calls if process == member.process}
         assert summary.steps["step"].tolist() == [2, 3]

@@ -25,7 +25,6 @@ import profiler_kit
 from profiler_kit.kernels import load, summarize
 from profiler_kit.kernels.attribution import RangeIndex
 from profiler_kit.kernels.categories import categorize
-from profiler_kit.kernels.phases import MAX_FOUND_PHASES, choose_phases
 from profiler_kit.kernels.trace import range_frame
 
 OPT_STEP = "Optimizer.step#AdamW.step"
@@ -206,50 +205,6 @@ def _index(names: list[str], starts: list[int], ends: list[int], threads: list[i
     return RangeIndex(range_frame(names, starts, ends, [1] * len(names), threads or [1] * len(names), kinds))
 
 
-def test_rule_order():
-    names = ["step", "fwd", "bwd", "forward", "step", "fwd", "bwd"]
-    starts, ends = [0, 1, 5, 2, 10, 11, 15], [9, 4, 8, 3, 19, 14, 18]
-    # `step` holds fwd and bwd: the ranges inside it.
-    assert choose_phases(_index(["step", "fwd", "bwd", "step", "fwd", "bwd"], [0, 1, 5, 10, 11, 15],
-                                [9, 4, 8, 19, 14, 18])).names == ["fwd", "bwd"]
-    # A built-in name (`forward`) picks its level: the ranges beside it.
-    choice = choose_phases(_index(names, starts, ends))
-    assert choice.rule == "program" and choice.names == ["forward"]
-    # Marks win over both; asked names over everything.
-    marked = choose_phases(_index(names, starts, ends, marked=[False, False, True, False, False, False, True]))
-    assert marked.rule == "marked" and marked.names == ["bwd"]
-    assert choose_phases(_index(names, starts, ends), ["step"]).names == ["step"]
-    # The recorder's marks come last: the program's own ranges win over them, and they are the phases of a
-    # program without ranges (its `step` marks are its steps, never a phase).
-    auto = ["step", "forward", "backward", "optimizer_step"]
-    kinds = ["auto"] * 4 + ["program"]
-    both = _index([*auto, "fwd"], [0, 1, 3, 5, 1], [9, 2, 4, 6, 2], kinds=kinds)
-    assert choose_phases(both).rule == "program" and choose_phases(both).names == ["fwd"]
-    alone = choose_phases(_index(auto, [0, 1, 3, 5], [9, 2, 4, 6], kinds=["auto"] * 4))
-    assert alone.rule == "auto" and alone.names == ["forward", "backward", "optimizer_step"]
-
-
-def test_pytorch_and_library_ranges_are_never_phases():
-    names = ["ProfilerStep#3", "fwd", "aten::mm", "bwd", "opt", OPT_STEP, "ProfilerStep#4", "fwd", "bwd", "opt",
-             OPT_STEP]
-    starts = [0, 1, 2, 4, 6, 7, 10, 11, 14, 16, 17]
-    ends = [9, 3, 3, 5, 8, 8, 19, 13, 15, 18, 18]
-    assert choose_phases(_index(names, starts, ends)).names == ["fwd", "bwd", "opt"]
-    library = ["ncclAllGather", "nccl:all_reduce", "c10d::allreduce_", "autograd::engine::evaluate_function: X",
-               "DistributedDataParallel.forward", "FSDP::pre_forward", OPT_STEP, "ProfilerStep#1"]
-    count = len(library)
-    only = choose_phases(_index(library, list(range(0, 2 * count, 2)), list(range(1, 2 * count, 2))))
-    assert only.names == [] and only.rule == "none"
-
-
-def test_too_many_names_at_the_phase_level_are_no_phases():
-    count = MAX_FOUND_PHASES + 1
-    choice = choose_phases(_index([f"item{i}" for i in range(count)], list(range(0, 2 * count, 2)),
-                                  list(range(1, 2 * count, 2))))
-    assert choice.names == [] and choice.rule == "none" and "too many" in choice.notes[0]
-
-
-
 # Marks as the readers see them
 
 
@@ -311,14 +266,15 @@ def test_the_rule_is_one_text_in_the_help_the_readme_and_the_docs():
 def test_a_phase_counts_only_the_ranges_of_the_kind_its_rule_chose():
     """A program's own `forward` and the recorder's automatic `forward` over other work: the phase `forward` of the
     program rule holds the program's ranges only, and the marks' step holds it."""
-    from profiler_kit.kernels.phases import phase_index
+    from profiler_kit.kernels.labels import ranges_of
+    from profiler_kit.kernels.trace import KernelTrace, kernel_frame
 
     names = ["step", "forward", "forward", "backward"]
-    index = RangeIndex(range_frame(names, [0, 1, 5, 10], [20, 4, 9, 15], [1] * 4, [1] * 4,
-                                   ["auto", "program", "auto", "auto"]))
-    choice = choose_phases(index)
-    assert choice.rule == "program" and choice.names == ["forward"]
-    counted = phase_index(index, choice).ranges
+    ranges = range_frame(names, [0, 1, 5, 10], [20, 4, 9, 15], [1] * 4, [1] * 4, ["auto", "program", "auto", "auto"])
+    trace = KernelTrace("test", Path("t"), kernel_frame([], np.zeros(0, np.int64)), ranges)
+    labelled = ranges_of(trace, True)
+    assert labelled.choice.rule == "program" and labelled.phases == ["forward"]
+    counted = labelled.index.ranges
     assert counted[counted["name"] == "forward"][["start_ns", "kind"]].values.tolist() == [[1, "program"]]
-    assert choose_phases(index, ["forward"]).rule == "asked"
-    assert len(phase_index(index, choose_phases(index, ["forward"])).ranges) == 4  # asked by name: every kind
+    asked = ranges_of(trace, True, ["forward"])
+    assert asked.choice.rule == "asked" and len(asked.index.ranges) == 4  # asked by name: every kind

@@ -19,10 +19,11 @@ from click.testing import CliRunner
 from profiler_kit.cli import main
 from profiler_kit.kernels import CATEGORIES, load, summarize, summarize_trace
 from profiler_kit.kernels.attribution import RangeIndex
+from profiler_kit.kernels.labels import NUMBERED_HERE
 from profiler_kit.kernels.ranks import rank_traces, summarize_ranks
-from profiler_kit.kernels.steps import NUMBERED_HERE, find_steps
 from profiler_kit.kernels.timeline import timeline
 from profiler_kit.kernels.trace import KernelTrace, kernel_frame, range_frame
+from profiler_kit.phase_rule import find_steps
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "kernels"
 RANKS = [FIXTURES / "cpu_ddp2_gloo.rank0.json.gz", FIXTURES / "cpu_ddp2_gloo.rank1.json.gz"]
