@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import re
 
-# kernels.summary and kernels.compare read these defaults from here.
-from profiler_kit.defaults import DEFAULT_GATES, DEFAULT_MIN_DELTA_SHARE, KERNELS_TOP  # noqa: F401
 from profiler_kit.errors import ProfilerKitError
 
 MODES = ("forward", "forward-backward", "train")

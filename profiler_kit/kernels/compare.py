@@ -23,13 +23,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from profiler_kit.defaults import DEFAULT_GATES, DEFAULT_MIN_DELTA_SHARE
 from profiler_kit.errors import ProfilerKitError
 from profiler_kit.kernels.categories import CATEGORIES
 from profiler_kit.kernels.names import top_movers
 from profiler_kit.kernels.noise import REGRESSED, verdicts
 from profiler_kit.kernels.runs import TOTAL, Side, side_of
 from profiler_kit.kernels.summary import DEFAULT_TOP, DISPLAY_NAME_CHARS, NS_PER_MS, KernelSummary, display_name
-from profiler_kit.names import DEFAULT_GATES, DEFAULT_MIN_DELTA_SHARE, GATES
+from profiler_kit.names import GATES
 from profiler_kit.render import Title, records
 
 # How many of the kernels that moved most a failure names.

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from profiler_kit.defaults import KERNELS_TOP
 from profiler_kit.errors import ProfilerKitError
 from profiler_kit.kernels.attribution import RangeIndex, membership
 from profiler_kit.kernels.categories import CATEGORIES
@@ -55,7 +56,6 @@ from profiler_kit.kernels.runs import side_of
 from profiler_kit.kernels.sources import load
 from profiler_kit.kernels.steps import WARMUP_FACTOR, step_table, step_title, warm_rows
 from profiler_kit.kernels.trace import KernelTrace, blocks, summed
-from profiler_kit.names import KERNELS_TOP
 from profiler_kit.render import Shown, Title, format_count, shorten_middle
 
 # What the times are: GPU kernel durations, or (a trace without kernels) CPU operator self times.

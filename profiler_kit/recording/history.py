@@ -46,7 +46,8 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from profiler_kit import nvtx_ranges
 from profiler_kit.memory.snapshot import EMBEDDED_KEY, SIDECAR_FORMAT, SIDECAR_VERSION
 from profiler_kit.memory.storages import STORAGES_KEY, capture_storages, trace_clock_us
-from profiler_kit.names import KIND_AUTO, KIND_PHASE, KIND_PROGRAM, LIBRARY_RANGES, STEP
+from profiler_kit.names import KIND_AUTO, KIND_PHASE, KIND_PROGRAM, STEP
+from profiler_kit.phase_rule import library
 from profiler_kit.recording.channel import CAPTURE, WHOLE_RUN
 from profiler_kit.recording.marks import Marks
 from profiler_kit.recording.notes import RECORDING_WINDOW, Notes
@@ -116,7 +117,7 @@ class PhaseLog:
                 return
             depth = self.program_depth
             self.program_depth = depth + 1 if opened else max(depth - 1, 0)
-            if opened and (self.phase_depth or depth > 1 or LIBRARY_RANGES.match(name)):
+            if opened and (self.phase_depth or depth > 1 or library(name)):
                 return
         elif kind == KIND_PHASE:
             self.phase_depth = self.phase_depth + 1 if opened else max(self.phase_depth - 1, 0)
