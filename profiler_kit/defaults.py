@@ -21,6 +21,6 @@ STABLE_WINDOW = 5
 DEFAULT_GATES = ("total", "phases")
 DEFAULT_MIN_DELTA_SHARE = 0.01
 
-# The module marks' depth (`--modules`): blocks and their layers, at about 2% of an eager GPT-2-small step's host
-# time (docs/nsys.md).
-DEFAULT_MODULES = "depth:3"
+# The module marks' depth (`--modules`): off unless asked, since they cost an eager step more than the recording's
+# own budget (docs/nsys.md has the measured figures).
+DEFAULT_MODULES = "none"

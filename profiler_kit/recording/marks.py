@@ -17,12 +17,13 @@ PyTorch's own global hooks, without a change to the program.
   (`capture_steps`).
 
 The marks are `nvtx_ranges.mark_start`/`mark_end` ranges, so each recorder gets them in its own form (NVTX under
-nsys, `record_function` under torch.profiler and the memory history) and every instrument hears of them
-through the range events. Inside a `torch.compile`d region the hooks return at once, leaving no trace in the
-graph; a module compiled in place (`module.compile()`) has its compiled call wrapped so that the hooks run
-around it, as they run around a `torch.compile(module)` wrapper's call: the outermost compiled call is one
-`forward`. The same module hooks and backward wrapper drive the module marks (`modules`) when they are on.
-Each hook runs under the recorder's guard (`notes`).
+nsys, `record_function` under torch.profiler and the memory history) and every instrument hears of them through the
+range events. Inside a `torch.compile`d region the hooks return at once, leaving no trace in the graph, and a
+backward a compiler runs on fake tensors while it traces is no `backward`; a module compiled in place
+(`module.compile()`) has its compiled call wrapped so that the hooks run around it, as they run around a
+`torch.compile(module)` wrapper's call: the outermost compiled call is one `forward`. The same module hooks and
+backward wrapper drive the module marks (`modules`) when they are on. Each hook runs under the recorder's guard
+(`notes`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import functools
 from collections.abc import Callable
 
 import torch
+import torch._guards
 from torch import nn
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
@@ -42,6 +44,13 @@ from profiler_kit.recording.notes import Notes
 
 WHAT = "the automatic marks (forward, backward, optimizer_step, steps)"
 _is_compiling = torch.compiler.is_compiling
+
+
+def _traced() -> bool:
+    """Whether torch traces rather than runs: dynamo compiling a frame, or a compiler's fake tensors (AOTAutograd
+    traces a compiled module's backward with `torch.autograd.grad` on them, which is no backward of the
+    program's)."""
+    return _is_compiling() or torch._guards.detect_fake_mode() is not None
 
 
 class Marks:
@@ -221,7 +230,7 @@ class Marks:
 
         @functools.wraps(original)
         def backward(*args, **kwargs):
-            outermost = not self.backward_depth and not _is_compiling()
+            outermost = not self.backward_depth and not _traced()
             mark = begin() if outermost and self.notes.working(WHAT) else None
             self.backward_depth += 1
             try:

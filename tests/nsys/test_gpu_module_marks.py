@@ -115,15 +115,18 @@ def test_eager_module_backward_runs_on_the_autograd_thread_and_flash_flops_count
     with gzip.open(out.with_name(out.name + ".json.gz"), "rt") as fh:
         trace = json.load(fh)
     assert trace["profiler_kit"]["modules"]["flops"] == meta["flops"]
-    threads = {kind: {e["tid"] for e in trace["traceEvents"]
-                      if e.get("name", "").startswith(f"profiler_kit::{kind}::")}
+    # The CPU side's ranges (kineto also copies each range onto the GPU streams it launched on, as
+    # gpu_user_annotation events whose tid is the stream).
+    threads = {kind: {e["tid"] for e in trace["traceEvents"] if e.get("cat") == "user_annotation"
+                      and e.get("name", "").startswith(f"profiler_kit::{kind}::")}
                for kind in ("module", "module_backward")}
     assert threads["module_backward"] and not threads["module_backward"] & threads["module"]
 
 
 @pytest.mark.parametrize("how", ["whole", "in-place", "blocks"])
 def test_a_compiled_model_gets_one_forward_per_call(tmp_path, gpu_nsys, how):
-    ranges, meta = nsys_ranges(record(tmp_path, how, "--nsys", str(gpu_nsys.path)).with_suffix(".sqlite"))
+    ranges, meta = nsys_ranges(record(tmp_path, how, "--nsys", str(gpu_nsys.path), "--modules", "depth:3")
+                               .with_suffix(".sqlite"))
     count = Counter((category, name) for category, name, _ in ranges)
     assert count["auto", "forward"] == 4 and count["auto", "backward"] == 4
     modules = {key: n for key, n in count.items() if key[0] and key[0].startswith("module")}

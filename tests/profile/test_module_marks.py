@@ -290,6 +290,21 @@ def test_a_compiled_module_is_one_entry_and_compiles_as_it_would(dynamo_counters
     assert modules.metadata["flops"]["modules"]["blocks.1"]["forward"] == 2 * B * T * D * H * 2
 
 
+def test_a_backward_traced_on_fake_tensors_is_no_backward():
+    """A compiler traces a compiled module's backward with `torch.autograd.grad` on fake tensors (AOTAutograd does
+    so through the attribute the recorder wraps, in torch 2.11): no backward mark for it, one for the program's
+    own backward right after."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with module_marks(), torch.profiler.profile() as prof:
+        with FakeTensorMode():
+            traced = torch.randn(4, requires_grad=True)
+            torch.autograd.grad(traced.square().sum(), traced)
+        real = torch.randn(4, requires_grad=True)
+        torch.autograd.grad(real.square().sum(), real)
+    assert Counter(e.name for e in ranges(prof))["profiler_kit::backward"] == 1
+
+
 def test_a_model_compiled_in_place_gets_one_forward_per_call(dynamo_counters):
     with module_marks() as modules, torch.profiler.profile() as prof:
         model = Net(blocks=1)
@@ -343,8 +358,9 @@ def trace_of(path) -> tuple[Counter, dict]:
     return names, trace["profiler_kit"]
 
 
-@pytest.mark.parametrize("setting", [None, "depth:1", "none"])
+@pytest.mark.parametrize("setting", ["depth:3", "depth:1", None])
 def test_torch_backend_records_module_ranges_and_metadata(tmp_path, setting):
+    """Module ranges and their metadata at depth 3 and 1; none without --modules (off by default)."""
     script = tmp_path / "prog.py"
     script.write_text(PROGRAM + "for _ in range(3):\n    step()\n")
     out = tmp_path / "prog"
@@ -353,7 +369,7 @@ def test_torch_backend_records_module_ranges_and_metadata(tmp_path, setting):
                                        "--", sys.executable, str(script)])
     assert result.exit_code == 0, result.output
     names, meta = trace_of(tmp_path / "prog.json.gz")
-    if setting == "none":
+    if setting is None:
         assert names == Counter() and "modules" not in meta
         return
     if setting == "depth:1":  # the ModuleList is never called: the head alone
