@@ -6,7 +6,7 @@ so that mutmut resumes where it stopped), never in the working tree: mutmut rewr
 mutated modules there, under its `mutants/` folder. The copy's `setup.cfg` tells mutmut which modules to mutate
 (the room's, or `--module` ones) and which tests select the mutants' tests (the room's, or `--tests`).
 
-A mutant that no test can tell from the original (equivalent) is named in EQUIVALENT (tools/mutants_equivalent.txt)
+A mutant that no test can tell from the original (equivalent) is named in EQUIVALENT (tests/mutants_equivalent.txt)
 by its change, the original line and the mutated one, with the reason, so that the names mutmut numbers anew
 after an edit do not matter. Prints one row per room: mutants, killed, survived, equivalent (survivors listed
 there), timed out, the rest, and the score: killed and timed out over all mutants but the equivalent ones; then the
@@ -35,7 +35,7 @@ ROOMS = {
 }
 # mutmut's statuses of a mutant, by what they mean for it.
 KILLED, SURVIVED, TIMEOUT = "killed", "survived", "timeout"
-EQUIVALENT = Path(__file__).with_name("mutants_equivalent.txt")
+EQUIVALENT = Path(__file__).resolve().parents[1] / "tests" / "mutants_equivalent.txt"
 
 
 def parse_args() -> argparse.Namespace:
