@@ -2,8 +2,8 @@
 automatic marks' forward, backward and optimizer-step hooks, the module marks' forward hooks and the hooks on
 autograd nodes that give their backward, the FLOP count inside the program's operators, the mirrors of the
 program's ranges, the step clock, the trace's metadata, the recording's stop, the pause before the process group
-closes), alone and under torchrun (gloo, 2 ranks). The program's own
-output and exit status stay what they are without profiler-kit, and the recording's notes say what was lost."""
+closes), alone one at a time and under torchrun (gloo, 2 ranks) several at once. The program's own output and
+exit status stay what they are without profiler-kit, and the recording's notes say what was lost."""
 
 from __future__ import annotations
 
@@ -49,27 +49,30 @@ sys.exit(3)
 """
 
 
+# Each sabotage wraps what it replaces in a closure of its own, so that several can be chained in one program.
 def _fail_mark(name: str) -> str:
     return f"""
 import profiler_kit.recording.marks as marks
-real = marks.mark_start
-def mark_start(name, number=None):
-    if name == {name!r}:
-        raise RuntimeError("sabotaged")
-    return real(name, number)
-marks.mark_start = mark_start
+def fail_mark(real):
+    def mark_start(name, number=None):
+        if name == {name!r}:
+            raise RuntimeError("sabotaged")
+        return real(name, number)
+    return mark_start
+marks.mark_start = fail_mark(marks.mark_start)
 """
 
 
 def _fail_module_range(category: str) -> str:
     return f"""
 import profiler_kit.recording.modules as modules
-real = modules.module_start
-def module_start(path, category, name):
-    if category == {category!r}:
-        raise RuntimeError("sabotaged")
-    return real(path, category, name)
-modules.module_start = module_start
+def fail_module_range(real):
+    def module_start(path, category, name):
+        if category == {category!r}:
+            raise RuntimeError("sabotaged")
+        return real(path, category, name)
+    return module_start
+modules.module_start = fail_module_range(modules.module_start)
 """
 
 
@@ -96,6 +99,13 @@ HOOKS = {
 }
 # The pause runs where the program closes its process group: only under torchrun.
 ONLY_TORCHRUN = {"teardown pause"}
+# Under torchrun, each job makes several hooks fail at once, each of an instrument of its own, so that each note
+# names the hook that failed; every hook fails in one job. (Alone, each hook fails in a run of its own.)
+TORCHRUN_JOBS = [
+    ("forward hook", "module hook", "FLOP count", "mirrors", "step clock", "trace metadata", "teardown pause"),
+    ("backward hook", "module backward hook", "trace export"),
+    ("optimizer step hook",),
+]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
 
 
@@ -123,11 +133,11 @@ def plain(tmp_path_factory):
     return runs
 
 
-@pytest.mark.parametrize(("hook", "launcher"), [(hook, launcher) for hook in HOOKS for launcher in ("alone", "torchrun")
-                                               if launcher == "torchrun" or hook not in ONLY_TORCHRUN])
-def test_a_failing_hook_leaves_the_program_as_it_is(tmp_path, plain, hook, launcher):
-    sabotage, instrument = HOOKS[hook]
-    script = _program(tmp_path, sabotage)
+def _record_with_failing_hooks(tmp_path: Path, plain: dict, hooks: tuple[str, ...], launcher: str) -> None:
+    """Record the program with `hooks` made to fail: its output and exit status are those without profiler-kit,
+    no traceback runs through the recorder, each rank notes each failed hook's instrument and nothing else, and
+    each rank's trace is written unless its export is what failed."""
+    script = _program(tmp_path, "".join(HOOKS[hook][0] for hook in hooks))
     cmd = [sys.executable, str(script)] if launcher == "alone" else [*TORCHRUN, str(script)]
     result = CliRunner().invoke(main, ["nsys", "--backend", "torch", "-o", str(tmp_path / "run"), "--", *cmd])
     lines, status = plain[launcher]
@@ -135,16 +145,37 @@ def test_a_failing_hook_leaves_the_program_as_it_is(tmp_path, plain, hook, launc
     assert _program_lines(result.stderr) == lines and result.exit_code == status, result.output
     assert not re.search(r'File ".*profiler_kit/', result.output)  # no traceback through the recorder
     said = " ".join(result.output.split())  # the notes, however the table wrapped them
-    note = (re.escape(instrument) + r"[^:]*: not recorded from here on, the recorder's hook failed "
-            r"\(RuntimeError: sabotaged\)")
     ranks = ["rank 0: ", "rank 1: "] if launcher == "torchrun" else [""]
-    assert all(re.search(re.escape(rank) + note, said) for rank in ranks), said
+    failed = {HOOKS[hook][1] for hook in hooks}
+    for instrument in {instrument for _, instrument in HOOKS.values()}:
+        note = (re.escape(instrument) + r"[^:]*: not recorded from here on, the recorder's hook failed "
+                r"\(RuntimeError: sabotaged\)")
+        if instrument in failed:
+            assert all(re.search(re.escape(rank) + note, said) for rank in ranks), (instrument, said)
+        else:
+            assert not re.search(note, said), (instrument, said)
     traces = sorted(tmp_path.glob("run*.json.gz"))
-    if hook == "trace export":
+    if "trace export" in hooks:
         assert traces == []  # nothing could be written: the notes say why
     else:
-        assert len(traces) == (1 if launcher == "alone" else 2)
+        assert len(traces) == len(ranks)
         assert all(len(load(trace).cpu_ops) > 0 for trace in traces)
+
+
+@pytest.mark.parametrize("hook", [hook for hook in HOOKS if hook not in ONLY_TORCHRUN])
+def test_a_failing_hook_leaves_the_program_as_it_is(tmp_path, plain, hook):
+    _record_with_failing_hooks(tmp_path, plain, (hook,), "alone")
+
+
+@pytest.mark.parametrize("hooks", TORCHRUN_JOBS, ids=["+".join(job) for job in TORCHRUN_JOBS])
+def test_failing_hooks_leave_a_torchrun_job_as_it_is(tmp_path, plain, hooks):
+    _record_with_failing_hooks(tmp_path, plain, hooks, "torchrun")
+
+
+def test_every_hook_fails_in_one_torchrun_job_beside_hooks_of_other_instruments():
+    assert sorted(hook for job in TORCHRUN_JOBS for hook in job) == sorted(HOOKS)
+    for job in TORCHRUN_JOBS:
+        assert len({HOOKS[hook][1] for hook in job}) == len(job), job
 
 
 # The memory recorder's storage captures, on a CPU: torch's memory history calls are replaced inside the program
