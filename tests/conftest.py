@@ -10,7 +10,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import torch
+
+# pytest-xdist's workers share the machine's cores: each worker, and every program a test starts (it inherits the
+# environment), runs one intra-op thread, so that no thread spins waiting for a core another worker holds.
+if "PYTEST_XDIST_WORKER" in os.environ:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # noqa: E402  (after the thread count above, which torch reads when it loads)
 
 from profiler_kit import nsys_tool
 from profiler_kit.nsys_tool import NsysError, NsysInstall, find_nsys

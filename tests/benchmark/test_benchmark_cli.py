@@ -106,6 +106,8 @@ def test_json_output_contract():
         "cpu",
         "--warmup",
         "1",
+        "--max-warmup",
+        "1",
         "--steps",
         "2",
         "--format",
@@ -179,8 +181,8 @@ def test_overlap_rows_carry_the_exposed_optimizer_time_and_the_clipping_fallback
     past the backward's end), the config columns say overlap and clipping, the fallback is in the message."""
     rows = []
     for clip in ([], ["--clip-grad-norm", "1.5"]):
-        result = _cli("benchmark", "--model", "tiny", "--ctx", "8", "--device", "cpu", "--warmup", "1", "--steps",
-                      "2", "--optimizer-overlap", *clip, "--format", "json")
+        result = _cli("benchmark", "--model", "tiny", "--ctx", "8", "--device", "cpu", "--warmup", "1",
+                      "--max-warmup", "1", "--steps", "2", "--optimizer-overlap", *clip, "--format", "json")
         assert result.exit_code == 0, result.output
         rows += json.loads(result.stdout)["results"]
     plain, clipped = rows

@@ -139,7 +139,8 @@ def _record_with_failing_hooks(tmp_path: Path, plain: dict, hooks: tuple[str, ..
     each rank's trace is written unless its export is what failed."""
     script = _program(tmp_path, "".join(HOOKS[hook][0] for hook in hooks))
     cmd = [sys.executable, str(script)] if launcher == "alone" else [*TORCHRUN, str(script)]
-    result = CliRunner().invoke(main, ["nsys", "--backend", "torch", "-o", str(tmp_path / "run"), "--", *cmd])
+    result = CliRunner().invoke(main, ["nsys", "--backend", "torch", "--modules", "all", "-o", str(tmp_path / "run"),
+                                       "--", *cmd])
     lines, status = plain[launcher]
     assert len(lines) == (1 if launcher == "alone" else 2)
     assert _program_lines(result.stderr) == lines and result.exit_code == status, result.output

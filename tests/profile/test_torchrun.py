@@ -96,8 +96,8 @@ dist.destroy_process_group()
 def test_fsdp2_keeps_its_hooks_and_gets_the_marks(tmp_path):
     script = tmp_path / "fsdp.py"
     script.write_text(FSDP2)
-    result = CliRunner().invoke(main, ["nsys", "--backend", "torch", "-o", str(tmp_path / "fsdp"), "--", *TORCHRUN,
-                                       str(script)])
+    result = CliRunner().invoke(main, ["nsys", "--backend", "torch", "--modules", "all", "-o", str(tmp_path / "fsdp"),
+                                       "--", *TORCHRUN, str(script)])
     assert result.exit_code == 0, result.output
     assert "program done 0" in result.stderr and "program done 1" in result.stderr
     for rank in (0, 1):

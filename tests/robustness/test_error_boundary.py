@@ -54,7 +54,8 @@ def test_a_cpu_out_of_memory_is_an_oom_row_and_the_sweep_goes_on(cli):
     """xl's parameters alone need 6 GB: under a 4 GiB address space the allocation fails, as it would on a
     machine with too little memory."""
     proc = cli("benchmark", "--model", "xl,tiny", "--ctx", "16", "--batch-size", "1", "--steps", "1",
-               "--warmup", "0", "--device", "cpu", "--format", "json", timeout=300)
+               "--warmup", "0", "--max-warmup", "0", "--device", "cpu", "--format", "json",
+               timeout=300)
     assert proc.returncode == 0, proc.stderr
     rows = {r["model"]: r for r in json.loads(proc.stdout)["results"]}
     assert rows["xl"]["status"] == "oom" and "out of host memory" in rows["xl"]["message"]

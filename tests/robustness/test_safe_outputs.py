@@ -23,7 +23,8 @@ from profiler_kit.workload import WorkloadConfig
 
 MEMORY = Path(__file__).resolve().parents[1] / "fixtures" / "memory"
 KERNELS = Path(__file__).resolve().parents[1] / "fixtures" / "kernels"
-FAST = ["--model", "tiny", "--ctx", "8", "--batch-size", "1", "--steps", "1", "--warmup", "0", "--device", "cpu"]
+FAST = ["--model", "tiny", "--ctx", "8", "--batch-size", "1", "--steps", "1", "--warmup", "0",
+        "--max-warmup", "0", "--device", "cpu"]
 COLUMNS = ("model", "ctx", "status", "total_ms")
 
 
@@ -144,7 +145,7 @@ OTHER_SETTINGS = [
 @pytest.mark.parametrize("suffix", [".jsonl", ".csv", ".md"])
 def test_resume_reruns_a_config_measured_with_other_settings_and_skips_an_identical_one(tmp_path, suffix):
     out = tmp_path / f"r{suffix}"
-    first = [*FAST, "--max-warmup", "0", "--stable-pct", "2.5", "--output", str(out), "--resume"]
+    first = [*FAST, "--stable-pct", "2.5", "--output", str(out), "--resume"]
 
     def rows_after(*other: str) -> list[dict]:
         result = CliRunner().invoke(main, ["benchmark", *first, *other])
@@ -225,7 +226,7 @@ def test_a_results_file_without_the_key_columns_is_refused(tmp_path, no_runs):
 
 def test_resume_with_repeat_runs_only_the_passes_not_in_the_file(tmp_path):
     out = tmp_path / "r.jsonl"
-    once = [*FAST, "--max-warmup", "0", "--output", str(out)]
+    once = [*FAST, "--output", str(out)]
     assert CliRunner().invoke(main, ["benchmark", *once]).exit_code == 0
     twice = CliRunner().invoke(main, ["benchmark", *once, "--repeat", "2", "--resume"])
     assert twice.exit_code == 0 and "resume: 1 of 2 configs" in twice.stderr
