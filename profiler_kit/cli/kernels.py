@@ -77,6 +77,14 @@ ONE_PROCESS_ONLY = "--nvtx and --flops-per-step take the report of one process"
 # Several reports (ranks) are read this many at a time, each in a process of its own.
 JOBS = click.option("-j", "--jobs", type=positive_int, default=1, show_default=True,
                     help="Read this many of several reports (ranks) at a time, each in a process of its own.")
+SCHEDULER = click.option(
+    "--scheduler", metavar="ADDRESS", default=None,
+    help="Analyse several reports (ranks) on a Dask cluster: the address of its scheduler (tcp://host:8786; each "
+         "worker reads the reports where they lie, so give paths every worker sees), or `local` for a cluster of "
+         "-j worker processes here. Needs the `dask` extra.")
+PER_RANK_DETAIL = click.option("--per-rank-detail", is_flag=True,
+                               help="Several reports (ranks): each rank's whole summary in the JSON, not only its "
+                                    "figures.")
 
 
 def _write_pictures(report: Report, plot_path: Path | None, html_path: Path | None) -> None:
@@ -110,9 +118,11 @@ def kernels() -> None:
 @click.option("--peak-tflops", type=positive_float, default=None,
               help="The GPU's peak TFLOP/s at the run's precision, for MFU.")
 @JOBS
+@SCHEDULER
+@PER_RANK_DETAIL
 def summarize_command(paths: tuple[Path, ...], top: int, nvtx: str | None, phases: tuple[str, ...], fmt: str,
                       plot_path: Path | None, html_path: Path | None, force: bool, flops_per_step: float | None,
-                      peak_tflops: float | None, jobs: int) -> None:
+                      peak_tflops: float | None, jobs: int, scheduler: str | None, per_rank_detail: bool) -> None:
     """Summarize the kernels of one report: by category, per kernel, per phase, and where the GPU idles in
     each phase (launch-bound when idle above half of the phase's GPU span; one long gap, such as start-up or
     autotuning, is named instead). A report whose phases sit in a repeating range (`step`, `ProfilerStep#N`)
@@ -126,25 +136,34 @@ def summarize_command(paths: tuple[Path, ...], top: int, nvtx: str | None, phase
 
     --plot and --html draw each phase's time stacked by category and each step's wall time, kernel time and
     GPU idle share; for several ranks, a bar group per rank."""
+    from profiler_kit.engine import Engine
     from profiler_kit.files import check_output_paths
     from profiler_kit.kernels import summarize_trace
     from profiler_kit.kernels.phase_metrics import FlopRate
-    from profiler_kit.kernels.ranks import rank_traces, summarize_ranks
+    from profiler_kit.kernels.rank_rows import RowOptions
+    from profiler_kit.kernels.ranks import RankedSummary, rank_traces, summarize_ranks, summarize_reports
     from profiler_kit.render import emit_report
 
     check_output_paths([plot_path, html_path], paths, force)
     one_process_only = nvtx is not None or flops_per_step is not None
     if len(paths) > 1 and one_process_only:  # before any report is read; a report may also hold several
         raise click.UsageError(ONE_PROCESS_ONLY)
-    ranks = rank_traces(list(paths), jobs)
+    options = RowOptions(top, tuple(phases) or None, per_rank_detail)
+    if len(paths) > 1:
+        report = summarize_reports(list(paths), Engine(jobs, scheduler), options)
+        ranks = []
+    else:
+        ranks = rank_traces(list(paths))
     if len(ranks) > 1:
         if one_process_only:
             raise click.UsageError(ONE_PROCESS_ONLY)
-        report = summarize_ranks(ranks, top=top, phases=list(phases) or None)
-    else:
+        report = summarize_ranks(ranks, options)
+    elif ranks:
         report = summarize_trace(ranks[0][1], top=top, phases=list(phases) or None, nvtx=nvtx)
         if flops_per_step is not None:
             report = report.with_flops(FlopRate(per_step=flops_per_step, peak_tflops=peak_tflops))
+    if isinstance(report, RankedSummary):
+        report.every_rank = bool(getattr(fmt, "wide", False))
     _write_pictures(report, plot_path, html_path)
     emit_report(report, fmt)
 

@@ -252,13 +252,13 @@ def report_program(run: ProgramRun, fmt: str, top: int, phases: list[str] | None
             raise ProfilerKitError(f"the command wrote no trace: {why}")
         return run.exit_code
     from profiler_kit.kernels import summarize_trace
+    from profiler_kit.kernels.rank_rows import RowOptions
     from profiler_kit.kernels.ranks import rank_traces, summarize_ranks
 
     ranks = rank_traces(list(run.sources))
     if len(ranks) > 1 or ".rank" in run.sources[0].name:
-        ranked = summarize_ranks(ranks, top=top, phases=phases)
-        for summary in ranked.summaries:
-            summary.notes.extend(run.window.summary_notes())
+        ranked = summarize_ranks(ranks, RowOptions(top, tuple(phases) if phases else None))
+        ranked.job_notes.extend(run.window.summary_notes())
         emit_report(ranked, fmt)
         return run.exit_code
     summary = summarize_trace(ranks[0][1], top=top, phases=phases)

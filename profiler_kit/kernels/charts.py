@@ -153,24 +153,25 @@ def summary_charts(summary: KernelSummary) -> list[BarChart]:
 
 
 def rank_charts(ranked: RankedSummary) -> list[BarChart]:
-    """One bar group per rank with a bar per phase (and one for kernels outside the phases, when any rank has
-    some) stacked by category; then each phase's wall time per rank; both over the per-rank table's steps."""
+    """One bar group per rank shown (`RankedSummary.picked_ranks`) with a bar per phase (and one for kernels
+    outside the phases, when any rank has some) stacked by category; then each phase's wall time per rank; both
+    over the per-rank table's steps."""
     phases = ranked.phase_names
-    ranks = [f"rank {r}" for r in ranked.ranks]
-    rows = pd.concat([m.by_phase.assign(rank=label) for m, label in zip(ranked.members, ranks, strict=True)])
-    outside = bool(rows.loc[rows["phase"] == OUTSIDE_PHASES, "total_ns"].sum() > 0)
+    shown = ranked.picked_ranks()
+    members = [ranked.members[i] for i in shown]
+    ranks = [f"rank {m.rank}" for m in members]
+    bars_of = [m.figures.by_phase.reindex([*phases, OUTSIDE_PHASES], fill_value=0) for m in members]
+    outside = any(by_phase.loc[OUTSIDE_PHASES].sum() > 0 for by_phase in bars_of)
     bars = [*phases, *([OUTSIDE_PHASES] if outside or not phases else [])]
-    used = [c for c in CATEGORIES if rows.loc[rows["category"] == c, "total_ns"].sum() > 0]
-    cube = rows.pivot_table(index=["rank", "phase"], columns="category", values="total_ns", aggfunc="sum",
-                            fill_value=0, observed=False)
-    cube = cube.reindex(index=pd.MultiIndex.from_product([ranks, bars]), columns=used, fill_value=0)
-    values = cube.to_numpy(dtype=float).reshape(len(ranks), len(bars), len(used)) / NS_PER_MS
-    timed = ranked.summaries[0].timed
+    used = [c for c in CATEGORIES if any(c in b.columns and b[c].sum() > 0 for b in bars_of)]
+    values = np.stack([b.reindex(index=bars, columns=used, fill_value=0).to_numpy(dtype=float) for b in bars_of]
+                      ).reshape(len(ranks), len(bars), len(used)) / NS_PER_MS
+    timed = ranked.timed
     scope = ranked.scope()
     charts = [BarChart(f"{timed[0].upper()}{timed[1:]} per rank and phase, by category, over {scope}", ranks, bars,
                        used, values, [CATEGORY_COLORS[c] for c in used], f"{timed} (ms)")]
     if phases:
-        table = ranked.rank_table()
+        table = ranked.rank_table().iloc[shown]
         walls = table[[f"{p}_wall_ms" for p in phases]].to_numpy(dtype=float)
         charts.append(BarChart(f"Wall time of each phase per rank, over {scope}", ranks, phases, [""],
                                walls[:, :, None], [SERIES_COLORS[i % len(SERIES_COLORS)] for i in range(len(phases))],
@@ -204,6 +205,5 @@ def report_charts(report: KernelSummary | RankedSummary | Comparison) -> tuple[s
                  for side in (report.a, report.b)]
         return f"A = {names[0]}; B = {names[1]}", compare_charts(report)
     if isinstance(report, RankedSummary):
-        return (f"{len(report.ranks)} ranks: " + ", ".join(s.path.name for s in report.summaries),
-                rank_charts(report))
+        return f"{len(report.ranks):,} ranks: {report.paths_named()}", rank_charts(report)
     return f"{report.source}: {report.path.name}", summary_charts(report)

@@ -12,7 +12,9 @@ kernel, so a rank that came early waits there, not in the kernel (the range last
 k-th collective of one kind (all-reduce, all-gather, ...) is the same call on every rank; the
 rank whose k-th starts last entered it last, and the first one waited `wait` = last start − first start for
 it. Point-to-point transfers (send, receive) involve two ranks, not all, and are not matched. Comparing starts
-needs one clock: `comparable` says whether the ranks have one; without it only durations are used.
+needs one clock: `comparable` says whether the ranks have one. Without it the durations tell the same: every rank
+leaves a collective at about the same moment, when the last one's data is in, so the rank whose own took least
+entered last, and each other one waited the difference between its duration and that one's.
 
 The first collective. One that takes ONE_OFF_FACTOR times the steady collectives' median and at least
 ONE_OFF_MIN_NS waited for a rank that started late (NCCL sets up its communicator there; DDP broadcasts the
@@ -95,11 +97,24 @@ def _host_waits(kernels: pd.DataFrame, index: RangeIndex) -> np.ndarray:
 def calls_per_phase(trace: KernelTrace, kernels: pd.DataFrame, labelled: Labelled,
                     among: np.ndarray | None = None) -> dict[str, int]:
     """How many collectives each phase called (see the module docstring for what counts), in its ranges of the
-    mask `among` (all by default); empty when the trace cannot say. `kernels`: the summary's labelled ones; the
-    calls that are no kernels are placed in the phases by `labels.phase_ranges_at`."""
-    index, phases = labelled.index, labelled.phases
-    if index is None:
+    mask `among` (all by default); empty when the trace cannot say. `kernels`: the summary's labelled ones."""
+    owner = call_ranges(trace, kernels, labelled)
+    if owner is None:
         return {}
+    held = owner >= 0
+    if among is not None:
+        held[held] = among[owner[held]]
+    called = Counter(labelled.index.name[owner[held]].tolist())
+    return {p: called.get(p, 0) for p in labelled.phases}
+
+
+def call_ranges(trace: KernelTrace, kernels: pd.DataFrame, labelled: Labelled) -> np.ndarray | None:
+    """The phase range of each collective call (see the module docstring for what counts; -1: in none), None
+    when the trace has no ranges. The calls that are no kernels are placed in the phases by
+    `labels.phase_ranges_at`."""
+    index = labelled.index
+    if index is None:
+        return None
     if trace.cpu_ops is not None:
         calls = trace.cpu_ops[trace.cpu_ops["name"].astype(str).str.match(COLLECTIVE_OP)]
     else:
@@ -108,20 +123,16 @@ def calls_per_phase(trace: KernelTrace, kernels: pd.DataFrame, labelled: Labelle
         if not len(calls) and "launch_ns" in kernels.columns:
             calls = kernels[(kernels["category"] == COMMUNICATION).to_numpy()]
     if not len(calls):
-        return {p: 0 for p in phases}
-    owner = (calls["phase_range"].to_numpy() if "phase_range" in calls.columns else
-             phase_ranges_at(labelled, calls["launch_ns"].to_numpy(), calls["process"].to_numpy()))
-    held = owner >= 0
-    if among is not None:
-        held[held] = among[owner[held]]
-    called = Counter(index.name[owner[held]].tolist())
-    return {p: called.get(p, 0) for p in phases}
+        return np.empty(0, dtype=np.int64)
+    if "phase_range" in calls.columns:
+        return calls["phase_range"].to_numpy().astype(np.int64)
+    return phase_ranges_at(labelled, calls["launch_ns"].to_numpy(), calls["process"].to_numpy())
 
 
 @dataclass
 class Arrivals:
     """The collectives every rank ran, matched: `table` has one row per matched collective (kind, k, step: the
-    lowest rank's, last_rank, wait_ns: NaN without one clock), in the order the lowest rank ran them; `starts`
+    lowest rank's, last_rank, wait_ns: see `entered`), in the order the lowest rank ran them; `starts`
     and `durations` hold each rank's (columns in `ranks` order)."""
 
     ranks: list[int]
@@ -130,6 +141,12 @@ class Arrivals:
     durations: np.ndarray
     comparable: bool
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def entered(self) -> np.ndarray:
+        """When each rank entered each collective, on a scale common to the ranks: its start on their one clock,
+        else its duration before their common end (see the module docstring)."""
+        return self.starts if self.comparable else -self.durations
 
 
 def match(ranks: list[int], runs: list[pd.DataFrame], comparable: bool) -> Arrivals:
@@ -158,12 +175,13 @@ def match(ranks: list[int], runs: list[pd.DataFrame], comparable: bool) -> Arriv
     starts, durations, steps = starts[order], durations[order], steps[order]
     keys = wide.index.to_frame(index=False).iloc[order].reset_index(drop=True) if len(wide) else pd.DataFrame(
         columns=["kind", "k"])
-    last = np.asarray(ranks)[np.argmax(starts, axis=1)] if len(starts) else np.empty(0, dtype=np.int64)
-    wait = (starts.max(axis=1) - starts.min(axis=1)).astype(float) if len(starts) else np.empty(0)
-    table = keys.assign(step=steps[:, 0] if len(steps) else np.empty(0, dtype=np.int64),
-                        last_rank=last if comparable else np.full(len(last), -1),
-                        wait_ns=wait if comparable else np.full(len(wait), np.nan))
-    return Arrivals(ranks, table, starts, durations, comparable, notes)
+    found = Arrivals(ranks, keys, starts, durations, comparable, notes)
+    entered = found.entered
+    last = np.asarray(ranks)[np.argmax(entered, axis=1)] if len(entered) else np.empty(0, dtype=np.int64)
+    wait = (entered.max(axis=1) - entered.min(axis=1)).astype(float) if len(entered) else np.empty(0)
+    found.table = keys.assign(step=steps[:, 0] if len(steps) else np.empty(0, dtype=np.int64), last_rank=last,
+                              wait_ns=wait)
+    return found
 
 
 def per_step(arrivals: Arrivals, states: dict[int, str] | None) -> pd.DataFrame:
@@ -189,12 +207,12 @@ def per_step(arrivals: Arrivals, states: dict[int, str] | None) -> pd.DataFrame:
 
 def rank_waits(arrivals: Arrivals, chosen: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per rank (in `arrivals.ranks` order), over the matched collectives of the mask `chosen`: how many it
-    entered last, and how long it waited in them for the last rank (last start − its start), in ns."""
-    starts = arrivals.starts[chosen]
-    if not len(starts):
+    entered last, and how long it waited in them for the last rank, in ns."""
+    entered = arrivals.entered[chosen]
+    if not len(entered):
         return np.zeros(len(arrivals.ranks), dtype=np.int64), np.zeros(len(arrivals.ranks), dtype=np.int64)
-    last = np.bincount(np.argmax(starts, axis=1), minlength=len(arrivals.ranks))
-    return last, (starts.max(axis=1, keepdims=True) - starts).sum(axis=0)
+    last = np.bincount(np.argmax(entered, axis=1), minlength=len(arrivals.ranks))
+    return last, (entered.max(axis=1, keepdims=True) - entered).sum(axis=0)
 
 
 def one_off(arrivals: Arrivals, steady: np.ndarray | None, warm_steps: set[int]) -> dict[str, Any] | None:

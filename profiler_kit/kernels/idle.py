@@ -181,13 +181,33 @@ def covered_ns(starts: np.ndarray, ends: np.ndarray, q_starts: np.ndarray, q_end
     return covered_until(q_ends) - covered_until(q_starts)
 
 
+COMM_COLUMNS = ["phase", "comm_ns", "overlapped_ns", "exposed_ns", "overlap_pct"]
+
+
 def communication(kernels: pd.DataFrame, labelled: Labelled, among: np.ndarray | None = None) -> pd.DataFrame:
     """phase, comm_ns, overlapped_ns, exposed_ns, overlap_pct of one report's phases (`kernels`: labelled, with
     `category`, `start_ns`, `stream` and, for CPU operators, `end_ns` and `outermost`). `among`: a mask of the
     phase ranges to consider (those of the steady steps), all by default."""
-    rows = []
+    pieces = comm_overlap(kernels, labelled, among)
+    if pieces is None:
+        return pd.DataFrame(columns=COMM_COLUMNS)
+    sums = pieces.groupby("phase")[["comm_ns", "overlapped_ns"]].sum()
+    total = sums["comm_ns"].reindex(range(len(labelled.phases)), fill_value=0).to_numpy()
+    overlapped = sums["overlapped_ns"].reindex(range(len(labelled.phases)), fill_value=0).to_numpy()
+    with np.errstate(invalid="ignore", divide="ignore"):
+        pct = np.where(total > 0, overlapped * 100.0 / total, np.nan)
+    return pd.DataFrame({"phase": labelled.phases, "comm_ns": total.astype(np.int64),
+                         "overlapped_ns": overlapped.astype(np.int64),
+                         "exposed_ns": (total - overlapped).astype(np.int64), "overlap_pct": pct},
+                        columns=COMM_COLUMNS)
+
+
+def comm_overlap(kernels: pd.DataFrame, labelled: Labelled, among: np.ndarray | None = None) -> pd.DataFrame | None:
+    """One row per communication kernel (or operator) inside a phase range of the mask `among` (all by default):
+    `phase_range`, `phase` (its position in the phases), `comm_ns` and `overlapped_ns` (covered by compute on
+    another stream of its process); None without ranges or timestamps."""
     if labelled.index is None or "start_ns" not in kernels.columns:
-        return pd.DataFrame(columns=["phase", "comm_ns", "overlapped_ns", "exposed_ns", "overlap_pct"])
+        return None
     starts = kernels["start_ns"].to_numpy()
     # A collective's own time (a kernel's duration, an operator's self time) is what counts as communication;
     # compute elsewhere covers it for as long as its outermost calls run.
@@ -197,18 +217,16 @@ def communication(kernels: pd.DataFrame, labelled: Labelled, among: np.ndarray |
     compute = ~is_comm & (kernels["outermost"].to_numpy() if "outermost" in kernels.columns else True)
     streams, processes = kernels["stream"].to_numpy(), kernels["process"].to_numpy()
     chosen = labelled.phase_mask if among is None else labelled.phase_mask & among
-    held = _owners(kernels, chosen) >= 0
+    owners = _owners(kernels, chosen)
     codes = labelled.phase_codes(kernels)
-    for label, phase in enumerate(labelled.phases):
-        comm = np.flatnonzero(held & is_comm & (codes == label))
-        overlapped = 0
-        for proc, stream in {(processes[i], streams[i]) for i in comm}:
-            mine = comm[(processes[comm] == proc) & (streams[comm] == stream)]
-            elsewhere = compute & (processes == proc) & (streams != stream)
-            overlapped += int(covered_ns(starts[elsewhere], ends[elsewhere], starts[mine], comm_ends[mine]).sum())
-        total = int((comm_ends[comm] - starts[comm]).sum())
-        rows.append((phase, total, overlapped, total - overlapped, overlapped * 100.0 / total if total else np.nan))
-    return pd.DataFrame(rows, columns=["phase", "comm_ns", "overlapped_ns", "exposed_ns", "overlap_pct"])
+    comm = np.flatnonzero((owners >= 0) & is_comm & (codes >= 0) & (codes < len(labelled.phases)))
+    overlapped = np.zeros(len(comm), dtype=np.int64)
+    for proc, stream in {(processes[i], streams[i]) for i in comm}:
+        mine = np.flatnonzero((processes[comm] == proc) & (streams[comm] == stream))
+        elsewhere = compute & (processes == proc) & (streams != stream)
+        overlapped[mine] = covered_ns(starts[elsewhere], ends[elsewhere], starts[comm[mine]], comm_ends[comm[mine]])
+    return pd.DataFrame({"phase_range": owners[comm], "phase": codes[comm].astype(np.int64),
+                         "comm_ns": (comm_ends[comm] - starts[comm]).astype(np.int64), "overlapped_ns": overlapped})
 
 
 def phase_wall(labelled: Labelled, among: np.ndarray | None = None) -> dict[str, int]:

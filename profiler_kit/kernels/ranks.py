@@ -1,20 +1,26 @@
-"""A distributed job's reports side by side: one summary per rank, the merged figures, communication per phase
-(`idle.communication`), the stragglers and which rank entered each collective last (`collectives`).
+"""A distributed job's reports side by side: each rank reduced to its rows (`rank_rows`: per step, per phase, per
+collective, where its report lies), the merged figures, communication per phase, the stragglers, which rank
+entered each collective last (`collectives`) and who made the job wait (`waits`).
 
 Ranks. Each process is the rank it had in its job: the `RANK` the recorder saw (`KernelTrace.process_ranks`),
 else the `.rank<R>.` in its report's name (`<stem>.rank<R>.json.gz`), else its place among the reports and
 processes, with a note. A report that holds several processes (nsys around torchrun) gives one per process;
-the reports of several nodes (`-o` per node) together give the job's global ranks.
+the reports of several nodes (`-o` per node) together give the job's global ranks. A report that cannot be read
+is named, and the others are merged.
 
 Steady state. The per-rank tables cover the job's steady steps: the steps (`kernels.steps`, matched across ranks
 by their number) that no rank spent warming up. What ran outside the steps (start-up, DDP's parameter
 broadcast, a first collective waiting for a rank that started late) and the warm-up steps are apart. A job
 without a repeating step range is covered whole, with a note.
 
-Clocks. Ranks compare in time only on one clock: the processes of one nsys report, or the torch.profiler traces
-of one host. Across hosts the clocks disagree by more than a collective lasts, so who entered a collective last
-is not said; everything else is per rank and stands. A phase's spread across ranks is the difference between
+Clocks. Ranks compare in time on one clock: the processes of one nsys report, or the torch.profiler traces of one
+host. Across hosts the clocks disagree by more than a collective lasts; who entered a collective last is then
+told from the collectives' durations (`collectives`). A phase's spread across ranks is the difference between
 its slowest and fastest rank's wall time (its ranges' CPU time) over the mean.
+
+Many ranks. The per-rank and per-node tables show the slowest, the fastest and the outliers by step time
+(`outliers`); JSON and CSV hold every row. The JSON holds each rank's figures, not its whole summary, unless
+asked (`RowOptions.detail`).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from functools import cached_property, partial
 from itertools import count
 from pathlib import Path
 from typing import Any
@@ -29,18 +36,27 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from profiler_kit.engine import Engine, Failure, absolute
 from profiler_kit.errors import ProfilerKitError
-from profiler_kit.kernels import collectives
+from profiler_kit.kernels import collectives, waits
 from profiler_kit.kernels.categories import CATEGORIES, COMMUNICATION
-from profiler_kit.kernels.idle import communication, phase_wall
-from profiler_kit.kernels.labels import OUTSIDE_PHASES
+from profiler_kit.kernels.rank_rows import Figures, RankRows, RowOptions, rank_rows, report_rows, split_processes
 from profiler_kit.kernels.sources import load_many
-from profiler_kit.kernels.steps import STEADY, WARMUP, WARMUP_FACTOR, warm_rows
-from profiler_kit.kernels.summary import CPU_OPS, NS_PER_MS, KernelSummary, label_totals, summarize_trace
-from profiler_kit.kernels.trace import NO_LAUNCH, KernelTrace
+from profiler_kit.kernels.steps import STEADY, WARMUP, WARMUP_FACTOR
+from profiler_kit.kernels.summary import NS_PER_MS
+from profiler_kit.kernels.trace import KernelTrace
+from profiler_kit.outliers import pick, robust_z
 from profiler_kit.render import Title, records
 
 _RANK = re.compile(r"\.rank(\d+)\.")
+# The per-rank table's columns that a narrow terminal keeps: each rank's pace and its communication.
+RANK_KEY = ("busy_step_ms", "total_ms", "collective_calls", "comm_ms", "exposed_comm_ms", "times_last",
+            "waited_ms")
+NODE_KEY = ("ranks", "busy_step_ms", "max_busy_step_ms", "slowest_rank", "z_score", "caused_wait_ms")
+# Paths the caption names one by one; beyond them, the first and the last.
+NAMED_PATHS = 8
+# Distinct notes of the ranks the caption lists; the JSON's ranks[].notes hold all.
+LISTED_NOTES = 20
 
 
 def rank_of(path: Path, position: int) -> int:
@@ -49,31 +65,45 @@ def rank_of(path: Path, position: int) -> int:
     return int(match.group(1)) if match else position
 
 
-# The per-rank table's columns that a narrow terminal keeps: each rank's time and its communication.
-RANK_KEY = ("wall_ms", "total_ms", "collective_calls", "comm_ms", "exposed_comm_ms", "times_last", "waited_ms")
-
 @dataclass
 class Rank:
-    """One rank: its summary (the whole recording) and its figures over the job's steady steps (`steady`: their
-    range ids in the summary's index; None when the figures cover the whole recording)."""
+    """One rank: its rows (the whole recording, reduced) and its figures over the job's steady steps."""
 
     rank: int
-    node: int | None
-    process: int | None
-    summary: KernelSummary
-    steady: np.ndarray | None
-    totals: dict[str, Any]
-    communication: pd.DataFrame
-    walls: dict[str, int]
-    collective_calls: dict[str, int]
-    runs: pd.DataFrame  # the collectives it ran (`collectives.executions`)
-    by_phase: pd.DataFrame  # the phase table (phase, category, instances, total_ns) over the same steps
+    rows: RankRows
+    figures: Figures
+
+    @property
+    def node(self) -> int | None:
+        return self.rows.node
+
+    @property
+    def process(self) -> int | None:
+        return self.rows.process
+
+    @property
+    def totals(self) -> dict[str, Any]:
+        return self.figures.totals
+
+    @property
+    def communication(self) -> pd.DataFrame:
+        return self.figures.communication
+
+    @property
+    def walls(self) -> dict[str, int]:
+        return self.figures.walls
+
+    @property
+    def collective_calls(self) -> dict[str, int]:
+        return self.figures.collective_calls
 
 
 @dataclass
 class RankedSummary:
     """One job's ranks (rank order), its steady steps (None: no repeating step range on some rank), the
-    collectives matched across ranks, the one-off first collective when there is one, and notes on the job."""
+    collectives matched across ranks, the one-off first collective when there is one, notes on the job, the
+    reports that failed (`failed`: rank when its name says it, path, error), and whether tables for people show
+    every rank (`every_rank`, --wide) or the slowest, fastest and outliers."""
 
     members: list[Rank]
     steady_steps: list[int] | None
@@ -81,47 +111,92 @@ class RankedSummary:
     arrivals: collectives.Arrivals
     one_off: dict[str, Any] | None
     job_notes: list[str] = field(default_factory=list)
+    failed: list[dict[str, Any]] = field(default_factory=list)
+    every_rank: bool = False
 
     @property
     def ranks(self) -> list[int]:
         return [m.rank for m in self.members]
 
     @property
-    def summaries(self) -> list[KernelSummary]:
-        return [m.summary for m in self.members]
+    def timed(self) -> str:
+        return self.members[0].rows.timed
 
     @property
     def phase_names(self) -> list[str]:
-        return list(dict.fromkeys(p for s in self.summaries for p in s.phase_names))
+        return list(dict.fromkeys(p for m in self.members for p in m.rows.phase_names))
 
     @property
     def compared(self) -> bool:
-        """Whether the ranks' collectives are compared in time: several ranks on one clock."""
-        return self.arrivals.comparable and len(self.members) > 1
+        """Whether the ranks' collectives are compared: several ranks ran matched collectives."""
+        return len(self.members) > 1 and len(self.arrivals.table) > 0
+
+    @property
+    def nodes(self) -> dict[int, int | None]:
+        return {m.rank: m.node for m in self.members}
 
     def _steady_arrivals(self) -> np.ndarray:
         steps = self.arrivals.table["step"].to_numpy()
         return np.isin(steps, self.steady_steps) if self.steady_steps is not None else np.ones(len(steps), bool)
 
-    def rank_table(self) -> pd.DataFrame:
-        """rank (node), steps, wall_ms, total_ms, collective_calls, comm_ms, exposed_comm_ms, times_last and
-        waited_ms (with one clock), then each phase's wall time, all over the steady steps."""
+    @cached_property
+    def blame(self) -> pd.DataFrame:
+        """Per rank (rank order), the collectives it entered last and the waits it caused (`waits.blame`)."""
+        return waits.blame(self.arrivals, self._steady_arrivals())
+
+    @cached_property
+    def _rank_table(self) -> pd.DataFrame:
         last, waited = collectives.rank_waits(self.arrivals, self._steady_arrivals())
         rows = []
         for position, m in enumerate(self.members):
             row: dict[str, Any] = {"rank": m.rank}
             if any(r.node is not None for r in self.members):
                 row["node"] = m.node
-            wall = m.totals["wall_ns"]
-            row.update(steps=m.totals["steps"], wall_ms=np.nan if wall is None else wall / NS_PER_MS,
+            wall, steps = m.totals["wall_ns"], m.totals["steps"]
+            step_ms = wall / steps / NS_PER_MS if wall is not None and steps else np.nan
+            row.update(steps=steps, step_ms=step_ms, busy_step_ms=step_ms, z_score=np.nan,
+                       wall_ms=np.nan if wall is None else wall / NS_PER_MS,
                        total_ms=m.totals["total_ns"] / NS_PER_MS, collective_calls=sum(m.collective_calls.values()),
                        comm_ms=m.totals["categories"][COMMUNICATION] / NS_PER_MS,
                        exposed_comm_ms=m.communication["exposed_ns"].sum() / NS_PER_MS)
             if self.compared:
-                row.update(times_last=int(last[position]), waited_ms=waited[position] / NS_PER_MS)
+                row["busy_step_ms"] = step_ms - waited[position] / NS_PER_MS / steps if steps else np.nan
+                row.update(times_last=int(last[position]), waited_ms=waited[position] / NS_PER_MS,
+                           caused_wait_ms=self.blame["caused_wait_ns"].iloc[position] / NS_PER_MS)
             row.update({f"{p}_wall_ms": m.walls.get(p, 0) / NS_PER_MS for p in self.phase_names})
             rows.append(row)
-        return pd.DataFrame(rows)
+        table = pd.DataFrame(rows)
+        table["z_score"] = robust_z(_pace(table))
+        return table
+
+    def rank_table(self) -> pd.DataFrame:
+        """rank (node), steps, step_ms (their mean wall time), busy_step_ms (step_ms less the time the rank waited
+        in collectives for a later one, per step: in a job whose ranks wait for each other every step takes as
+        long on every rank, and a straggler is the rank that waited least), z_score (robust, of busy_step_ms; of
+        total_ms when the tables cover whole recordings), wall_ms, total_ms, collective_calls, comm_ms,
+        exposed_comm_ms, and with matched collectives times_last, waited_ms and caused_wait_ms, then each phase's
+        wall time, all over the steady steps."""
+        return self._rank_table.copy()
+
+    def node_table(self) -> pd.DataFrame | None:
+        """Per node, when the ranks ran on two or more: node, ranks, busy_step_ms (the mean of its ranks'),
+        max_busy_step_ms, slowest_rank, z_score (of busy_step_ms among the nodes), comm_ms and exposed_comm_ms (means),
+        times_last and caused_wait_ms (sums); None otherwise."""
+        table = self._rank_table
+        if "node" not in table.columns or table["node"].nunique(dropna=True) < 2:
+            return None
+        table = table.assign(pace=_pace(table))
+        groups = table.groupby("node", sort=True, dropna=True)
+        out = pd.DataFrame({"ranks": groups.size(), "busy_step_ms": groups["pace"].mean(),
+                            "max_busy_step_ms": groups["pace"].max(),
+                            "slowest_rank": groups.apply(lambda g: int(g["rank"].iloc[int(np.nanargmax(g["pace"]))])
+                                                         if g["pace"].notna().any() else -1, include_groups=False),
+                            "comm_ms": groups["comm_ms"].mean(), "exposed_comm_ms": groups["exposed_comm_ms"].mean()})
+        if self.compared:
+            out["times_last"] = groups["times_last"].sum()
+            out["caused_wait_ms"] = groups["caused_wait_ms"].sum()
+        out.insert(4, "z_score", robust_z(out["busy_step_ms"].to_numpy()))
+        return out.reset_index().astype({"node": int})
 
     def merged_categories(self) -> dict[str, int]:
         return {c: sum(int(m.totals["categories"][c]) for m in self.members) for c in CATEGORIES}
@@ -151,46 +226,82 @@ class RankedSummary:
             states = {**{s: WARMUP for s in self.warmup_steps}, **{s: STEADY for s in self.steady_steps}}
         return collectives.per_step(self.arrivals, states)
 
+    def made_wait(self) -> pd.DataFrame:
+        """The ranks that made the others wait longest (`waits.made_wait`)."""
+        return waits.made_wait(self.blame, self.nodes)
+
     def scope(self) -> str:
         """What the per-rank tables cover, within a title."""
         if self.steady_steps is None:
             return "the whole recording"
         return f"{len(self.steady_steps)} steady {steps_named(self.steady_steps)}"
 
+    def picked_ranks(self) -> np.ndarray:
+        """The positions of the ranks tables and charts for people show (every one with `every_rank`)."""
+        if self.every_rank:
+            return np.arange(len(self.members))
+        return pick(_pace(self._rank_table)).rows
+
     def tables(self, display: bool = False) -> list[tuple[str, pd.DataFrame]]:
-        first = self.summaries[0]
+        per_rank, per_node = self.rank_table(), self.node_table()
+        rank_title = f"Per rank ({len(self.ranks):,} ranks, over {self.scope()}; {self.timed})"
+        node_title = f"Per node ({0 if per_node is None else len(per_node):,} nodes, over {self.scope()})"
+        if display and not self.every_rank:
+            picked = pick(_pace(per_rank))
+            per_rank = per_rank.iloc[picked.rows].reset_index(drop=True)
+            rank_title += f": {picked.said('ranks')}" if picked.left_out else ""
+            if per_node is not None:
+                nodes = pick(per_node["busy_step_ms"].to_numpy())
+                per_node = per_node.iloc[nodes.rows].reset_index(drop=True)
+                node_title += f": {nodes.said('nodes')}" if nodes.left_out else ""
         merged = pd.DataFrame({"category": list(CATEGORIES), "total_ms": [
             v / NS_PER_MS for v in self.merged_categories().values()]})
         comm = self.merged_communication()
         for column in ("comm", "overlapped", "exposed"):
             comm[f"{column}_ms"] = comm.pop(f"{column}_ns") / NS_PER_MS
-        tables = [
-            (Title(f"Per rank ({len(self.ranks)} ranks, over {self.scope()}; {first.timed})", "ranks",
-                   RANK_KEY), self.rank_table()),
+        tables = [(Title(rank_title, "ranks", RANK_KEY), per_rank)]
+        if per_node is not None:
+            tables.append((Title(node_title, "nodes", NODE_KEY), per_node))
+        tables += [
             (Title("All ranks merged: time by category", "categories"), merged[merged["total_ms"] > 0]),
             (Title("Communication per phase, all ranks: overlapped by compute elsewhere, and exposed",
                    "communication", ("exposed_ms", "overlap_pct")), comm),
             (Title("Stragglers: each phase's wall time across ranks", "stragglers", ("spread_pct", "slowest_rank")),
              self.stragglers()),
         ]
-        if self.compared and len(self.arrivals.table):
+        if self.compared:
             tables.append((Title("Collective arrivals per step: the rank that entered last, and how long the first "
                                  "waited for it", "arrivals"), self.arrival_table()))
+            tables.append((Title(f"Who made the job wait: the {waits.TOP} ranks the others waited for longest in the "
+                                 "steady steps (caused_wait_ms: the others' waiting summed), and at start-up",
+                                 "made_wait", ("lateness", "times_last", "caused_wait_ms")), self.made_wait()))
+        if self.failed:
+            tables.append((Title("Reports that failed: the other ranks are merged", "failed", ("path", "error"),
+                                 prose=("error",)), pd.DataFrame(self.failed, columns=["rank", "path", "error"])))
         return tables
 
     def to_json(self) -> dict[str, Any]:
+        table = self._rank_table
         ranks = []
-        for m in self.members:
-            doc = m.summary.to_json()
-            doc.update(rank=m.rank, node=m.node, process=m.process, path=str(m.summary.path))
+        for position, m in enumerate(self.members):
+            doc: dict[str, Any] = dict(m.rows.detail) if m.rows.detail is not None else {
+                "time_basis": m.rows.basis, "kernel_count": m.rows.kernel_count, "total_ns": m.rows.total_ns,
+                "categories": m.rows.figures(None).totals["categories"]}
+            doc.update(rank=m.rank, node=m.node, process=m.process, path=m.rows.path)
             doc["steady"] = dict(m.totals)
+            doc["z_score"] = table["z_score"].iloc[position]
             doc["communication"] = {r.pop("phase"): r for r in records(m.communication)}
             doc["phase_wall_ns"] = m.walls
             doc["collective_calls"] = m.collective_calls
+            if self.compared:
+                doc.update({c: int(self.blame[c].iloc[position]) for c in waits.BLAME_COLUMNS[1:]})
+            doc["notes"] = m.rows.notes
             ranks.append(doc)
         merged_comm = records(self.merged_communication())
+        nodes = self.node_table()
         return {
             "ranks": ranks,
+            "nodes": [] if nodes is None else records(nodes),
             "steady_steps": self.steady_steps,
             "warmup_steps": self.warmup_steps,
             "merged": {
@@ -204,16 +315,37 @@ class RankedSummary:
             "stragglers": {r.pop("phase"): r for r in records(self.stragglers())},
             "clocks_comparable": self.arrivals.comparable,
             "arrivals": records(self.arrival_table()) if self.compared else [],
+            "made_wait": records(self.made_wait()) if self.compared else [],
             "one_off": self.one_off,
+            "failed": self.failed,
         }
 
     @property
     def notes(self) -> list[str]:
-        return list(dict.fromkeys([*self.job_notes, *(n for s in self.summaries for n in s.notes)]))
+        return list(dict.fromkeys([*self.job_notes, *(n for m in self.members for n in m.rows.notes)]))
+
+    def paths_named(self, ranks: bool = False) -> str:
+        """The ranks' report names (with their `ranks`), the first and the last beyond NAMED_PATHS."""
+        named = [f"rank {m.rank}: {Path(m.rows.path).name}" if ranks else Path(m.rows.path).name
+                 for m in self.members]
+        if len(named) > NAMED_PATHS:
+            return f"{named[0]} … {named[-1]} (every path in the JSON)"
+        return ", ".join(named)
 
     def caption(self) -> str:
-        paths = ", ".join(f"rank {r}: {s.path.name}" for r, s in zip(self.ranks, self.summaries, strict=True))
-        return "\n".join([paths] + [f"note: {n}" for n in self.notes])
+        named = [self.paths_named(ranks=True)]
+        notes = self.notes
+        if len(notes) > LISTED_NOTES:
+            notes = [*notes[:LISTED_NOTES], f"{len(notes) - LISTED_NOTES:,} more notes of single ranks: the JSON's "
+                                            "ranks[].notes hold them"]
+        return "\n".join(named + [f"note: {n}" for n in notes])
+
+
+def _pace(table: pd.DataFrame) -> np.ndarray:
+    """Each rank's pace, larger is slower: its mean busy steady step time, else (whole recordings) its total
+    time."""
+    steps = table["busy_step_ms"].to_numpy(dtype=float)
+    return steps if not np.isnan(steps).all() else table["total_ms"].to_numpy(dtype=float)
 
 
 def steps_named(numbers: list[int]) -> str:
@@ -228,37 +360,36 @@ def steps_named(numbers: list[int]) -> str:
     return f"step{'s' * (len(numbers) > 1)} {listed}"
 
 
-def split_processes(trace: KernelTrace) -> list[tuple[int | None, KernelTrace]]:
-    """(process id, its trace) for each process that ran kernels (or, without kernels, CPU operators), in
-    process-id order: an nsys report of a torchrun job holds every rank's process. The id is None when the
-    source has none. Memory operations are not split (None)."""
-    processes = processes_of(trace)
-    if processes is None:
-        return [(None, trace)]
-    if len(processes) <= 1:
-        return [(int(processes[0]) if len(processes) else None, trace)]
+def number_ranks(parts: list[tuple[str, int | None, int | None]]) -> tuple[list[int], dict[int, str]]:
+    """The rank of each part of a job's reports, given as (path, process, the RANK it recorded): see the module
+    docstring for where a rank comes from; and a note for each part (by position) numbered by its place."""
+    per_path = Counter(path for path, _, _ in parts)
+    given: list[int | None] = []
+    for path, _, recorded in parts:
+        rank = recorded
+        if rank is None and per_path[path] == 1 and (match := _RANK.search(Path(path).name)):
+            rank = int(match.group(1))
+        given.append(rank)
+    taken = set(given)
+    free = (r for r in count() if r not in taken)
+    ranks = [r if r is not None else next(free) for r in given]
+    notes = {}
+    if len(parts) > 1:
+        for position, ((path, proc, _), rank, said) in enumerate(zip(parts, ranks, given, strict=True)):
+            if said is None:
+                notes[position] = (f"rank {rank} is {_label(path, proc, per_path)} by its place among the reports "
+                                   "and processes: the report says no RANK")
+    ordered = sorted(range(len(parts)), key=lambda i: ranks[i])
+    for i, j in zip(ordered, ordered[1:], strict=False):
+        if ranks[i] == ranks[j]:
+            raise ProfilerKitError(f"{_label(*parts[i][:2], per_path)} and {_label(*parts[j][:2], per_path)} are "
+                                   f"both rank {ranks[i]} (from the RANK recorded, `.rank<R>.` in a name, else the "
+                                   "position among the reports): give each rank's report once")
+    return ranks, notes
 
-    def only(frame: pd.DataFrame | None, proc: int) -> pd.DataFrame | None:
-        return None if frame is None else frame[frame["process"] == proc].reset_index(drop=True)
 
-    def mine(known: dict[int, int], proc: int) -> dict[int, int]:
-        return {proc: known[proc]} if proc in known else {}
-
-    return [(int(proc), replace(trace, kernels=only(trace.kernels, proc), ranges=only(trace.ranges, proc),
-                                cpu_ops=only(trace.cpu_ops, proc), memory_ops=None,
-                                notes=[*trace.notes, f"process {proc} of {trace.path.name}"],
-                                process_ranks=mine(trace.process_ranks, proc),
-                                process_nodes=mine(trace.process_nodes, proc)))
-            for proc in processes]
-
-
-def processes_of(trace: KernelTrace) -> np.ndarray | None:
-    """The ids of the processes that ran kernels (or, without kernels, CPU operators); None when the source
-    has no process ids."""
-    timed = trace.kernels if len(trace.kernels) or trace.cpu_ops is None else trace.cpu_ops
-    if "launch_ns" not in timed.columns:
-        return None
-    return np.unique(timed["process"].to_numpy()[timed["launch_ns"].to_numpy() != NO_LAUNCH])
+def _label(path: str, proc: int | None, per_path: Counter) -> str:
+    return f"{path} process {proc}" if per_path[path] > 1 else str(path)
 
 
 def rank_traces(paths: list[Path], jobs: int = 1) -> list[tuple[int, KernelTrace]]:
@@ -268,85 +399,83 @@ def rank_traces(paths: list[Path], jobs: int = 1) -> list[tuple[int, KernelTrace
 
 
 def assign_ranks(reports: list[tuple[Path, KernelTrace]]) -> list[tuple[int, KernelTrace]]:
-    """(rank, trace) of a job's reports as read, one per process, in rank order (see the module docstring for
-    where a rank comes from). Each trace's `clock` is set: its source's, else its report's own."""
+    """(rank, trace) of a job's reports as read, one per process, in rank order (`number_ranks`). Each trace's
+    `clock` is set: its source's, else its report's own."""
     parts = [(path, proc, replace(part, clock=trace.clock or f"report {path}"))
              for path, trace in reports for proc, part in split_processes(trace)]
-    per_path = Counter(path for path, _, _ in parts)
-    given: list[int | None] = []
-    for path, proc, part in parts:
-        rank = part.process_ranks.get(proc) if proc is not None else None
-        if rank is None and per_path[path] == 1 and (match := _RANK.search(path.name)):
-            rank = int(match.group(1))
-        given.append(rank)
-    taken = set(given)
-    free = (r for r in count() if r not in taken)
-    ranks = [r if r is not None else next(free) for r in given]
-    if len(parts) > 1:
-        for (path, proc, part), rank, said in zip(parts, ranks, given, strict=True):
-            if said is None:
-                part.notes.append(f"rank {rank} is {_label(path, proc, per_path)} by its place among the reports "
-                                  "and processes: the report says no RANK")
-    ordered = sorted(zip(ranks, parts, strict=True), key=lambda item: item[0])
-    for (rank, (path, proc, _)), (other, (path2, proc2, _)) in zip(ordered, ordered[1:], strict=False):
-        if rank == other:
-            raise ProfilerKitError(f"{_label(path, proc, per_path)} and {_label(path2, proc2, per_path)} are both "
-                                   f"rank {rank} (from the RANK recorded, `.rank<R>.` in a name, else the position "
-                                   "among the reports): give each rank's report once")
-    return [(rank, part) for rank, (_, _, part) in ordered]
+    ranks, notes = number_ranks([(str(path), proc, part.process_ranks.get(proc) if proc is not None else None)
+                                 for path, proc, part in parts])
+    for position, note in notes.items():
+        parts[position][2].notes.append(note)
+    return sorted(((rank, part) for rank, (_, _, part) in zip(ranks, parts, strict=True)), key=lambda x: x[0])
 
 
-def _label(path: Path, proc: int | None, per_path: Counter) -> str:
-    return f"{path} process {proc}" if per_path[path] > 1 else str(path)
+def summarize_ranks(ranked: list[tuple[int, KernelTrace]], options: RowOptions | None = None) -> RankedSummary:
+    """The job of traces read here (`rank_traces`), rank by rank, with the steady-state figures (each rank's rows
+    made with `options`, the defaults of `RowOptions` without)."""
+    return merge([(rank, rank_rows(trace, options or RowOptions())) for rank, trace in ranked])
 
 
-def summarize_ranks(ranked: list[tuple[int, KernelTrace]], top: int = 10,
-                    phases: list[str] | None = None) -> RankedSummary:
-    """Summaries of one job's traces, rank by rank (`rank_traces` reads them), with the steady-state figures."""
-    summaries = [summarize_trace(trace, top=top, phases=phases, rank=rank) for rank, trace in ranked]
-    steps = [_numbered_steps(s) for s in summaries]
+def summarize_reports(paths: list[Path], engine: Engine, options: RowOptions) -> RankedSummary:
+    """The job of reports read where they lie, each in a task of `engine` that returns its ranks' rows; a report
+    that fails is named (`RankedSummary.failed`) and the others merged. Every report failing is an error."""
+    results = engine.map(partial(report_rows, options=options), [absolute(p) for p in paths], keep_going=True)
+    parts: list[RankRows] = []
+    failed = []
+    for path, result in zip(paths, results, strict=True):
+        if isinstance(result, Failure):
+            match = _RANK.search(Path(path).name)
+            failed.append({"rank": int(match.group(1)) if match else None, "path": str(path), "error": result.error})
+        else:
+            parts += [replace(rows, path=str(path)) for rows in result]
+    if not parts:
+        first = failed[0]
+        raise ProfilerKitError(f"{first['path']}: {first['error']}" if len(failed) == 1 else
+                               f"every report failed; {first['path']}: {first['error']}")
+    ranks, notes = number_ranks([(rows.path, rows.process, rows.recorded_rank) for rows in parts])
+    for position, note in notes.items():
+        parts[position].notes.append(note)
+    ranked = sorted(zip(ranks, parts, strict=True), key=lambda item: item[0])
+    summary = merge(ranked, failed)
+    if failed:
+        listed = ", ".join(f["path"] for f in failed[:3]) + (" …" if len(failed) > 3 else "")
+        summary.job_notes.append(f"{len(failed)} of {len(paths)} reports failed ({listed}): the other ranks are "
+                                 "merged")
+    return summary
+
+
+def merge(ranked: list[tuple[int, RankRows]], failed: list[dict[str, Any]] | None = None) -> RankedSummary:
+    """The merged view of a job's ranks' rows, in rank order."""
     notes: list[str] = []
-    steady, warm = _job_steps([rank for rank, _ in ranked], steps, notes)
-    members = []
-    for (rank, trace), summary, (ids, numbers, _) in zip(ranked, summaries, steps, strict=True):
-        chosen = ids[np.isin(numbers, steady)] if steady is not None else None
-        runs = collectives.executions(summary.attributed, summary.index, summary.basis == CPU_OPS,
-                                      trace.clock_offset_ns)
-        members.append(_rank(rank, trace, summary, chosen, runs))
-    clocks = {trace.clock for _, trace in ranked}
+    steady, warm = _job_steps([(rank, rows) for rank, rows in ranked], notes)
+    members = [Rank(rank, rows, rows.figures(steady)) for rank, rows in ranked]
+    clocks = {rows.clock for _, rows in ranked}
     comparable = len(clocks) == 1
     if not comparable and len(ranked) > 1:
-        notes.append(f"the ranks were recorded on {len(clocks)} clocks ({', '.join(sorted(map(str, clocks)))}): "
-                     "which rank entered each collective last is not compared across them")
-    arrivals = collectives.match([m.rank for m in members], [m.runs for m in members], comparable)
+        listed = ", ".join(sorted(map(str, clocks))[:3]) + (" …" if len(clocks) > 3 else "")
+        notes.append(f"the ranks were recorded on {len(clocks)} clocks ({listed}): which rank entered each "
+                     "collective last is told from the collectives' durations (every rank leaves one at about the "
+                     "same moment; the last to enter waits least)")
+    arrivals = collectives.match([m.rank for m in members], [m.rows.runs for m in members], comparable)
     notes += arrivals.notes
     mask = np.isin(arrivals.table["step"].to_numpy(), steady) if steady is not None else None
     first = collectives.one_off(arrivals, mask, set(warm)) if len(ranked) > 1 else None
     if first is not None:
         notes.append(collectives.one_off_note(first))
-    return RankedSummary(members, steady, warm, arrivals, first, notes)
+    return RankedSummary(members, steady, warm, arrivals, first, notes, list(failed or []))
 
 
-def _numbered_steps(summary: KernelSummary) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A summary's step range ids, their numbers and which are warm-up (empty without steps)."""
-    if summary.steps is None or summary.index is None:
-        empty = np.empty(0, dtype=np.int64)
-        return empty, empty, np.empty(0, dtype=bool)
-    steps = summary.labelled.steps
-    return steps["range"].to_numpy(), steps["step"].to_numpy(dtype=np.int64), warm_rows(summary.steps)
-
-
-def _job_steps(ranks: list[int], steps: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
-               notes: list[str]) -> tuple[list[int] | None, list[int]]:
+def _job_steps(ranked: list[tuple[int, RankRows]], notes: list[str]) -> tuple[list[int] | None, list[int]]:
     """The numbers of the job's steady steps (those no rank spent warming up; None when some rank has no steps)
     and of its warm-up steps, with a note on what the tables cover."""
-    without = [rank for rank, (ids, _, _) in zip(ranks, steps, strict=True) if not len(ids)]
+    without = [rank for rank, rows in ranked if not rows.has_steps]
     if without:
-        notes.append(f"no repeating step range on rank {', '.join(map(str, without))}: the per-rank tables cover "
-                     "each rank's whole recording, start-up included")
+        listed = ", ".join(map(str, without[:10])) + (f" and {len(without) - 10:,} more" if len(without) > 10 else "")
+        notes.append(f"no repeating step range on rank {listed}: the per-rank tables cover each rank's whole "
+                     "recording, start-up included")
         return None, []
-    steady = sorted(set.intersection(*(set(numbers[~warm].tolist()) for _, numbers, warm in steps)))
-    warm = sorted(set().union(*(set(numbers[warm].tolist()) for _, numbers, warm in steps)))
+    steady = sorted(set.intersection(*(rows.steps_of(warm=False) for _, rows in ranked)))
+    warm = sorted(set().union(*(rows.steps_of(warm=True) for _, rows in ranked)))
     if not steady:
         notes.append("no step is steady on every rank: the per-rank tables cover each rank's whole recording")
         return None, warm
@@ -358,44 +487,3 @@ def _job_steps(ranks: list[int], steps: list[tuple[np.ndarray, np.ndarray, np.nd
         notes.append(f"the per-rank tables cover {steps_named(steady)} (no warm-up seen); what ran outside the "
                      "steps is apart")
     return steady, warm
-
-
-def _rank(rank: int, trace: KernelTrace, summary: KernelSummary, steady: np.ndarray | None,
-          runs: pd.DataFrame) -> Rank:
-    """One rank's figures over its steady step ranges `steady` (None: the whole recording)."""
-    index, kernels, names, labelled = summary.index, summary.attributed, summary.phase_names, summary.labelled
-    rows = None if steady is None else np.flatnonzero(np.isin(labelled.steps["range"].to_numpy(), steady))
-    among = None if rows is None else labelled.within_steps(rows)
-    if steady is None:
-        chosen, wall = np.ones(len(kernels), dtype=bool), None
-    else:
-        chosen = np.isin(labelled.step_rows(kernels), rows)
-        wall = int((index.end[steady] - index.start[steady]).sum())
-    categories = kernels[chosen].groupby("category", observed=False)["total_ns"].sum()
-    by_phase = _by_phase(summary, among, chosen)
-    inside = by_phase[by_phase["phase"] != OUTSIDE_PHASES].groupby("phase")["total_ns"].sum()
-    totals = {"steps": 0 if steady is None else len(steady), "wall_ns": wall,
-              "total_ns": int(kernels["total_ns"].to_numpy()[chosen].sum()),
-              "categories": {c: int(categories.get(c, 0)) for c in CATEGORIES},
-              "phase_ns": {p: int(inside.get(p, 0)) for p in names}}
-    node = next(iter(trace.process_nodes.values())) if len(trace.process_nodes) == 1 else None
-    processes = processes_of(trace)
-    process = int(processes[0]) if processes is not None and len(processes) == 1 else None
-    return Rank(rank, node, process, summary, steady, totals, communication(kernels, labelled, among),
-                phase_wall(labelled, among), collectives.calls_per_phase(trace, kernels, labelled, among),
-                runs, by_phase)
-
-
-def _by_phase(summary: KernelSummary, among: np.ndarray | None, chosen: np.ndarray) -> pd.DataFrame:
-    """The summary's phase table (`phase`, `category`, `instances`, `total_ns`) over the kernels of the mask
-    `chosen`: each kernel under its phase where its phase range is one of the mask `among` (else any), the rest
-    under OUTSIDE_PHASES."""
-    kernels, labelled, names = summary.attributed, summary.labelled, summary.phase_names
-    codes = labelled.phase_codes(kernels).astype(np.int64)
-    held = (codes >= 0) & (codes < len(names))
-    if among is not None:
-        owner = kernels["phase_range"].to_numpy()
-        held[held] = among[owner[held]]
-    rows = np.flatnonzero(held | chosen)
-    return label_totals(kernels, [*names, OUTSIDE_PHASES], "phase", (rows, np.where(held[rows], codes[rows],
-                                                                                      len(names))))

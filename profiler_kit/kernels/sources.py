@@ -7,8 +7,6 @@ a one-line ProfilerKitError that says what the file looked like and what summari
 
 from __future__ import annotations
 
-import multiprocessing
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from profiler_kit.errors import ProfilerKitError
@@ -17,7 +15,6 @@ from profiler_kit.files import (
     NSYS_REPORT_MAGIC,
     SQLITE_MAGIC,
     InputLimits,
-    current_limits,
     read_bytes,
     read_head,
 )
@@ -67,16 +64,12 @@ def load(path: str | Path, limits: InputLimits | None = None) -> KernelTrace:
         raise type(exc)(f"{path}: {exc}") from None
 
 
-def load_many(paths: list[str | Path], jobs: int = 1, limits: InputLimits | None = None) -> list[KernelTrace]:
+def load_many(paths: list[str | Path], jobs: int = 1) -> list[KernelTrace]:
     """`load` of each report, in the order given, `jobs` at a time in worker processes (here, with 1): reading
     and parsing is most of a summary's time, and one report's reading does not wait for another's."""
-    if jobs <= 1 or len(paths) <= 1:
-        return [load(path, limits) for path in paths]
-    # Workers start afresh (spawn): they get the limits the command line set here.
-    limits = limits or current_limits()
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=min(jobs, len(paths)), mp_context=context) as pool:
-        return list(pool.map(load, paths, [limits] * len(paths)))
+    from profiler_kit.engine import Engine
+
+    return Engine(jobs).map(load, paths)
 
 
 def _load(path: Path, limits: InputLimits | None) -> KernelTrace:

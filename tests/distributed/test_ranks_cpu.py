@@ -65,7 +65,7 @@ def test_a_rank_that_starts_late(tmp_path, late_at):
     assert [r["rank"] for r in doc["ranks"]] == [0, 1]
     assert doc["steady_steps"] and set(doc["steady_steps"]) <= set(range(6))
     for rank in doc["ranks"]:
-        assert list(rank["phases"]) == ["forward", "backward", "optimizer"]
+        assert list(rank["phase_wall_ns"]) == ["forward", "backward", "optimizer"]
         # The steady steps hold milliseconds of gloo all-reduce per step, not the 2 s wait.
         assert rank["steady"]["categories"]["communication"] < 0.25 * LATE_S * 1e3 * MS
         assert rank["collective_calls"]["backward"] == len(doc["steady_steps"])
@@ -112,7 +112,7 @@ def test_fsdp2_program_with_nvtx_phases(tmp_path):
     doc = finished(recorded(tmp_path / "fsdp", ["--standalone", "--nproc-per-node", "2"], program, tmp_path))
     assert [r["rank"] for r in doc["ranks"]] == [0, 1]
     for rank in doc["ranks"]:
-        assert list(rank["phases"]) == ["forward", "backward", "optimizer"]
+        assert list(rank["phase_wall_ns"]) == ["forward", "backward", "optimizer"]
         # FSDP2 gathers each block's parameters in forward and backward and reduce-scatters its gradients.
         assert rank["collective_calls"]["forward"] > 0 and rank["collective_calls"]["backward"] > 0
         assert rank["steady"]["categories"]["communication"] > 0

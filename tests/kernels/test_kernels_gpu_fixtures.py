@@ -54,7 +54,7 @@ def test_example_blocks_have_backward_kernels():
 @needs(DDP_TORCH)
 def test_one_gpu_rank_reports_its_communication():
     ranked = summarize_ranks(rank_traces([DDP_TORCH]))
-    assert ranked.ranks == [0] and ranked.summaries[0].phase_names == ["fwd", "bwd", "opt"]
+    assert ranked.ranks == [0] and ranked.members[0].rows.phase_names == ["fwd", "bwd", "opt"]
     doc = ranked.to_json()
     # One rank: DDP's all-reduce launches no NCCL kernel, so no phase has communication time, while the
     # collective calls are still counted.

@@ -127,16 +127,21 @@ def test_steady_figures_of_two_synthetic_ranks_by_hand():
     assert doc["ranks"][0]["total_ns"] == (50 + 4 * 3 + 1 + 3 + 7 + 7) * MS
 
 
-def test_ranks_on_different_clocks_are_not_compared_in_time():
+def test_ranks_on_different_clocks_are_compared_by_their_collectives_durations():
+    """Each rank leaves a collective when the last one's data is in: the rank whose own all-reduce took least
+    (rank 1: 1 ms against 7) entered last, and the other waited the difference, as on one clock."""
     (r0, t0), (r1, t1) = synthetic_job()
     ranked = summarize_ranks([(r0, t0), (r1, replace(t1, clock="host other"))])
     assert not ranked.arrivals.comparable
-    assert "times_last" not in ranked.rank_table().columns
-    assert [title for title, _ in ranked.tables()][-1].startswith("Stragglers")
-    assert any("recorded on 2 clocks" in n for n in ranked.notes)
-    # The one-off is still named from the durations: rank 1's own broadcast was the short one.
+    table = ranked.rank_table().set_index("rank")
+    assert table["times_last"].tolist() == [0, 2] and table["waited_ms"].tolist() == [12.0, 0.0]
+    assert any("recorded on 2 clocks" in n and "durations" in n for n in ranked.notes)
+    # The one-off is named from the durations too: rank 1's own broadcast was the short one.
     assert ranked.one_off["late_rank"] == 1 and ranked.one_off["late_by_ns"] is None
-    assert ranked.to_json()["arrivals"] == []
+    doc = ranked.to_json()
+    assert doc["clocks_comparable"] is False
+    assert [(a["step"], a["last_rank"], a["wait_ms"]) for a in doc["arrivals"]] == [
+        (0, 0, 0.0), (1, 1, 2.0), (2, 1, 6.0), (3, 1, 6.0)]
 
 
 def test_a_rank_that_waited_inside_nccls_call_on_the_host_entered_when_its_call_did():
@@ -363,7 +368,7 @@ def test_torchrun_two_ranks_under_the_torch_backend(tmp_path):
     doc = json.loads(result.stdout)
     assert [r["rank"] for r in doc["ranks"]] == [0, 1]
     for rank in doc["ranks"]:
-        assert list(rank["phases"]) == ["fwd", "bwd", "opt"] and rank["categories"]["communication"] > 0
+        assert list(rank["phase_wall_ns"]) == ["fwd", "bwd", "opt"] and rank["categories"]["communication"] > 0
 
 
 def test_one_report_of_several_processes_is_split_per_process():
@@ -382,7 +387,7 @@ def test_one_report_of_several_processes_is_split_per_process():
     ranked = assign_ranks([(Path("both.sqlite"), both)])
     assert [rank for rank, _ in ranked] == [0, 1]
     assert any("by its place among the reports and processes" in n for n in ranked[1][1].notes)
-    assert summarize_ranks(ranked).summaries[1].total_ns == summarize_trace(b).total_ns
+    assert summarize_ranks(ranked).members[1].rows.total_ns == summarize_trace(b).total_ns
 
 
 @pytest.mark.skipif(not TWO_GPUS_NSYS.is_file(), reason="no 2-GPU NCCL recording among the fixtures")
@@ -410,13 +415,16 @@ def test_a_two_gpu_nccl_recording():
     assert all(trace.process_ranks for _, trace in ranked_traces)
     ranked = summarize_ranks(ranked_traces)
     for (_, trace), member in zip(ranked_traces, ranked.members, strict=True):
-        summary = member.summary
-        assert summary.total_ns == per_process[member.process] > 0
-        assert summary.category_ns()["communication"] == nccl[member.process] > 0
+        summary = summarize_trace(trace)
+        assert member.rows.total_ns == summary.total_ns == per_process[member.process] > 0
+        whole = member.rows.figures(None)
+        assert whole.totals["categories"]["communication"] == summary.category_ns()["communication"] == nccl[
+            member.process] > 0
         counted = calls_per_phase(trace, summary.attributed, summary.labelled)
         assert {phase: n for phase, n in counted.items() if n} == {
-            phase: n for process, phase, n in calls if process == member.process}
-        assert summary.steps["step"].tolist() == [2, 3]
+            phase: n for process, phase, n in calls if process == member.process} == {
+            phase: n for phase, n in whole.collective_calls.items() if n}
+        assert summary.steps["step"].tolist() == [2, 3] == member.rows.step_numbers[:-1].tolist()
     # The steady steps are the whole capture: the per-rank table counts the same calls, and the phases the
     # program marked lie inside the recorder's step marks although these are a lane apart.
     table = ranked.rank_table()

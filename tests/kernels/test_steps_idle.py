@@ -20,7 +20,7 @@ from profiler_kit.cli import main
 from profiler_kit.kernels import CATEGORIES, load, summarize, summarize_trace
 from profiler_kit.kernels.attribution import RangeIndex
 from profiler_kit.kernels.labels import NUMBERED_HERE
-from profiler_kit.kernels.ranks import rank_traces, summarize_ranks
+from profiler_kit.kernels.ranks import rank_traces
 from profiler_kit.kernels.timeline import timeline
 from profiler_kit.kernels.trace import KernelTrace, kernel_frame, range_frame
 from profiler_kit.phase_rule import find_steps
@@ -97,8 +97,8 @@ def test_one_long_gap_is_named_not_called_launch_bound():
 
 
 def test_ddp_ranks_have_the_same_phases_steps_and_optimizer_work():
-    ranked = summarize_ranks(rank_traces(RANKS))
-    for summary in ranked.summaries:
+    for _, trace in rank_traces(RANKS):
+        summary = summarize_trace(trace)
         assert summary.phase_rule == "program" and summary.phase_names == ["fwd", "bwd", "opt"]
         # AdamW's CPU operators inside `Optimizer.step#AdamW.step`, whatever their names.
         opt = summary.phase_ns()["opt"]
