@@ -29,7 +29,7 @@ $(STAMP): pyproject.toml
 	@$(PY) -c "import torch" 2>/dev/null \
 		&& echo "torch $$($(PY) -c 'import torch; print(torch.__version__)') already present: keeping it" \
 		|| $(PY) -m pip install -q "$(CPU_TORCH)"
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,dask]'
 	@touch $(STAMP)
 
 install: $(STAMP)
