@@ -21,6 +21,7 @@ from profiler_kit.cli import main
 from profiler_kit.kernels import compare, summarize
 from profiler_kit.kernels.ranks import rank_traces, summarize_ranks
 from profiler_kit.memory import analyze_file
+from profiler_kit.render import Shown
 
 REPO = Path(__file__).resolve().parents[1]
 KERNELS = REPO / "tests" / "fixtures" / "kernels"
@@ -166,7 +167,8 @@ def assert_clean(seen: dict) -> None:
 def assert_tables(seen: dict, report) -> None:
     tables = report.tables()
     assert len(seen["tables"]) == len(tables)
-    for rows, (_, df) in zip(seen["tables"], tables, strict=True):
+    for rows, (_, table) in zip(seen["tables"], tables, strict=True):
+        df = table.frame[list(table.default)] if isinstance(table, Shown) else table  # the columns shown by default
         assert rows[0] == [str(c) for c in df.columns] and len(rows) == len(df) + 1
 
 

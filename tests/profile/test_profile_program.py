@@ -109,7 +109,7 @@ def test_nsys_backend_records_a_real_cpu_run(tmp_path, nsys, nvtx_shim):
     out = tmp_path / "cpu_run"
     # This nsys records NVTX data only while it also traces OS runtime calls.
     result = nsys_cli("--nsys", nsys.path, "--nsys-args", "--trace=nvtx,osrt --osrt-threshold=100000000", "-o", out,
-                      "--format", "json", "--", sys.executable, wrapper, lib, EXAMPLE, *SMALL)
+                      "--modules", "depth:3", "--format", "json", "--", sys.executable, wrapper, lib, EXAMPLE, *SMALL)
     # No CUDA here: no kernels, and nsys records no CPU operators; the files are kept, the error says why.
     line = one_line_error(result)
     assert result.exit_code == 1 and "no CUDA device here" in line and "--backend torch" in line

@@ -93,14 +93,14 @@ for _ in range(3):
 
 def test_the_programs_nvtx_ranges_are_in_the_torch_trace(tmp_path):
     script = program(tmp_path, "ranges", NVTX_RANGES)
-    result = nsys_cli("--backend", "torch", "-o", tmp_path / "ranges", "--format", "json", "--", sys.executable,
-                      script)
+    result = nsys_cli("--backend", "torch", "--modules", "depth:3", "-o", tmp_path / "ranges", "--format", "json",
+                      "--", sys.executable, script)
     assert result.exit_code == 0, result.stderr
     names = annotations(tmp_path / "ranges.json.gz")
     for name in ("step", "fwd", "bwd", "opt", "helper"):
         assert names[name] == 3, (name, names)
     assert result.stderr.count("recorded the whole run, 3 steps") == 2  # when recorded, and in the summary's notes
-    # A program without modules: the module marks were on (at their default depth) and saw none.
+    # A program without modules: the module marks were on (depth 3) and saw none.
     assert trace_of(tmp_path / "ranges.json.gz")["profiler_kit"] == {
         "phases": [], "notes": [], "host": socket.gethostname(),
         "modules": {"depth": 3, "types": {}, "compiled": []}}
@@ -125,7 +125,8 @@ def test_only_the_steps_capture_marks_are_recorded(tmp_path):
     said = "recorded the steps profiler_kit.capture marks, 3 steps"
     script = program(tmp_path, "window", code)
     out = tmp_path / "window"
-    result = nsys_cli("--backend", "torch", "-o", out, "--format", "json", "--", sys.executable, script)
+    result = nsys_cli("--backend", "torch", "--modules", "depth:3", "-o", out, "--format", "json", "--",
+                      sys.executable, script)
     assert result.exit_code == 0, result.stderr
     trace = tmp_path / "window.json.gz"
     names = annotations(trace)
