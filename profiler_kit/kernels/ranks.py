@@ -35,10 +35,10 @@ from profiler_kit.kernels.categories import CATEGORIES, COMMUNICATION
 from profiler_kit.kernels.idle import communication, phase_wall
 from profiler_kit.kernels.labels import OUTSIDE_PHASES
 from profiler_kit.kernels.sources import load_many
-from profiler_kit.kernels.steps import STEADY, WARMUP, WARMUP_FACTOR, warm_rows
 from profiler_kit.kernels.summary import CPU_OPS, NS_PER_MS, KernelSummary, label_totals, summarize_trace
 from profiler_kit.kernels.trace import NO_LAUNCH, KernelTrace
 from profiler_kit.render import Title, records
+from profiler_kit.steady import ONE_OFF, ONE_OFF_RULE, STEADY, WARMUP, WARMUP_RULE
 
 _RANK = re.compile(r"\.rank(\d+)\.")
 
@@ -328,35 +328,42 @@ def summarize_ranks(ranked: list[tuple[int, KernelTrace]], top: int = 10,
 
 
 def _numbered_steps(summary: KernelSummary) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A summary's step range ids, their numbers and which are warm-up (empty without steps)."""
+    """A summary's step range ids, their numbers and their states (`steady`; empty without steps)."""
     if summary.steps is None or summary.index is None:
         empty = np.empty(0, dtype=np.int64)
-        return empty, empty, np.empty(0, dtype=bool)
+        return empty, empty, np.empty(0, dtype=object)
     steps = summary.labelled.steps
-    return steps["range"].to_numpy(), steps["step"].to_numpy(dtype=np.int64), warm_rows(summary.steps)
+    states = summary.steps["state"].to_numpy() if "state" in summary.steps.columns else \
+        np.full(len(steps), STEADY, dtype=object)
+    return steps["range"].to_numpy(), steps["step"].to_numpy(dtype=np.int64), states
 
 
 def _job_steps(ranks: list[int], steps: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
                notes: list[str]) -> tuple[list[int] | None, list[int]]:
-    """The numbers of the job's steady steps (those no rank spent warming up; None when some rank has no steps)
+    """The numbers of the job's steady steps (those steady on every rank; None when some rank has no steps)
     and of its warm-up steps, with a note on what the tables cover."""
     without = [rank for rank, (ids, _, _) in zip(ranks, steps, strict=True) if not len(ids)]
     if without:
         notes.append(f"no repeating step range on rank {', '.join(map(str, without))}: the per-rank tables cover "
                      "each rank's whole recording, start-up included")
         return None, []
-    steady = sorted(set.intersection(*(set(numbers[~warm].tolist()) for _, numbers, warm in steps)))
-    warm = sorted(set().union(*(set(numbers[warm].tolist()) for _, numbers, warm in steps)))
+
+    def numbered(state: str) -> set[int]:
+        return set().union(*(set(numbers[states == state].tolist()) for _, numbers, states in steps))
+
+    steady = sorted(set.intersection(*(set(numbers[states == STEADY].tolist()) for _, numbers, states in steps)))
+    warm, once = sorted(numbered(WARMUP)), sorted(numbered(ONE_OFF) - numbered(WARMUP))
     if not steady:
         notes.append("no step is steady on every rank: the per-rank tables cover each rank's whole recording")
         return None, warm
-    if warm:
-        notes.append(f"the per-rank tables cover {steps_named(steady)}, steady on every rank; warm-up "
-                     f"{steps_named(warm)} (over {WARMUP_FACTOR:g}× the later steps' median on some rank) and what "
-                     "ran outside the steps are apart")
+    if warm or once:
+        apart = " and ".join([f"warm-up {steps_named(warm)}"] * bool(warm)
+                             + [f"one-off {steps_named(once)}"] * bool(once))
+        notes.append(f"the per-rank tables cover {steps_named(steady)}, steady on every rank; {apart} (on some "
+                     f"rank; {WARMUP_RULE}; {ONE_OFF_RULE}) and what ran outside the steps are apart")
     else:
-        notes.append(f"the per-rank tables cover {steps_named(steady)} (no warm-up seen); what ran outside the "
-                     "steps is apart")
+        notes.append(f"the per-rank tables cover {steps_named(steady)} (no warm-up or one-off seen); what ran "
+                     "outside the steps is apart")
     return steady, warm
 
 
