@@ -5,7 +5,6 @@ process's own step count, and one answer for a kernel report and a memory snapsh
 from __future__ import annotations
 
 from collections import Counter
-
 from pathlib import Path
 
 import numpy as np
