@@ -16,6 +16,9 @@ MODES = ("forward", "forward-backward", "train")
 # automatic marks of any program share these names; `step` names one step of the program.
 FORWARD, BACKWARD, OPTIMIZER_STEP, STEP = "forward", "backward", "optimizer_step", "step"
 PHASES = (FORWARD, BACKWARD, OPTIMIZER_STEP)
+# An evaluation pass the recorder's marks found after the program's last training step (`phase_rule.evaluation`):
+# a phase of its own, no step.
+EVAL = "eval"
 # The kind of a range (the `kind` column of a report's ranges): opened with `profiler_kit.phase`; placed by the
 # recorder itself (the automatic marks, and the steps of `profiler_kit.capture`); any other (the program's own,
 # its libraries', PyTorch's).
@@ -42,6 +45,10 @@ MODULE_CATEGORIES = (MODULE_CATEGORY, MODULE_BACKWARD_CATEGORY, MODULE_RECOMPUTE
 MODULES_KEY = "modules"
 # `--modules`: module marks down to a depth (`blocks` is depth 1, `blocks.3.attn` depth 3), at every depth, or none.
 MODULE_DEPTH_ALL, MODULE_DEPTH_NONE = "all", "none"
+# torch.compile's own events in a torch.profiler trace: its timed stages (`_compile.compile_inner (dynamo_timed)`,
+# `compile_fx_inner (dynamo_timed)`, as operators) and their records with the compile id (`dynamo_data:
+# compile_id=0/1`, as `record_function` ranges).
+COMPILE_EVENT = re.compile(r"^(?:.* \(dynamo_timed\)|[\w.<>]+_data: (?:.*, )?compile_id=\d.*)$")
 # Ranges PyTorch and libraries open by themselves, never a program's phases: the optimizer's methods, the
 # profiler's steps, DDP/FSDP wrappers, operators, autograd nodes, collectives (NCCL's own NVTX ranges, c10d,
 # gloo), CUB's and Thrust's algorithms (CCCL's NVTX ranges, e.g. around an embedding's backward sort), compiled
@@ -49,7 +56,7 @@ MODULE_DEPTH_ALL, MODULE_DEPTH_NONE = "all", "none"
 LIBRARY_RANGES = re.compile(
     r"^(?:Optimizer\.|ProfilerStep#|aten::|c10d::|gloo:|nccl|autograd::|DistributedDataParallel\.|"
     r"FullyShardedDataParallel|FSDP::|Torch-Compiled Region|CompiledFunction|## |cub::|thrust::|"
-    + re.escape(AUTO_PREFIX) + ")"
+    + re.escape(AUTO_PREFIX) + r")|" + COMPILE_EVENT.pattern
 )
 # Top-level ranges that hold no step of the program, never phases.
 NOT_PHASES = ("warmup",)

@@ -9,7 +9,7 @@ Phases (`names.PHASE_RULE`), the first rule that finds some:
    outermost ones, or, while those all have one name (a `step` holding `fwd`, `bwd`, `opt`), the ranges
    directly inside them; where some are named `forward`, `backward` or `optimizer_step`, those and the ranges
    beside them (same thread, same enclosing range).
-4. `auto`: the recorder's automatic marks (kind `auto`): `forward`, `backward`, `optimizer_step`.
+4. `auto`: the recorder's automatic marks (kind `auto`): `forward`, `backward`, `optimizer_step`, and `eval`.
 5. `none`: no phases.
 PyTorch's and libraries' ranges (`names.LIBRARY_RANGES`) are never phases, nor is `warmup`. More than
 MAX_FOUND_PHASES names at the phase level are not phases (e.g. one range per item). A phase's ranges are those
@@ -29,6 +29,10 @@ else from 0 at each process's first step recorded (`StepNumbers.own` False). A r
 steps but tell its optimizer steps apart (a memory snapshot's) has a step end with each optimizer step
 (`steps_ending_with`: with gradient accumulation, several forwards and backwards run in one step).
 
+An evaluation pass is no training step: in a process whose recorder's step marks hold optimizer steps, the step
+marks after the last one that holds one and holding no backward (forwards with no optimizer step after them) are
+`eval` (`evaluation`), with the recorder's marks inside them: a phase of their own, outside the steps.
+
 A recorded process counts its steps the same way while it runs (`window_steps`): the one range name at the top
 of its main thread when it repeats, else the recorder's step marks, else its most frequent top-level range.
 """
@@ -41,7 +45,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from profiler_kit.names import KIND_AUTO, KIND_PHASE, KIND_PROGRAM, LIBRARY_RANGES, NOT_PHASES, PHASES, STEP
+from profiler_kit.names import (
+    BACKWARD,
+    EVAL,
+    KIND_AUTO,
+    KIND_PHASE,
+    KIND_PROGRAM,
+    LIBRARY_RANGES,
+    NOT_PHASES,
+    OPTIMIZER_STEP,
+    PHASES,
+    STEP,
+)
 from profiler_kit.range_tree import NO_NUMBER, RangeTree
 
 ASKED, MARKED, PROGRAM, AUTO, NONE = "asked", "marked", "program", "auto", "none"
@@ -101,7 +116,7 @@ def choose_phases(tree: RangeTree, asked: list[str] | tuple[str, ...] | None = N
         return PhaseChoice(list(dict.fromkeys(asked)), ASKED)
     marked = tree.kind == KIND_PHASE
     own = (tree.kind == KIND_PROGRAM) & ~tree.named(never_a_phase)
-    auto = (tree.kind == KIND_AUTO) & tree.named(builtin)
+    auto = (tree.kind == KIND_AUTO) & tree.named(lambda name: builtin(name) or name == EVAL)
     if marked.any():
         chosen, rule = _level(tree, marked), MARKED
     elif (own & tree.named(builtin)).any():
@@ -173,6 +188,43 @@ def _beside_builtin(tree: RangeTree, own: np.ndarray) -> np.ndarray:
     threads = tree.threads()
     same_thread = np.isin(threads, threads[named])
     return own & same_thread & np.isin(enclosing, enclosing[named]) & ~tree.named(NOT_PHASES.__contains__)
+
+
+def evaluation_steps(optimizer: np.ndarray, backward: np.ndarray) -> np.ndarray:
+    """Which steps (one process's, in run order; whether each holds an optimizer step, a backward) are an
+    evaluation pass: those after the last one holding an optimizer step and holding no backward; none when no
+    step holds an optimizer step."""
+    optimizer, backward = np.asarray(optimizer, dtype=bool), np.asarray(backward, dtype=bool)
+    out = np.zeros(len(optimizer), dtype=bool)
+    if optimizer.any():
+        last = int(np.flatnonzero(optimizer)[-1])
+        out[last + 1:] = ~backward[last + 1:]
+    return out
+
+
+def evaluation(tree: RangeTree) -> np.ndarray:
+    """Which ranges are an evaluation pass (`evaluation_steps` over each process's recorder's step marks), and the
+    recorder's marks that lie inside one in time: the ranges to name EVAL."""
+    auto = tree.kind == KIND_AUTO
+    steps = np.flatnonzero(auto & (tree.name == STEP))
+    out = np.zeros(len(tree), dtype=bool)
+    for process in np.unique(tree.process[steps]):
+        mine = steps[tree.process[steps] == process]
+        mine = mine[np.argsort(tree.start[mine], kind="stable")]
+        held = {}
+        for name in (OPTIMIZER_STEP, BACKWARD):
+            marks = np.flatnonzero(auto & (tree.name == name) & (tree.process == process))
+            at = np.searchsorted(tree.start[mine], tree.start[marks], side="right") - 1
+            inside = (at >= 0) & (tree.start[marks] < tree.end[mine[np.maximum(at, 0)]])
+            held[name] = np.isin(np.arange(len(mine)), at[inside])
+        passes = mine[evaluation_steps(held[OPTIMIZER_STEP], held[BACKWARD])]
+        if not len(passes):
+            continue
+        out[passes] = True
+        marks = np.flatnonzero(auto & (tree.process == process) & tree.named(builtin))
+        at = np.searchsorted(tree.start[passes], tree.start[marks], side="right") - 1
+        out[marks[(at >= 0) & (tree.end[marks] <= tree.end[passes[np.maximum(at, 0)]])]] = True
+    return out
 
 
 def find_steps(tree: RangeTree, phases: list[str], minimum: int = 2) -> np.ndarray:

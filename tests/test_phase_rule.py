@@ -5,14 +5,19 @@ process's own step count, and one answer for a kernel report and a memory snapsh
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 
+from profiler_kit.kernels.labels import EVALUATED, ranges_of
+from profiler_kit.kernels.trace import KernelTrace, kernel_frame, range_frame
 from profiler_kit.memory import phases as memory_phases
 from profiler_kit.phase_rule import (
     MAX_FOUND_PHASES,
     choose_phases,
     descends,
+    evaluation,
+    evaluation_steps,
     find_steps,
     phase_ranges,
     step_numbers,
@@ -177,3 +182,28 @@ def test_without_step_ranges_a_step_ends_with_each_optimizer_step():
     assert steps_ending_with([False, False, True, False, False, False, True]) == [0, 0, 0, 1, 1, 1, 1]
     assert steps_ending_with([False, True, True]) == [0, 0, 1]
     assert steps_ending_with([False, False]) is None
+
+
+def test_forwards_after_the_last_optimizer_step_are_an_evaluation_pass():
+    # Recorder's marks: two training steps (forward, backward, optimizer step), then two steps of forwards only.
+    names, starts, ends = [], [], []
+    for s in (0, 10):
+        names += ["step", "forward", "backward", "optimizer_step"]
+        starts += [s, s + 1, s + 3, s + 6]
+        ends += [s + 9, s + 3, s + 6, s + 8]
+    for s in (20, 30):
+        names += ["step", "forward"]
+        starts += [s, s + 1]
+        ends += [s + 9, s + 8]
+    t = tree(names, starts, ends, kinds=["auto"] * len(names))
+    assert named(t, np.flatnonzero(evaluation(t))) == ["step", "forward", "step", "forward"]
+    assert t.start[evaluation(t)].tolist() == [20, 21, 30, 31]
+    # Forward-only steps before an optimizer step (or with no optimizer step anywhere) train or infer.
+    assert evaluation_steps([False, True, False], [False, True, True]).tolist() == [False, False, False]
+    assert evaluation_steps([False, False], [False, False]).tolist() == [False, False]
+    assert evaluation_steps([True, False, False], [True, True, False]).tolist() == [False, False, True]
+    # In a kernel report they are phase `eval`, no step.
+    labelled = ranges_of(KernelTrace("synthetic", Path("eval"), kernel_frame([], []),
+                                     range_frame(names, starts, ends, [1] * len(names), [1] * len(names),
+                                                 ["auto"] * len(names))), True)
+    assert len(labelled.steps) == 2 and "eval" in labelled.choice.names and EVALUATED in labelled.notes

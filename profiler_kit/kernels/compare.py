@@ -28,7 +28,8 @@ from profiler_kit.errors import ProfilerKitError
 from profiler_kit.kernels.categories import CATEGORIES
 from profiler_kit.kernels.names import top_movers
 from profiler_kit.kernels.noise import REGRESSED, verdicts
-from profiler_kit.kernels.runs import TOTAL, Side, side_of
+from profiler_kit.kernels.runs import STEP, TOTAL, Side, side_of
+from profiler_kit.kernels.steps import left_out_note
 from profiler_kit.kernels.summary import DEFAULT_TOP, DISPLAY_NAME_CHARS, NS_PER_MS, KernelSummary, display_name
 from profiler_kit.names import GATES
 from profiler_kit.render import Title, records
@@ -236,8 +237,15 @@ class Comparison:
 
     @property
     def notes(self) -> list[str]:
-        """The notes of both sides' reports, each marked with its side."""
-        return [f"{side.label}: {note}" for side in (self.a, self.b) for s in side.summaries for note in s.notes]
+        """The notes of both sides' reports, and which steps each compares where it left some out, each marked
+        with its side."""
+        notes = []
+        for side in (self.a, self.b):
+            for s in side.summaries:
+                left_out = left_out_note(s.steps, "the comparison") if side.unit == STEP and s.steps is not None \
+                    else None
+                notes += [f"{side.label}: {note}" for note in [*s.notes, left_out] if note]
+        return notes
 
     def caption(self) -> str:
         line = f"A = {self.a.origin}, B = {self.b.origin}; speedup = A / B"

@@ -30,11 +30,12 @@ from profiler_kit.kernels import trace
 from profiler_kit.kernels.attribution import RangeIndex, launches_in
 from profiler_kit.kernels.categories import CATEGORIES, COMMUNICATION, OPTIMIZER_STEP, categorize
 from profiler_kit.kernels.trace import NO_LAUNCH, KernelTrace
-from profiler_kit.names import KIND_PROGRAM
+from profiler_kit.names import EVAL, KIND_PROGRAM
 from profiler_kit.phase_rule import (
     NONE,
     PhaseChoice,
     choose_phases,
+    evaluation,
     find_steps,
     library,
     other_kinds,
@@ -51,6 +52,8 @@ LABELS = ("step", "phase", "phase_range", "rank", "node", "stream", "range", "mo
 LEFT_OUT_PCT = 5.0
 NUMBERED_HERE = ("steps are numbered from 0 at the first one recorded: the report does not say which of the "
                  "program's steps they were")
+EVALUATED = (f"forwards after the last optimizer step, with no optimizer step after them, are an evaluation pass: "
+             f"phase {EVAL!r}, no step")
 OVERLAPPING = "some NVTX ranges of one thread overlap without nesting; kernels in them may be missed"
 
 
@@ -152,6 +155,12 @@ def ranges_of(report: KernelTrace, launches: bool, phases: list[str] | tuple[str
     if index is None:
         return Labelled(pd.DataFrame(), None, PhaseChoice([], NONE), steps)
     notes = [OVERLAPPING] if index.overlapping else []
+    passes = evaluation(index)
+    if passes.any():
+        names = index.ranges["name"].to_numpy(dtype=object).copy()
+        names[passes] = EVAL
+        index = RangeIndex(index.ranges.assign(name=names))
+        notes.append(EVALUATED)
     choice = choose_phases(index, phases)
     notes += choice.notes
     other = other_kinds(index, choice)

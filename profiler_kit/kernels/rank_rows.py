@@ -3,8 +3,8 @@ per phase and per collective, never a list of kernels. A worker computes it wher
 (`report_rows`: every process of one report) and sends it back; the client sums the rows of the job's steady
 steps (`RankRows.figures`), so its memory grows with ranks × steps, not with kernels.
 
-Rows. One row per step the rank ran (`step`: its number, `warm`: a warm-up step of this rank) and a last one for
-what ran outside every step (NO_STEP). A phase range belongs to the step that holds it in time
+Rows. One row per step the rank ran (`step`: its number, `state`: steady, warm-up or one-off on this rank) and a
+last one for what ran outside every step (NO_STEP). A phase range belongs to the step that holds it in time
 (`Labelled.range_steps`): its wall time, the kernels launched inside it (time by category), its communication
 and the part of it compute on another stream overlapped, and its collective calls go to that step's row. A
 kernel launched in a step outside such a range counts in the step's `outside` time by category. The figures of a
@@ -26,9 +26,9 @@ from profiler_kit.kernels.categories import CATEGORIES
 from profiler_kit.kernels.idle import COMM_COLUMNS, comm_overlap
 from profiler_kit.kernels.labels import NO_STEP, OUTSIDE_PHASES
 from profiler_kit.kernels.sources import load
-from profiler_kit.kernels.steps import warm_rows
 from profiler_kit.kernels.summary import CPU_OPS, DEFAULT_TOP, KernelSummary, summarize_trace
 from profiler_kit.kernels.trace import NO_LAUNCH, KernelTrace
+from profiler_kit.steady import STEADY
 
 # The columns of the collectives a rank ran that the matching uses (`collectives.executions` without names).
 RUN_COLUMNS = ["kind", "start_ns", "duration_ns", "step"]
@@ -62,7 +62,7 @@ class RankRows:
     kernel_count: int
     total_ns: int
     step_numbers: np.ndarray
-    warm: np.ndarray
+    states: np.ndarray  # each step's state (`steady.step_states`), "" for the last row
     wall_ns: np.ndarray
     in_phases: np.ndarray  # (steps, phases, categories)
     outside: np.ndarray  # (steps, categories)
@@ -79,10 +79,10 @@ class RankRows:
     def has_steps(self) -> bool:
         return len(self.step_numbers) > 1
 
-    def steps_of(self, warm: bool) -> set[int]:
-        """The numbers of its warm-up steps (`warm`), or of its other steps."""
+    def steps_of(self, state: str) -> set[int]:
+        """The numbers of its steps in `state` (steady, warm-up or one-off)."""
         numbers = self.step_numbers[:-1]
-        return set(numbers[self.warm[:-1] == warm].tolist())
+        return set(numbers[self.states[:-1] == state].tolist())
 
     def figures(self, steady: list[int] | None) -> Figures:
         """Its figures over the steps numbered `steady` (None: the whole recording)."""
@@ -162,7 +162,9 @@ def rank_rows(trace: KernelTrace, options: RowOptions = RowOptions()) -> RankRow
     np.add.at(whole, (np.where(in_phase, codes, width), slot), ns)
     walls, comm, overlapped, calls = _per_phase_range(summary, trace, count)
     numbers = np.r_[steps["step"].to_numpy(dtype=np.int64), NO_STEP]
-    warm = np.r_[warm_rows(summary.steps) if summary.steps is not None else np.zeros(count, dtype=bool), False]
+    known = summary.steps is not None and "state" in summary.steps.columns
+    states = np.r_[summary.steps["state"].to_numpy(dtype=object) if known else np.full(count, STEADY, dtype=object),
+                   np.array([""], dtype=object)]
     wall = np.r_[(steps["end_ns"] - steps["start_ns"]).to_numpy(dtype=np.int64) if count else [], 0]
     runs = collectives.executions(kernels, summary.index, summary.basis == CPU_OPS, trace.clock_offset_ns)
     node = next(iter(trace.process_nodes.values())) if len(trace.process_nodes) == 1 else None
@@ -173,7 +175,7 @@ def rank_rows(trace: KernelTrace, options: RowOptions = RowOptions()) -> RankRow
         recorded_rank=trace.process_ranks.get(process) if process is not None else None, node=node,
         clock=trace.clock or f"report {trace.path}", basis=summary.basis, timed=summary.timed, phase_names=names,
         categories=categories, kernel_count=summary.kernel_count, total_ns=summary.total_ns,
-        step_numbers=numbers, warm=warm.astype(bool), wall_ns=wall.astype(np.int64), in_phases=in_phases,
+        step_numbers=numbers, states=states, wall_ns=wall.astype(np.int64), in_phases=in_phases,
         outside=outside, whole_by_phase=whole, phase_wall_ns=walls, comm_ns=comm, overlapped_ns=overlapped,
         calls=calls, runs=runs[RUN_COLUMNS].reset_index(drop=True), notes=list(summary.notes),
         detail=summary.to_json() if options.detail else None)

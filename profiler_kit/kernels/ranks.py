@@ -42,11 +42,11 @@ from profiler_kit.kernels import collectives, waits
 from profiler_kit.kernels.categories import CATEGORIES, COMMUNICATION
 from profiler_kit.kernels.rank_rows import Figures, RankRows, RowOptions, rank_rows, report_rows, split_processes
 from profiler_kit.kernels.sources import load_many
-from profiler_kit.kernels.steps import STEADY, WARMUP, WARMUP_FACTOR
 from profiler_kit.kernels.summary import NS_PER_MS
 from profiler_kit.kernels.trace import KernelTrace
 from profiler_kit.outliers import pick, robust_z
 from profiler_kit.render import Title, records
+from profiler_kit.steady import ONE_OFF, ONE_OFF_RULE, STEADY, WARMUP, WARMUP_RULE
 
 _RANK = re.compile(r"\.rank(\d+)\.")
 # The per-rank table's columns that a narrow terminal keeps: each rank's pace and its communication.
@@ -466,7 +466,7 @@ def merge(ranked: list[tuple[int, RankRows]], failed: list[dict[str, Any]] | Non
 
 
 def _job_steps(ranked: list[tuple[int, RankRows]], notes: list[str]) -> tuple[list[int] | None, list[int]]:
-    """The numbers of the job's steady steps (those no rank spent warming up; None when some rank has no steps)
+    """The numbers of the job's steady steps (those steady on every rank; None when some rank has no steps)
     and of its warm-up steps, with a note on what the tables cover."""
     without = [rank for rank, rows in ranked if not rows.has_steps]
     if without:
@@ -474,16 +474,18 @@ def _job_steps(ranked: list[tuple[int, RankRows]], notes: list[str]) -> tuple[li
         notes.append(f"no repeating step range on rank {listed}: the per-rank tables cover each rank's whole "
                      "recording, start-up included")
         return None, []
-    steady = sorted(set.intersection(*(rows.steps_of(warm=False) for _, rows in ranked)))
-    warm = sorted(set().union(*(rows.steps_of(warm=True) for _, rows in ranked)))
+    steady = sorted(set.intersection(*(rows.steps_of(STEADY) for _, rows in ranked)))
+    warm = sorted(set().union(*(rows.steps_of(WARMUP) for _, rows in ranked)))
+    once = sorted(set().union(*(rows.steps_of(ONE_OFF) for _, rows in ranked)) - set(warm))
     if not steady:
         notes.append("no step is steady on every rank: the per-rank tables cover each rank's whole recording")
         return None, warm
-    if warm:
-        notes.append(f"the per-rank tables cover {steps_named(steady)}, steady on every rank; warm-up "
-                     f"{steps_named(warm)} (over {WARMUP_FACTOR:g}× the later steps' median on some rank) and what "
-                     "ran outside the steps are apart")
+    if warm or once:
+        apart = " and ".join([f"warm-up {steps_named(warm)}"] * bool(warm)
+                             + [f"one-off {steps_named(once)}"] * bool(once))
+        notes.append(f"the per-rank tables cover {steps_named(steady)}, steady on every rank; {apart} (on some "
+                     f"rank; {WARMUP_RULE}; {ONE_OFF_RULE}) and what ran outside the steps are apart")
     else:
-        notes.append(f"the per-rank tables cover {steps_named(steady)} (no warm-up seen); what ran outside the "
-                     "steps is apart")
+        notes.append(f"the per-rank tables cover {steps_named(steady)} (no warm-up or one-off seen); what ran "
+                     "outside the steps is apart")
     return steady, warm

@@ -17,6 +17,7 @@ from profiler_kit.errors import ProfilerKitError
 from profiler_kit.kernels.labels import Labelled
 from profiler_kit.kernels.names import match, normalized
 from profiler_kit.kernels.noise import run_frame, runs_from_json, runs_to_json
+from profiler_kit.kernels.steps import steady_rows
 from profiler_kit.kernels.trace import blocks, summed
 from profiler_kit.render import records
 
@@ -32,6 +33,7 @@ class Summarized(Protocol):
     attributed: pd.DataFrame | None  # one row per execution, labelled
     labelled: Labelled | None
     phase_names: list[str]
+    steps: pd.DataFrame | None  # the per-step table (`kernels.steps`), its `state` telling the steady steps
 
 
 def report_runs(summary: Summarized) -> tuple[list[dict[str, int]], str]:
@@ -62,6 +64,14 @@ def report_runs(summary: Summarized) -> tuple[list[dict[str, int]], str]:
         _add_runs(runs, "phase ", summary.phase_names, ((run_of[rows[block]], codes[rows[block]], ns[rows[block]])
                                                         for block in blocks(len(rows))))
     return runs, unit
+
+
+def steady_runs(summary: Summarized, runs: list[dict[str, int]]) -> list[dict[str, int]]:
+    """A report's per-step runs less its warm-up and one-off steps (all of them when none is steady)."""
+    steady = steady_rows(summary.steps) if summary.steps is not None else np.ones(len(runs), dtype=bool)
+    if not steady.any():
+        return runs
+    return [run for run, kept in zip(runs, steady, strict=True) if kept]
 
 
 def _add_runs(runs: list[dict[str, int]], prefix: str | None, labels: Sequence,
@@ -118,11 +128,12 @@ class Side:
 
 
 def side_of(summaries: list[Summarized], label: str) -> Side:
-    """A side from summarized reports: every report's steps as runs when each has a per-step table, else one
-    run per report."""
+    """A side from summarized reports: every report's steady steps as runs when each has a per-step table (its
+    warm-up and one-off steps left out: `steady_runs`), else one run per report."""
     per_report = [report_runs(s) for s in summaries]
     if all(unit == STEP for _, unit in per_report):
-        runs, unit = [run for report, _ in per_report for run in report], STEP
+        runs = [run for s, (report, _) in zip(summaries, per_report, strict=True) for run in steady_runs(s, report)]
+        unit = STEP
     else:
         runs, unit = [_whole(report) for report, _ in per_report], REPORT
     names = pd.concat([s.kernels[["name", "category", "total_ns"]] for s in summaries], ignore_index=True)

@@ -54,7 +54,7 @@ from profiler_kit.kernels.phase_metrics import (
 )
 from profiler_kit.kernels.runs import side_of
 from profiler_kit.kernels.sources import load
-from profiler_kit.kernels.steps import WARMUP_FACTOR, step_table, step_title, warm_rows
+from profiler_kit.kernels.steps import left_out_note, steady_rows, step_table, step_title
 from profiler_kit.kernels.trace import KernelTrace, blocks, summed
 from profiler_kit.render import Shown, Title, format_count, shorten_middle
 
@@ -384,13 +384,11 @@ def _add_phases(summary: KernelSummary, asked: bool) -> None:
         summary.steps = step_table(kernels, labelled, timestamped)
         if summary.basis == CPU_OPS:  # operators' time, and no GPU to idle
             summary.steps = summary.steps.rename(columns={"kernel_ms": "operator_ms"}).drop(columns="idle_pct")
-        warm = warm_rows(summary.steps)
-        if timestamped and warm.any() and not warm.all():
-            steady = labelled.within_steps(np.flatnonzero(~warm))
+        note = left_out_note(summary.steps, "where the GPU idles")
+        if timestamped and note:
+            steady = labelled.within_steps(np.flatnonzero(steady_rows(summary.steps)))
             summary.steady_ranges = steady
-            notes.append(f"where the GPU idles is judged on the {int((~warm).sum())} steady steps of "
-                         f"{len(steps)}: the first {int(warm.sum())} took over {WARMUP_FACTOR:g}× the later "
-                         "steps' median wall time (warm-up)")
+            notes.append(note)
     if timestamped and names:
         summary.idle = phase_idle(kernels, labelled, steady)
         gaps = summary.idle[summary.idle["dominant_gap"].notna()]

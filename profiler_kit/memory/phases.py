@@ -34,11 +34,12 @@ import pandas as pd
 from profiler_kit.memory.analyze import BEFORE_TRACE, MIB, Reconstruction
 from profiler_kit.memory.evidence import Marks, phase_kind
 from profiler_kit.memory.inferred import inferred_runs
-from profiler_kit.names import KIND_AUTO, KIND_PROGRAM, PHASES, STEP
+from profiler_kit.names import EVAL, KIND_AUTO, KIND_PROGRAM, PHASES, STEP
 from profiler_kit.phase_rule import (
     PROFILER_STEP,
     RULE_KINDS,
     choose_phases,
+    evaluation,
     find_steps,
     phase_ranges,
     step_numbers,
@@ -160,10 +161,11 @@ def _choose(ranges: list[_Range]) -> _Chosen:
     """The phases and steps among `ranges` by the step and phase rule; a step range numbered by the recorder
     (`step`) keeps its number, the others are numbered by the rule."""
     ranges = [r for r in ranges if r.end_us > r.start_us]  # nothing happens in a range of no length
-    tree = RangeTree([r.name for r in ranges], _ns([r.start_us for r in ranges]), _ns([r.end_us for r in ranges]),
-                     np.zeros(len(ranges), dtype=np.int64),
-                     [_AUTO_LANE if r.kind == KIND_AUTO else _PROGRAM_LANE for r in ranges],
-                     [r.kind for r in ranges], [NO_NUMBER if r.step is None else r.step for r in ranges])
+    tree = _tree(ranges)
+    passes = evaluation(tree)
+    if passes.any():
+        ranges = [replace(r, name=EVAL, step=None) if passed else r for r, passed in zip(ranges, passes, strict=True)]
+        tree = _tree(ranges)
     choice = choose_phases(tree)
     phases = [ranges[i] for i in np.flatnonzero(phase_ranges(tree, choice))]
     ids = find_steps(tree, choice.names, minimum=1)
@@ -172,6 +174,13 @@ def _choose(ranges: list[_Range]) -> _Chosen:
     named = bool(len(ids)) and (tree.name[ids[0]] == STEP or bool(PROFILER_STEP.match(str(tree.name[ids[0]]))))
     return _Chosen(sorted(phases, key=lambda r: r.start_us), sorted(steps, key=lambda r: r.start_us), choice.rule,
                    named)
+
+
+def _tree(ranges: list[_Range]) -> RangeTree:
+    return RangeTree([r.name for r in ranges], _ns([r.start_us for r in ranges]), _ns([r.end_us for r in ranges]),
+                     np.zeros(len(ranges), dtype=np.int64),
+                     [_AUTO_LANE if r.kind == KIND_AUTO else _PROGRAM_LANE for r in ranges],
+                     [r.kind for r in ranges], [NO_NUMBER if r.step is None else r.step for r in ranges])
 
 
 def _ns(times_us: list[float]) -> np.ndarray:

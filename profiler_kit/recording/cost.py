@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from profiler_kit.steady import ONE_OFF_FACTOR, beyond_noise, warmup_steps
+from profiler_kit.steady import STEADY, beyond_noise, step_states
 
 # Steady steps each side needs before a cost is said.
 MIN_STEADY = 3
@@ -26,11 +26,8 @@ MIN_STEADY = 3
 def steady_steps(times_ms: Sequence[float]) -> list[float]:
     """The steady steps of one side (times in run order, the program's first step already left out): its leading
     warm-up steps and then its one-off steps left out."""
-    if not times_ms:
-        return []
-    rest = list(times_ms[warmup_steps(np.asarray(times_ms, dtype=float)):])
-    typical = statistics.median(rest)
-    return [ms for ms in rest if ms < ONE_OFF_FACTOR * typical]
+    states = step_states(np.asarray(times_ms, dtype=float))
+    return [ms for ms, state in zip(times_ms, states, strict=True) if state == STEADY]
 
 
 def recording_cost(step_ms: Sequence[tuple[int, float, bool]]) -> str | None:

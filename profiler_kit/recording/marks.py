@@ -1,10 +1,14 @@
 """The recorder's automatic marks: forward, backward, optimizer step and steps of any program, found with
 PyTorch's own global hooks, without a change to the program.
 
-- `forward`: the outermost `nn.Module` call (global module forward pre- and post-hooks), from the call's start to
-  its return (known by the module: a module called inside itself ends the mark at its inner return). Module
-  calls inside it, on any thread, are part of it; a module call made while a backward runs (activation-checkpoint
-  recomputation) belongs to that backward.
+- `forward`: one micro-batch's forward pass, from the start of an outermost `nn.Module` call (global module
+  forward pre- and post-hooks) to the start of its backward: the program's next module calls (the blocks of a
+  model called from a loop, a loss module) and what it computes between them (the loss) are part of it. It ends
+  where a backward, an optimizer step or the step begins or ends, or where the module that opened it is called
+  again at the outermost level (the next micro-batch of a loop without backward: evaluation, inference); the
+  last one of a run without backward ends with the window. Module calls inside an outermost call, on any thread,
+  are part of it; a module call made while a backward runs (activation-checkpoint recomputation) belongs to
+  that backward.
 - `backward`: each `Tensor.backward`, `torch.autograd.backward` or `torch.autograd.grad` call, from entry to
   return (the kernels the autograd threads launch meanwhile fall in it by the readers' cross-thread rule); one
   called inside another is part of it.
@@ -61,7 +65,8 @@ class Marks:
         self.notes = notes
         self.modules = modules
         self.forward: Mark | None = None
-        self.outer: torch.nn.Module | None = None  # the module whose call the open forward mark is
+        self.first: torch.nn.Module | None = None  # the module whose outermost call opened the forward mark
+        self.outer: torch.nn.Module | None = None  # the module whose outermost call runs now
         self.backward_depth = 0
         self.optimizer_depth = 0
         self.optimizer: Mark | None = None
@@ -127,6 +132,7 @@ class Marks:
         self.step_has_forward = False
 
     def _close_step(self) -> None:
+        self._end_forward()
         step, self.step = self.step, None
         self.number += 1
         mark_end(step)
@@ -144,11 +150,10 @@ class Marks:
 
     def finish(self) -> None:
         """Close what is open (the window or the program ends)."""
-        for name in ("forward", "optimizer"):
-            mark = getattr(self, name)
-            if mark is not None:
-                setattr(self, name, None)
-                mark_end(mark)
+        self._end_forward()
+        if self.optimizer is not None:
+            mark, self.optimizer = self.optimizer, None
+            mark_end(mark)
         if self.step is not None:
             self._close_step()
         if self.modules is not None:
@@ -173,8 +178,11 @@ class Marks:
         if not self.notes.working(WHAT):
             return
         try:
-            self._enter(forward=True)
-            self.forward = mark_start(FORWARD)
+            if module is self.first:  # called again: the next micro-batch
+                self._end_forward()
+            if self.forward is None:
+                self._enter(forward=True)
+                self.forward, self.first = mark_start(FORWARD), module
         except Exception as exc:  # the program must run on whatever the recorder does
             self.notes.lost(WHAT, exc)
 
@@ -186,12 +194,12 @@ class Marks:
                 self.modules.leave(module, output)
             return
         self.outer = None
-        mark, self.forward = self.forward, None
-        if mark is not None and self.notes.working(WHAT):
-            try:
-                mark_end(mark)
-            except Exception as exc:
-                self.notes.lost(WHAT, exc)
+
+    def _end_forward(self) -> None:
+        """The open forward mark ends (its backward, an optimizer step, the next micro-batch or the step begins)."""
+        mark, self.forward, self.first = self.forward, None, None
+        if mark is not None:
+            mark_end(mark)
 
     def _hook_compiled_call(self, module: nn.Module) -> None:
         """`module.compile()` compiles the module's call with the global hooks inside it, where they do nothing:
@@ -218,6 +226,7 @@ class Marks:
     # Backward
 
     def _begin_backward(self) -> Mark:
+        self._end_forward()
         self._enter(forward=False)
         return mark_start(BACKWARD)
 
@@ -252,6 +261,7 @@ class Marks:
         self.optimizer_depth += 1
         if self.optimizer_depth == 1:
             self.has_optimizer = True
+            self._end_forward()
             self._enter(forward=False)
             self.optimizer = mark_start(OPTIMIZER_STEP)
 

@@ -70,7 +70,7 @@ def test_warm_up_step_is_left_out_of_the_idle_verdict():
     idle = summary.idle.set_index("phase").loc["fwd"]
     assert idle["ranges"] == 2 and idle["verdict"] == "gpu-bound"
     assert idle["gpu_span_ns"] == 2 * (KERNELS * KERNEL_NS + 9 * 5 * US)
-    assert any("judged on the 2 steady steps of 3" in n for n in summary.notes)
+    assert any("judged on the steady steps, 2 of 3 (1 warm-up left out" in n for n in summary.notes)
     # Without a warm-up step every range counts.
     assert summarize_trace(synthetic([EVEN, SHORT, SHORT], [10, 10, 10])).idle["ranges"].iloc[0] == 3
 
@@ -152,7 +152,7 @@ def test_state_only_where_a_warm_up_was_seen():
     assert [t for t, _ in warm.tables()][3] == "Per step: warm-up against the steady state"
     even = summarize_trace(synthetic([SHORT, SHORT], [10, 11]))
     assert "state" not in even.steps.columns
-    assert [t for t, _ in even.tables()][3].startswith("Per step: no warm-up seen")
+    assert [t for t, _ in even.tables()][3].startswith("Per step: no warm-up or one-off seen")
     assert "state" not in even.to_json()["steps"][0]
 
 

@@ -195,3 +195,42 @@ def test_profiler_kit_phase_wins_over_everything(tmp_path):
     assert doc["phase_rule"] == "marked" and list(doc["phases"]) == ["backward pass"]
     asked = profile(tmp_path, RECORD_FUNCTIONS, "--phase", "forward", "--phase", "opt")[1]
     assert asked["phase_rule"] == "asked" and list(asked["phases"]) == ["forward", "opt"]
+
+
+def test_blocks_called_from_a_loop_are_one_forward_with_the_loss(tmp_path):
+    _, doc, ranges = profile(tmp_path, """
+        model = Net()
+        loss_of = nn.MSELoss()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for step in range(3):
+            x = batch()
+            for block in model.blocks:  # no top module: each block is an outermost call
+                x = block(x)
+            loss_of(x, torch.zeros_like(x)).backward()
+            opt.step()
+            opt.zero_grad()
+    """)
+    assert marks(ranges).to_dict() == {"backward": 3, "forward": 3, "optimizer_step": 3, "step": 3}
+    forwards = ranges[(ranges["kind"] == "auto") & (ranges["name"] == "forward")]
+    backwards = ranges[(ranges["kind"] == "auto") & (ranges["name"] == "backward")]
+    # Each forward runs from its first block up to its backward: the loss lies inside it.
+    assert (backwards["start_ns"].to_numpy() - forwards["end_ns"].to_numpy() >= 0).all()
+    in_phases = sum(phase["total_ns"] for phase in doc["phases"].values())
+    assert in_phases >= 0.9 * doc["total_ns"], in_phases / doc["total_ns"]
+
+
+def test_an_evaluation_pass_after_training_is_no_step(tmp_path):
+    result, doc, ranges = profile(tmp_path, """
+        model = Net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for step in range(4):
+            model(batch()).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+        with torch.no_grad():
+            for _ in range(2):
+                model(batch())
+    """)
+    assert "recorded the whole run, 4 steps" in result.stderr
+    assert len(doc["steps"]) == 4 and "eval" in doc["phases"]
+    assert marks(ranges).to_dict() == {"backward": 4, "forward": 6, "optimizer_step": 4, "step": 5}
