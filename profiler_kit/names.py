@@ -109,7 +109,7 @@ def phases_for(mode: str) -> tuple[str, ...]:
 # made of tables keys them): a report prints those it has rows for. `--table` is checked against them before
 # any work.
 KERNEL_TABLES = ("categories", "top_kernels", "phases", "steps", "idle", "sub_ranges", "memory_ops", "nvtx_ranges")
-RANK_TABLES = ("ranks", "categories", "communication", "stragglers", "arrivals")
+RANK_TABLES = ("ranks", "nodes", "categories", "communication", "stragglers", "arrivals", "made_wait", "failed")
 COMPARE_TABLES = ("categories", "phases", "top_kernels", "one_side_only", "gate")
 WHATIF_TABLES = ("phases", "steps")
 MEMORY_TABLES = ("peak_memory", "peak_allocated_per_step_and_phase", "peaks_per_phase",
@@ -124,12 +124,12 @@ MEMORY_REPORT_TABLES = MEMORY_TABLES + MEMORY_RANK_TABLES
 # may be a column named after a phase or a category of the report (`fwd_ms`, `matmul_pct`, `forward_peak_mib`).
 REPORT_COLUMNS = frozenset({
     "#", "allocated_in", "allocs_in_trace", "bytes_each", "bytes_per_param_at_peak", "category", "check",
-    "collective_calls", "collectives", "completed", "count", "count_at_peak", "dtype", "end_event", "evidence",
-    "expected_count", "formula", "function", "instances", "kernel", "kernels", "last_rank", "metric", "name",
-    "names", "node", "operation", "operators", "peak_event", "peak_phase", "phase", "position", "ranges", "rank",
-    "regressed", "role", "size_bytes", "slowest_rank", "source", "speedup", "start_event", "state", "status",
-    "step", "steps", "sub_range", "tensor", "times_last", "user_metadata", "verdict", "verdict_measured",
-    "verdict_predicted", "where",
+    "collective_calls", "collectives", "completed", "count", "count_at_peak", "dtype", "end_event", "error",
+    "evidence", "expected_count", "formula", "function", "instances", "kernel", "kernels", "last_rank", "lateness",
+    "metric", "name", "names", "node", "operation", "operators", "path", "peak_event", "peak_phase", "phase",
+    "position", "ranges", "rank", "regressed", "role", "size_bytes", "slowest_rank", "source", "speedup",
+    "start_event", "startup_times_last", "state", "status", "step", "steps", "steps_last", "sub_range", "tensor",
+    "times_last", "user_metadata", "verdict", "verdict_measured", "verdict_predicted", "where", "z_score",
 })
 UNIT_SUFFIXES = ("_ms", "_us", "_pct", "_mib")
 
