@@ -50,7 +50,7 @@ from profiler_kit.steady import ONE_OFF, ONE_OFF_RULE, STEADY, WARMUP, WARMUP_RU
 
 _RANK = re.compile(r"\.rank(\d+)\.")
 # The per-rank table's columns that a narrow terminal keeps: each rank's pace and its communication.
-RANK_KEY = ("busy_step_ms", "total_ms", "collective_calls", "comm_ms", "exposed_comm_ms", "times_last",
+RANK_KEY = ("wall_ms", "busy_step_ms", "total_ms", "collective_calls", "comm_ms", "exposed_comm_ms", "times_last",
             "waited_ms")
 NODE_KEY = ("ranks", "busy_step_ms", "max_busy_step_ms", "slowest_rank", "z_score", "caused_wait_ms")
 # Paths the caption names one by one; beyond them, the first and the last.
