@@ -2,7 +2,7 @@
 automatic marks' forward, backward and optimizer-step hooks, the module marks' forward hooks and the hooks on
 autograd nodes that give their backward, the FLOP count inside the program's operators, the mirrors of the
 program's ranges, the step clock, the trace's metadata, the recording's stop, the pause before the process group
-closes), alone one at a time and under torchrun (gloo, 2 ranks) several at once. The program's own output and
+closes), alone and under torchrun (gloo, 2 ranks), several at once in each run. The program's own output and
 exit status stay what they are without profiler-kit, and the recording's notes say what was lost."""
 
 from __future__ import annotations
@@ -99,8 +99,13 @@ HOOKS = {
 }
 # The pause runs where the program closes its process group: only under torchrun.
 ONLY_TORCHRUN = {"teardown pause"}
-# Under torchrun, each job makes several hooks fail at once, each of an instrument of its own, so that each note
-# names the hook that failed; every hook fails in one job. (Alone, each hook fails in a run of its own.)
+# Each run makes several hooks fail at once, each of an instrument of its own, so that each note names the hook
+# that failed; every hook fails in one run alone and in one torchrun job, beside other hooks in each.
+ALONE_RUNS = [
+    ("forward hook", "module backward hook", "mirrors", "trace export"),
+    ("backward hook", "module hook", "step clock", "trace metadata"),
+    ("optimizer step hook", "FLOP count"),
+]
 TORCHRUN_JOBS = [
     ("forward hook", "module hook", "FLOP count", "mirrors", "step clock", "trace metadata", "teardown pause"),
     ("backward hook", "module backward hook", "trace export"),
@@ -163,9 +168,9 @@ def _record_with_failing_hooks(tmp_path: Path, plain: dict, hooks: tuple[str, ..
         assert all(len(load(trace).cpu_ops) > 0 for trace in traces)
 
 
-@pytest.mark.parametrize("hook", [hook for hook in HOOKS if hook not in ONLY_TORCHRUN])
-def test_a_failing_hook_leaves_the_program_as_it_is(tmp_path, plain, hook):
-    _record_with_failing_hooks(tmp_path, plain, (hook,), "alone")
+@pytest.mark.parametrize("hooks", ALONE_RUNS, ids=["+".join(run) for run in ALONE_RUNS])
+def test_failing_hooks_leave_the_program_as_it_is(tmp_path, plain, hooks):
+    _record_with_failing_hooks(tmp_path, plain, hooks, "alone")
 
 
 @pytest.mark.parametrize("hooks", TORCHRUN_JOBS, ids=["+".join(job) for job in TORCHRUN_JOBS])
@@ -173,9 +178,10 @@ def test_failing_hooks_leave_a_torchrun_job_as_it_is(tmp_path, plain, hooks):
     _record_with_failing_hooks(tmp_path, plain, hooks, "torchrun")
 
 
-def test_every_hook_fails_in_one_torchrun_job_beside_hooks_of_other_instruments():
+def test_every_hook_fails_in_one_run_and_one_job_beside_hooks_of_other_instruments():
     assert sorted(hook for job in TORCHRUN_JOBS for hook in job) == sorted(HOOKS)
-    for job in TORCHRUN_JOBS:
+    assert sorted(hook for run in ALONE_RUNS for hook in run) == sorted(set(HOOKS) - ONLY_TORCHRUN)
+    for job in (*ALONE_RUNS, *TORCHRUN_JOBS):
         assert len({HOOKS[hook][1] for hook in job}) == len(job), job
 
 
