@@ -13,6 +13,7 @@ from profiler_kit.kernels import compare, summarize
 from profiler_kit.kernels.compare import Comparison
 from profiler_kit.kernels.noise import WITHIN, run_frame
 from profiler_kit.kernels.runs import STEP, Side
+from profiler_kit.kernels.whatif import Speedup, what_if
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "kernels"
@@ -58,3 +59,26 @@ def test_a_kernel_in_few_steps_of_both_sides_is_in_both():
                         _side("B", runs)).kernels().set_index("kernel")
     assert only_b.loc["rare", "status"] == "new" and only_b.loc["gemm", "status"] == "both"
     assert np.array_equal(only_b["a_ns"].to_numpy(), [100, 0])
+
+
+# GPU reports with launch times (what-if replays them): nsys exports and a torch trace of a GPU run.
+GPU_REPORTS = [ROOT / "profiles" / "examples" / "small_ctx128_train_bf16.sqlite", FIXTURES / "h100_example_mlp.sqlite",
+               FIXTURES / "gpu2_ddp_nccl.sqlite", FIXTURES / "h100_tiny_train_bf16_trace.json.gz"]
+MEASURED = ["phase", "ranges", "measured_ms", "verdict_measured"]
+
+
+@pytest.mark.parametrize("path", GPU_REPORTS, ids=lambda p: p.name)
+def test_what_if_measured_columns_do_not_depend_on_the_scenario(path):
+    summary = summarize(path)
+    scenarios = [what_if(summary, [Speedup("matmul", 2.0)]), what_if(summary, [], launch_gaps=False),
+                 what_if(summary, [Speedup("matmul", 3.0)], launch_gaps=False)]
+    first = scenarios[0]
+    for other in scenarios[1:]:
+        pd.testing.assert_frame_equal(other.phases[MEASURED], first.phases[MEASURED])
+        pd.testing.assert_frame_equal(other.steps[["step", "measured_ms"]], first.steps[["step", "measured_ms"]])
+        assert other.timing == first.timing
+        assert other.caption().endswith(first.caption().split("; launch latency")[1])
+    assert not scenarios[1].phases["predicted_ms"].equals(first.phases["predicted_ms"])
+    # Nothing changed: the replay gives the measured timeline back.
+    same = what_if(summary, [])
+    assert np.allclose(same.phases["predicted_ms"], same.phases["measured_ms"])
