@@ -82,3 +82,22 @@ def test_what_if_measured_columns_do_not_depend_on_the_scenario(path):
     # Nothing changed: the replay gives the measured timeline back.
     same = what_if(summary, [])
     assert np.allclose(same.phases["predicted_ms"], same.phases["measured_ms"])
+
+
+def test_cpu_operator_time_above_the_step_wall_time_is_explained_by_threads():
+    """Rank 1 of the gloo job runs its backward's operators beside the process group's thread: in step 1 their
+    self times add up to more than the step's wall time, and a note says so with the step's thread count."""
+    summary = summarize(FIXTURES / "cpu_ddp2_gloo.rank1.json.gz")
+    steps = summary.steps.set_index("step")
+    assert steps.loc[1, "operator_ms"] > steps.loc[1, "wall_ms"]
+    assert steps.loc[0, "operator_ms"] <= steps.loc[0, "wall_ms"]
+    ops = summary.attributed
+    threads = ops.loc[ops["step"] == 1, "stream"].nunique()
+    assert threads > 1
+    note = next(n for n in summary.notes if "exceeds the step's wall time" in n)
+    assert (f"step 1 ({steps.loc[1, 'operator_ms']:.2f} against {steps.loc[1, 'wall_ms']:.2f} ms, on {threads} "
+            "threads)") in note and "step 0" not in note
+    # Where no step's operator time passes its wall time, no note.
+    other = summarize(FIXTURES / "cpu_ddp2_gloo.rank0.json.gz")
+    assert (other.steps["operator_ms"] <= other.steps["wall_ms"]).all()
+    assert not any("exceeds the step's wall time" in n for n in other.notes)
