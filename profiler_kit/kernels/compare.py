@@ -124,14 +124,16 @@ class Comparison:
 
     def kernels(self) -> pd.DataFrame:
         """kernel, category, a_ns, b_ns, status, a_names, b_names: every kernel of either side by normalized
-        name, largest |B − A| first."""
+        name, largest |B − A| first. `status` says which sides have the kernel in their runs (new: only B,
+        vanished: only A), not which medians are 0: a kernel both sides ran in few of their steps is in both."""
         pairs = self._pairs("kernel ", "kernel", [])
         info = {side: frame.set_index("kernel") for side, frame in (("a", self.a.kernel_names),
                                                                     ("b", self.b.kernel_names))}
         category = pairs["kernel"].map(info["a"]["category"]).fillna(pairs["kernel"].map(info["b"]["category"]))
         out = pairs.assign(
             category=category.fillna("other").astype(str),
-            status=np.select([pairs["a_ns"] == 0, pairs["b_ns"] == 0], ["new", "vanished"], "both"),
+            status=np.select([~pairs["kernel"].isin(self.a.present("kernel ")),
+                              ~pairs["kernel"].isin(self.b.present("kernel "))], ["new", "vanished"], "both"),
             a_names=[info["a"]["names"].get(k, []) for k in pairs["kernel"]],
             b_names=[info["b"]["names"].get(k, []) for k in pairs["kernel"]],
         )
@@ -171,7 +173,9 @@ class Comparison:
         table = _deltas(movers.drop(columns=["a_names", "b_names"]))
         if display:
             table["kernel"] = table["kernel"].map(display_name)
-            table["names"] = [_variants(a, b) for a, b in zip(movers["a_names"], movers["b_names"], strict=True)]
+            names = [_variants(a, b) for a, b in zip(movers["a_names"], movers["b_names"], strict=True)]
+            if any(names):  # only where some kernel's names differ between the sides
+                table["names"] = names
         return table
 
     def explained_pct(self) -> float:

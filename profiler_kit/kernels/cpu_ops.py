@@ -80,3 +80,23 @@ def profiler_overhead(cpu_ops: pd.DataFrame, ranges: pd.DataFrame | None) -> np.
     if "hooks" not in cpu_ops.columns or not instrumented(ranges):
         return np.zeros(len(cpu_ops), dtype=bool)
     return cpu_ops["hooks"].to_numpy(dtype=bool)
+
+
+def threads_note(operators: pd.DataFrame, step_of: np.ndarray, steps: pd.DataFrame) -> str | None:
+    """Why a step's CPU operator self time exceeds its wall time, where one does: its operators ran on several
+    threads at once (the autograd engine's, a process group's), and self time adds up over threads. `operators`:
+    the labelled operator calls (`stream` is the thread), `step_of`: each call's row of the per-step table
+    `steps` (-1 outside the steps), which has `step`, `wall_ms` and `operator_ms`."""
+    over = np.flatnonzero((steps["operator_ms"] > steps["wall_ms"]).to_numpy())
+    if not len(over):
+        return None
+    inside = step_of >= 0
+    pairs = pd.DataFrame({"row": step_of[inside], "thread": operators["stream"].to_numpy()[inside]})
+    threads = pairs.drop_duplicates().groupby("row").size().reindex(over, fill_value=0).to_numpy()
+    shown = [f"step {steps['step'].iat[row]} ({steps['operator_ms'].iat[row]:.2f} against "
+             f"{steps['wall_ms'].iat[row]:.2f} ms, on {count} threads)"
+             for row, count in zip(over[:3], threads[:3], strict=True)]
+    more = f" and {len(over) - 3} more" if len(over) > 3 else ""
+    return (f"CPU operator self time exceeds the step's wall time in {', '.join(shown)}{more}: operators ran at "
+            "once on several threads (the program's, the autograd engine's, a process group's) and their self "
+            "times add up over the threads: thread time, not a share of the step's wall time")

@@ -122,6 +122,12 @@ class Side:
                                   fill_value=0).reindex(columns=range(self.run_count), fill_value=0)
         return {q[len(prefix):]: int(np.median(v)) for q, v in zip(wide.index, wide.to_numpy(), strict=True)}
 
+    def present(self, prefix: str) -> set[str]:
+        """The quantities that start with `prefix` (the prefix removed) that some run of this side has, whatever
+        their time: a kernel in one step of five has a median of 0 and is still there."""
+        quantities = self.runs["quantity"].drop_duplicates()
+        return {q[len(prefix):] for q in quantities[quantities.str.startswith(prefix)]}
+
     def to_json(self) -> dict[str, Any]:
         return {"origin": self.origin, "unit": self.unit, "runs": runs_to_json(self.runs),
                 "kernels": records(self.kernel_names)}

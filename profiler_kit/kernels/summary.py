@@ -38,7 +38,7 @@ from profiler_kit.defaults import KERNELS_TOP
 from profiler_kit.errors import ProfilerKitError
 from profiler_kit.kernels.attribution import RangeIndex, membership
 from profiler_kit.kernels.categories import CATEGORIES
-from profiler_kit.kernels.cpu_ops import profiler_overhead
+from profiler_kit.kernels.cpu_ops import profiler_overhead, threads_note
 from profiler_kit.kernels.idle import phase_idle
 from profiler_kit.kernels.labels import NUMBERED_HERE, OUTSIDE_PHASES, Labelled, label, left_out
 from profiler_kit.kernels.phase_metrics import (
@@ -384,6 +384,9 @@ def _add_phases(summary: KernelSummary, asked: bool) -> None:
         summary.steps = step_table(kernels, labelled, timestamped)
         if summary.basis == CPU_OPS:  # operators' time, and no GPU to idle
             summary.steps = summary.steps.rename(columns={"kernel_ms": "operator_ms"}).drop(columns="idle_pct")
+            threads = threads_note(kernels, labelled.step_rows(kernels), summary.steps)
+            if threads:
+                notes.append(threads)
         note = left_out_note(summary.steps, "where the GPU idles")
         if timestamped and note:
             steady = labelled.within_steps(np.flatnonzero(steady_rows(summary.steps)))
