@@ -64,12 +64,10 @@ def _frame(rows: list[dict], key: str) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=[key, *COMPARE_COLUMNS])
 
 
-def _phase_bytes(report: MemoryReport) -> dict[str, int | None]:
-    """Each phase's peak; None for one that covers no trace entry, which has no peak of its own (`phase_peaks`)."""
+def _phase_bytes(report: MemoryReport) -> dict[str, int]:
     if report.phases is None:
         return {}
-    return {phase: None if pd.isna(peak) else int(peak)
-            for phase, peak in zip(report.phases["phase"], report.phases["peak_allocated_bytes"], strict=True)}
+    return dict(zip(report.phases["phase"], report.phases["peak_allocated_bytes"], strict=True))
 
 
 def compare(a: MemoryReport, b: MemoryReport) -> MemoryComparison:

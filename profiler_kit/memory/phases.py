@@ -394,48 +394,29 @@ def peak_within(series: np.ndarray, initial: int, start: int, end: int) -> int:
 
 def phase_peaks(recon: Reconstruction, spans: list[PhaseSpan]) -> pd.DataFrame | None:
     """Per phase: its step (as the program counted it), the trace entries it covers and its peak allocated and reserved
-    bytes replayed from the trace, beside the allocator counter's peak when the recorder read it. A phase that
-    covers no entry (start == end: nothing allocated or freed in it) has no peak of its own: NaN (`empty_phases`)."""
+    bytes replayed from the trace, beside the allocator counter's peak when the recorder read it."""
     if not spans:
         return None
     rows = []
     for span in spans:
-        allocated = reserved = None
-        if span.end > span.start:
-            allocated = peak_within(recon.allocated_bytes, recon.initial_allocated_bytes, span.start, span.end)
-            reserved = peak_within(recon.reserved_bytes, recon.initial_reserved_bytes, span.start, span.end)
-        nan = float("nan")
+        allocated = peak_within(recon.allocated_bytes, recon.initial_allocated_bytes, span.start, span.end)
+        reserved = peak_within(recon.reserved_bytes, recon.initial_reserved_bytes, span.start, span.end)
         rows.append({
             "phase": span.label,
             "step": pd.NA if span.step is None else span.step,
             "source": span.source,
             "start_event": span.start,
             "end_event": span.end,
-            "peak_allocated_mib": nan if allocated is None else allocated / MIB,
-            "peak_reserved_mib": nan if reserved is None else reserved / MIB,
+            "peak_allocated_mib": allocated / MIB,
+            "peak_reserved_mib": reserved / MIB,
             "counter_peak_allocated_mib": float("nan") if span.counter_peak_bytes is None
             else span.counter_peak_bytes / MIB,
             "completed": span.completed,
-            "peak_allocated_bytes": pd.NA if allocated is None else allocated,
+            "peak_allocated_bytes": allocated,
         })
     out = pd.DataFrame(rows, columns=PHASE_COLUMNS + ["peak_allocated_bytes"])
     out["step"] = out["step"].astype("Int64")
-    out["peak_allocated_bytes"] = out["peak_allocated_bytes"].astype("Int64")
     return out
-
-
-def empty_phases_note(recon: Reconstruction, spans: list[PhaseSpan]) -> str | None:
-    """The phases that cover no trace entry, each with the bytes allocated throughout it (what it entered with):
-    such a phase allocated and freed nothing, so it has no peak of its own."""
-    empty = [s for s in spans if s.end <= s.start]
-    if not empty:
-        return None
-    held = ", ".join(f"{s.label} (at entry {s.start}: "
-                     f"{peak_within(recon.allocated_bytes, recon.initial_allocated_bytes, s.start, s.start) / MIB:.1f}"
-                     " MiB)" for s in empty[:3])
-    more = f" and {len(empty) - 3} more" if len(empty) > 3 else ""
-    return (f"{len(empty)} phase(s) allocated and freed nothing, so have no peak of their own (NaN) and hold what "
-            f"they entered with: {held}{more}")
 
 
 def step_phase_peaks(recon: Reconstruction, phases: Phases) -> pd.DataFrame | None:
@@ -447,7 +428,7 @@ def step_phase_peaks(recon: Reconstruction, phases: Phases) -> pd.DataFrame | No
     names = list(dict.fromkeys(s.phase for s in phases.spans if s.step is not None))
     peaks: dict[tuple[int, str], int] = {}
     for s in phases.spans:
-        if s.step is not None and s.end > s.start:  # a phase that covers no entry has no peak of its own
+        if s.step is not None:
             peak = peak_within(recon.allocated_bytes, recon.initial_allocated_bytes, s.start, s.end)
             peaks[s.step, s.phase] = max(peaks.get((s.step, s.phase), 0), peak)
     rows = []

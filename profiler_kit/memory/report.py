@@ -17,7 +17,6 @@ from profiler_kit.memory.phases import (
     RECORDER_STEPS,
     Phases,
     PhaseSpan,
-    empty_phases_note,
     phase_at,
     phase_peaks,
     place_phases,
@@ -203,9 +202,6 @@ def _notes(recon: Reconstruction, placed: Phases, top: pd.DataFrame, roles: pd.D
         free = (event["device_free_bytes"] or 0) / MIB
         notes.append(f"trace entry {event['event']} is an OOM: {requested:,.1f} MiB requested, "
                      f"{free:,.1f} MiB free on the device")
-    empty = empty_phases_note(recon, spans)
-    if empty:
-        notes.append(empty)
     if top["where"].isna().any():
         notes.append("'where' is empty for allocations made with no Python frame outside torch on the stack, "
                      "e.g. by the autograd engine's thread in backward, or before the trace began")
