@@ -26,6 +26,7 @@ from profiler_kit.kernels.categories import CATEGORIES
 from profiler_kit.kernels.idle import COMM_COLUMNS, comm_overlap
 from profiler_kit.kernels.labels import NO_STEP, OUTSIDE_PHASES
 from profiler_kit.kernels.sources import load
+from profiler_kit.kernels.steps import step_states_of
 from profiler_kit.kernels.summary import CPU_OPS, DEFAULT_TOP, KernelSummary, summarize_trace
 from profiler_kit.kernels.trace import NO_LAUNCH, KernelTrace
 from profiler_kit.steady import STEADY
@@ -162,8 +163,7 @@ def rank_rows(trace: KernelTrace, options: RowOptions = RowOptions()) -> RankRow
     np.add.at(whole, (np.where(in_phase, codes, width), slot), ns)
     walls, comm, overlapped, calls = _per_phase_range(summary, trace, count)
     numbers = np.r_[steps["step"].to_numpy(dtype=np.int64), NO_STEP]
-    known = summary.steps is not None and "state" in summary.steps.columns
-    states = np.r_[summary.steps["state"].to_numpy(dtype=object) if known else np.full(count, STEADY, dtype=object),
+    states = np.r_[step_states_of(summary.steps) if summary.steps is not None else np.full(count, STEADY, dtype=object),
                    np.array([""], dtype=object)]
     wall = np.r_[(steps["end_ns"] - steps["start_ns"]).to_numpy(dtype=np.int64) if count else [], 0]
     runs = collectives.executions(kernels, summary.index, summary.basis == CPU_OPS, trace.clock_offset_ns)

@@ -392,9 +392,9 @@ def _label(path: str, proc: int | None, per_path: Counter) -> str:
     return f"{path} process {proc}" if per_path[path] > 1 else str(path)
 
 
-def rank_traces(paths: list[Path], jobs: int = 1) -> list[tuple[int, KernelTrace]]:
-    """(rank, trace) of a job's reports, one per process, in rank order (`assign_ranks`); read `jobs` at a time."""
-    traces = load_many(paths, jobs)
+def rank_traces(paths: list[Path]) -> list[tuple[int, KernelTrace]]:
+    """(rank, trace) of a job's reports, one per process, in rank order (`assign_ranks`)."""
+    traces = load_many(paths)
     return assign_ranks(list(zip(paths, traces, strict=True)))
 
 

@@ -30,11 +30,16 @@ NS_PER_MS = 1_000_000
 EXPLAINS = 0.5
 
 
-def steady_rows(table: pd.DataFrame) -> np.ndarray:
-    """Which rows of a step table are steady steps (all of them when it has no `state` column)."""
+def step_states_of(table: pd.DataFrame) -> np.ndarray:
+    """Each row's state of a step table (`steady` for all when it has no `state` column: every step was)."""
     if "state" not in table.columns:
-        return np.ones(len(table), dtype=bool)
-    return (table["state"] == STEADY).to_numpy()
+        return np.full(len(table), STEADY, dtype=object)
+    return table["state"].to_numpy(dtype=object)
+
+
+def steady_rows(table: pd.DataFrame) -> np.ndarray:
+    """Which rows of a step table are steady steps."""
+    return step_states_of(table) == STEADY
 
 
 def step_title(table: pd.DataFrame) -> str:
